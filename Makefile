@@ -1,0 +1,83 @@
+# shardwise: the obvious verbs. `make test` sets up everything it needs (virtual environments
+# and a compiler cache outside the clone, keyed by what determines them), builds, and runs the
+# C++ and Python tests.
+SHELL := /bin/bash
+.SHELLFLAGS := -eu -o pipefail -c
+.DEFAULT_GOAL := test
+
+PYTHON ?= python3
+CACHE ?= $(HOME)/.cache/shardwise
+key = $(shell { $(PYTHON) --version; cat $(1); } | sha256sum | cut -c1-16)
+VENV ?= $(CACHE)/venv-$(call key,requirements/dev.txt)
+CPU_VENV ?= $(CACHE)/venv-cpu-$(call key,requirements/libtorch-cpu.txt)
+PY := $(VENV)/bin/python
+CPU_PY := $(CPU_VENV)/bin/python
+CMAKE_BUILD ?= build/cmake
+JOBS ?= $(shell nproc)
+
+export CCACHE_DIR ?= $(CACHE)/ccache
+export CCACHE_BASEDIR := $(CURDIR)
+export CCACHE_NOHASHDIR := 1
+export MAX_JOBS ?= $(JOBS)
+ifneq ($(wildcard /usr/lib/ccache),)
+export PATH := /usr/lib/ccache:$(PATH)
+endif
+ifneq ($(wildcard /usr/local/cuda/bin/nvcc),)
+export CUDA_HOME ?= /usr/local/cuda
+endif
+ifdef CUDA_HOME
+export PYTORCH_NVCC ?= ccache $(CUDA_HOME)/bin/nvcc
+endif
+
+.PHONY: test test-cpp test-python test-cpu-torch build venv cpu-venv system-deps bench format \
+	lint clean
+
+test: build test-cpp test-python test-cpu-torch ## build, then run every test suite
+
+system-deps: ## compilers' companions from Debian: GoogleTest, ccache, CMake, Ninja
+	@bash scripts/install_system_deps.sh
+
+venv: $(VENV)/.complete
+cpu-venv: $(CPU_VENV)/.complete
+
+# A venv is usable only once its stamp exists; an interrupted install is started over.
+$(CACHE)/venv-%/.complete:
+	rm -rf $(@D)
+	$(PYTHON) -m venv $(@D)
+	$(@D)/bin/pip install -q --upgrade pip
+	$(@D)/bin/pip install -q -r $(if $(findstring venv-cpu-,$(@D)),requirements/libtorch-cpu.txt,requirements/dev.txt)
+	touch $@
+
+build: system-deps venv ## the Python extension, editable, CUDA sources included when possible
+	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
+	$(PY) -c "import shardwise; print('shardwise', shardwise.__version__, 'CPU ISA', shardwise.detected_cpu_isa())"
+
+test-cpp: system-deps cpu-venv ## GoogleTest: the torch-free core and the LibTorch-linked library
+	cmake -S . -B $(CMAKE_BUILD) -G Ninja -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
+		-DCMAKE_PREFIX_PATH="$$($(CPU_PY) -c 'import torch; print(torch.utils.cmake_prefix_path)')"
+	cmake --build $(CMAKE_BUILD) -j $(JOBS)
+	ctest --test-dir $(CMAKE_BUILD) --output-on-failure -j $(JOBS)
+
+test-python: build ## pytest: ops, exhaustive casts, distributed (multi-process)
+	$(PY) -m pytest -ra tests/python tests/distributed || { rc=$$?; \
+		[ $$rc -eq 5 ] && echo "pytest collected no tests: that is a failure here"; exit $$rc; }
+
+test-cpu-torch: system-deps cpu-venv ## the CPU-only build against the CPU torch, and its op tests
+	SHARDWISE_WITH_CUDA=0 $(CPU_PY) -m pip install -q --no-build-isolation --no-deps .
+	cd tests && $(CPU_PY) -m pytest -ra -m "not slow" python/test_cast_ops.py
+
+bench: build ## benchmarks; results land in benchmarks/results/
+	$(PY) benchmarks/bench_cast.py --output benchmarks/results/$$(date +%Y-%m-%d)-cast-cpu.md
+
+format: venv ## clang-format and ruff format, in place
+	$(VENV)/bin/clang-format -i $$(git ls-files 'csrc/*.h' 'csrc/*.cc' 'csrc/*.cpp' 'csrc/*.cu' 'tests/cpp/*.cc')
+	$(VENV)/bin/ruff format python tests benchmarks examples setup.py
+	$(VENV)/bin/ruff check --fix python tests benchmarks examples setup.py
+
+lint: venv ## the same checks, changing nothing
+	$(VENV)/bin/clang-format --dry-run -Werror $$(git ls-files 'csrc/*.h' 'csrc/*.cc' 'csrc/*.cpp' 'csrc/*.cu' 'tests/cpp/*.cc')
+	$(VENV)/bin/ruff format --check python tests benchmarks examples setup.py
+	$(VENV)/bin/ruff check python tests benchmarks examples setup.py
+
+clean: ## build outputs in the clone (the caches under $(CACHE) stay)
+	rm -rf build python/shardwise/*.so python/*.egg-info

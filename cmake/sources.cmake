@@ -1,0 +1,19 @@
+# Source lists shared by CMakeLists.txt (setup.py keeps its own globs of the same folders).
+set(SHARDWISE_CORE_SOURCES
+  csrc/common/cpu_features.cc
+  csrc/precision/cast_cpu.cc
+  csrc/precision/cast_cpu_avx512.cc
+)
+set(SHARDWISE_CORE_TEST_SOURCES
+  tests/cpp/test_cast_math.cc
+  tests/cpp/test_cast_cpu.cc
+)
+set(SHARDWISE_TORCH_SOURCES
+  csrc/registration.cpp
+  csrc/precision/cast_checks.cpp
+  csrc/precision/cast_ops.cpp
+  csrc/precision/cast_autograd.cpp
+)
+set(SHARDWISE_TORCH_TEST_SOURCES
+  tests/cpp/torch/test_cast_ops_libtorch.cc
+)

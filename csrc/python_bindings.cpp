@@ -1,0 +1,34 @@
+// The Python module shardwise._C: importing it loads the op registrations of this library;
+// the functions below expose the run-time CPU dispatch (common/cpu_features.h).
+#include <pybind11/pybind11.h>
+#include <pybind11/stl.h>
+
+#include <optional>
+#include <string>
+
+#include "common/cpu_features.h"
+
+namespace py = pybind11;
+
+PYBIND11_MODULE(_C, m) {
+  m.doc() = "shardwise native library: torch.ops.shardwise.* and CPU dispatch control";
+  m.def(
+      "detected_cpu_isa", [] { return std::string(shardwise::cpu_isa_name(shardwise::detected_cpu_isa())); },
+      "The best CPU instruction set this machine supports: 'scalar', 'avx512' or 'avx512_bf16'.");
+  m.def(
+      "active_cpu_isa", [] { return std::string(shardwise::cpu_isa_name(shardwise::active_cpu_isa())); },
+      "The CPU instruction set the kernels use now.");
+  m.def(
+      "set_cpu_isa",
+      [](std::optional<std::string> name) {
+        try {
+          shardwise::set_cpu_isa(name ? std::optional(shardwise::parse_cpu_isa(*name))
+                                      : std::nullopt);
+        } catch (const std::invalid_argument& e) {
+          throw py::value_error(e.what());
+        }
+      },
+      py::arg("name"),
+      "Lower the CPU instruction set the kernels use ('scalar', 'avx512', 'avx512_bf16'), or "
+      "None to use the best one again.");
+}

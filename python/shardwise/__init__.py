@@ -1,0 +1,45 @@
+"""shardwise: FSDP, ZeRO and pipeline parallelism for PyTorch and LibTorch, with a C++ core.
+
+Importing the package loads the native library, which registers the ``torch.ops.shardwise`` ops.
+"""
+
+import torch  # noqa: F401  (loads libtorch before the extension)
+
+from . import _C
+from .ops import (
+    cast,
+    cast_check_finite,
+    cast_stochastic_bf16,
+    multi_cast_,
+)
+
+__version__ = "0.1.0"
+
+
+def detected_cpu_isa() -> str:
+    """The best CPU instruction set this machine supports: 'scalar', 'avx512' or 'avx512_bf16'."""
+    return _C.detected_cpu_isa()
+
+
+def active_cpu_isa() -> str:
+    """The CPU instruction set the kernels use now (see :func:`set_cpu_isa`)."""
+    return _C.active_cpu_isa()
+
+
+def set_cpu_isa(name: str | None) -> None:
+    """Lower the CPU instruction set the kernels use, or pass None to use the best one again.
+
+    The environment variable ``SHARDWISE_CPU_ISA`` sets the same at start-up.
+    """
+    _C.set_cpu_isa(name)
+
+
+__all__ = [
+    "active_cpu_isa",
+    "cast",
+    "cast_check_finite",
+    "cast_stochastic_bf16",
+    "detected_cpu_isa",
+    "multi_cast_",
+    "set_cpu_isa",
+]

@@ -1,0 +1,5 @@
+"""Typed Python wrappers of the ``torch.ops.shardwise`` ops, with their fake kernels."""
+
+from .precision import cast, cast_check_finite, cast_stochastic_bf16, multi_cast_
+
+__all__ = ["cast", "cast_check_finite", "cast_stochastic_bf16", "multi_cast_"]
