@@ -70,12 +70,12 @@ bench: build ## benchmarks; results land in benchmarks/results/
 	$(PY) benchmarks/bench_cast.py --output benchmarks/results/$$(date +%Y-%m-%d)-cast-cpu.md
 
 format: venv ## clang-format and ruff format, in place
-	$(VENV)/bin/clang-format -i $$(git ls-files 'csrc/*.h' 'csrc/*.cc' 'csrc/*.cpp' 'csrc/*.cu' 'tests/cpp/*.cc')
+	$(VENV)/bin/clang-format -i $$(git ls-files 'csrc/*.h' 'csrc/*.cc' 'csrc/*.cpp' 'csrc/*.cu' 'tests/cpp/*.cc' 'examples/cpp/*.cc')
 	$(VENV)/bin/ruff format python tests benchmarks examples setup.py
 	$(VENV)/bin/ruff check --fix python tests benchmarks examples setup.py
 
 lint: venv ## the same checks, changing nothing
-	$(VENV)/bin/clang-format --dry-run -Werror $$(git ls-files 'csrc/*.h' 'csrc/*.cc' 'csrc/*.cpp' 'csrc/*.cu' 'tests/cpp/*.cc')
+	$(VENV)/bin/clang-format --dry-run -Werror $$(git ls-files 'csrc/*.h' 'csrc/*.cc' 'csrc/*.cpp' 'csrc/*.cu' 'tests/cpp/*.cc' 'examples/cpp/*.cc')
 	$(VENV)/bin/ruff format --check python tests benchmarks examples setup.py
 	$(VENV)/bin/ruff check python tests benchmarks examples setup.py
 

@@ -18,10 +18,24 @@ ROOT = Path(__file__).parent
 CSRC = ROOT / "csrc"
 
 
+def cuda_home() -> Path | None:
+    """torch's CUDA_HOME, or, where that has nvcc but no headers (e.g. /usr/local with a
+    symlinked nvcc), the toolkit that nvcc really lives in."""
+    home = cpp_extension.CUDA_HOME
+    if home is None or not (Path(home) / "bin" / "nvcc").exists():
+        return None
+    if not (Path(home) / "include" / "cuda_runtime_api.h").exists():
+        real = (Path(home) / "bin" / "nvcc").resolve().parent.parent
+        if not (real / "include" / "cuda_runtime_api.h").exists():
+            return None
+        cpp_extension.CUDA_HOME = os.environ["CUDA_HOME"] = str(real)
+        return real
+    return Path(home)
+
+
 def want_cuda() -> bool:
     choice = os.environ.get("SHARDWISE_WITH_CUDA", "auto").lower()
-    home = cpp_extension.CUDA_HOME
-    nvcc_found = home is not None and (Path(home) / "bin" / "nvcc").exists()
+    nvcc_found = cuda_home() is not None
     available = torch.version.cuda is not None and nvcc_found
     if choice in ("0", "off", "false"):
         return False

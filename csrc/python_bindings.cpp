@@ -13,10 +13,12 @@ namespace py = pybind11;
 PYBIND11_MODULE(_C, m) {
   m.doc() = "shardwise native library: torch.ops.shardwise.* and CPU dispatch control";
   m.def(
-      "detected_cpu_isa", [] { return std::string(shardwise::cpu_isa_name(shardwise::detected_cpu_isa())); },
+      "detected_cpu_isa",
+      [] { return std::string(shardwise::cpu_isa_name(shardwise::detected_cpu_isa())); },
       "The best CPU instruction set this machine supports: 'scalar', 'avx512' or 'avx512_bf16'.");
   m.def(
-      "active_cpu_isa", [] { return std::string(shardwise::cpu_isa_name(shardwise::active_cpu_isa())); },
+      "active_cpu_isa",
+      [] { return std::string(shardwise::cpu_isa_name(shardwise::active_cpu_isa())); },
       "The CPU instruction set the kernels use now.");
   m.def(
       "set_cpu_isa",

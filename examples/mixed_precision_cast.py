@@ -4,9 +4,8 @@ dynamic loss scaling, and stochastic rounding for bf16 master weights.
 Run: python examples/mixed_precision_cast.py
 """
 
-import torch
-
 import shardwise
+import torch
 
 
 def main() -> None:

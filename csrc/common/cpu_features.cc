@@ -61,8 +61,9 @@ CpuIsa parse_cpu_isa(const std::string& name) {
       return isa;
     }
   }
-  throw std::invalid_argument("unknown CPU instruction set '" + name +
-                              "' (SHARDWISE_CPU_ISA / cpu_isa); valid: scalar, avx512, avx512_bf16");
+  throw std::invalid_argument(
+      "unknown CPU instruction set '" + name +
+      "' (SHARDWISE_CPU_ISA / cpu_isa); valid: scalar, avx512, avx512_bf16");
 }
 
 CpuIsa detected_cpu_isa() {

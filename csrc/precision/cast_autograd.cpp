@@ -46,7 +46,9 @@ struct CastStochasticFunction : torch::autograd::Function<CastStochasticFunction
 };
 
 struct CastCheckFiniteFunction : torch::autograd::Function<CastCheckFiniteFunction> {
-  static variable_list forward(AutogradContext* ctx, const at::Tensor& input, at::ScalarType dtype) {
+  static variable_list forward(AutogradContext* ctx,
+                               const at::Tensor& input,
+                               at::ScalarType dtype) {
     ctx->saved_data["input_dtype"] = input.scalar_type();
     at::AutoDispatchBelowADInplaceOrView guard;
     auto [output, nonfinite] = shardwise::cast_check_finite(input, dtype);

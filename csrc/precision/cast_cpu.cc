@@ -86,11 +86,8 @@ bool cast_cpu(const void* src, void* dst, int64_t numel, const CastOptions& opti
   return cast_scalar(src, dst, numel, options);
 }
 
-void cast_float_to_bf16_stochastic_cpu(const float* src,
-                                       uint16_t* dst,
-                                       int64_t numel,
-                                       const StochasticOptions& options,
-                                       CpuIsa isa) {
+void cast_float_to_bf16_stochastic_cpu(
+    const float* src, uint16_t* dst, int64_t numel, const StochasticOptions& options, CpuIsa isa) {
   if (numel <= 0) {
     return;
   }

@@ -39,11 +39,8 @@ struct StochasticOptions {
 bool cast_cpu(const void* src, void* dst, int64_t numel, const CastOptions& options, CpuIsa isa);
 
 // float32 -> bfloat16 with stochastic rounding (see cast_math.h).
-void cast_float_to_bf16_stochastic_cpu(const float* src,
-                                       uint16_t* dst,
-                                       int64_t numel,
-                                       const StochasticOptions& options,
-                                       CpuIsa isa);
+void cast_float_to_bf16_stochastic_cpu(
+    const float* src, uint16_t* dst, int64_t numel, const StochasticOptions& options, CpuIsa isa);
 
 // One array of a multi-tensor cast.
 struct CastSpan {
@@ -64,10 +61,7 @@ void cast_many_cuda(const CastSpan* spans,
                     const CastOptions& options,
                     int32_t* nonfinite_flag,
                     void* stream);
-void cast_float_to_bf16_stochastic_cuda(const float* src,
-                                        uint16_t* dst,
-                                        int64_t numel,
-                                        const StochasticOptions& options,
-                                        void* stream);
+void cast_float_to_bf16_stochastic_cuda(
+    const float* src, uint16_t* dst, int64_t numel, const StochasticOptions& options, void* stream);
 
 }  // namespace shardwise::precision

@@ -78,7 +78,7 @@ SW_HOST_DEVICE SW_INLINE uint16_t float_to_half_bits(uint32_t bits) {
   if (magnitude >= 0x477ff000u) {  // >= 65520 rounds to Inf
     return static_cast<uint16_t>(sign | 0x7c00u);
   }
-  if (magnitude >= 0x38800000u) {  // >= 2^-14: a normal half
+  if (magnitude >= 0x38800000u) {                       // >= 2^-14: a normal half
     const uint32_t rebiased = magnitude - 0x38000000u;  // exponent bias 127 -> 15
     const uint32_t lsb = (rebiased >> 13) & 1u;
     return static_cast<uint16_t>(sign | ((rebiased + 0xfffu + lsb) >> 13));
@@ -136,8 +136,8 @@ SW_HOST_DEVICE SW_INLINE uint32_t mix32(uint32_t x) {
 // The key that, with the low 32 bits of a counter, selects an element's random draw. It depends on
 // the seed and the high 32 bits of the counter, so kernels compute it once per 2^32 elements.
 SW_HOST_DEVICE SW_INLINE uint32_t stochastic_key(uint64_t seed, uint32_t counter_high) {
-  return mix32(static_cast<uint32_t>(seed) ^ mix32(static_cast<uint32_t>(seed >> 32) ^
-                                                   mix32(counter_high + 0x9e3779b9u)));
+  return mix32(static_cast<uint32_t>(seed) ^
+               mix32(static_cast<uint32_t>(seed >> 32) ^ mix32(counter_high + 0x9e3779b9u)));
 }
 
 // The 16 random bits for the element whose counter has low half `counter_low`.
@@ -166,7 +166,8 @@ inline void for_each_counter_run(uint64_t seed, uint64_t counter_base, int64_t n
     const uint64_t counter = counter_base + static_cast<uint64_t>(begin);
     const uint64_t to_boundary = (uint64_t{1} << 32) - (counter & 0xffffffffu);
     const uint64_t remaining = static_cast<uint64_t>(numel - begin);
-    const int64_t end = remaining <= to_boundary ? numel : begin + static_cast<int64_t>(to_boundary);
+    const int64_t end =
+        remaining <= to_boundary ? numel : begin + static_cast<int64_t>(to_boundary);
     fn(begin, end, stochastic_key(seed, static_cast<uint32_t>(counter >> 32)),
        static_cast<uint32_t>(counter));
     begin = end;

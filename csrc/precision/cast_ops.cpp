@@ -87,8 +87,9 @@ at::Tensor multi_cast_cpu_op(at::TensorList inputs, at::TensorList outputs) {
   }
   for (size_t i = 0; i < inputs.size(); ++i) {
     sources.push_back(inputs[i].contiguous());
-    targets.push_back(outputs[i].is_contiguous() ? outputs[i] : empty_output(inputs[i],
-                                                                 outputs[i].scalar_type()));
+    targets.push_back(outputs[i].is_contiguous()
+                          ? outputs[i]
+                          : empty_output(inputs[i], outputs[i].scalar_type()));
     for (int64_t begin = 0; begin < inputs[i].numel(); begin += kGrain) {
       chunks.push_back({i, begin, std::min(begin + kGrain, inputs[i].numel())});
     }
@@ -99,8 +100,8 @@ at::Tensor multi_cast_cpu_op(at::TensorList inputs, at::TensorList outputs) {
     for (int64_t c = first; c < last; ++c) {
       const Chunk& chunk = chunks[c];
       const at::Tensor& in = sources[chunk.pair];
-      const auto* src = static_cast<const char*>(in.const_data_ptr()) +
-                        chunk.begin * in.element_size();
+      const auto* src =
+          static_cast<const char*>(in.const_data_ptr()) + chunk.begin * in.element_size();
       auto* dst = static_cast<char*>(targets[chunk.pair].mutable_data_ptr()) +
                   chunk.begin * targets[chunk.pair].element_size();
       if (cast_cpu(src, dst, chunk.end - chunk.begin, options[chunk.pair], isa)) {
@@ -137,10 +138,10 @@ at::Tensor cast_stochastic_bf16(const at::Tensor& input, int64_t seed, int64_t o
 
 std::tuple<at::Tensor, at::Tensor> cast_check_finite(const at::Tensor& input,
                                                      at::ScalarType dtype) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("shardwise::cast_check_finite", "")
-                       .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&,
-                                                                 at::ScalarType)>();
+  static auto op =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("shardwise::cast_check_finite", "")
+          .typed<std::tuple<at::Tensor, at::Tensor>(const at::Tensor&, at::ScalarType)>();
   return op.call(input, dtype);
 }
 

@@ -22,8 +22,7 @@ at::Tensor cast_stochastic_bf16(const at::Tensor& input, int64_t seed, int64_t o
 
 // `cast` that also returns a 0-dim bool tensor (on the input's device, no synchronisation): true
 // when an output element is Inf or NaN.
-std::tuple<at::Tensor, at::Tensor> cast_check_finite(const at::Tensor& input,
-                                                     at::ScalarType dtype);
+std::tuple<at::Tensor, at::Tensor> cast_check_finite(const at::Tensor& input, at::ScalarType dtype);
 
 // Casts inputs[i] into outputs[i] (same shape; the output's dtype selects the conversion) for
 // every i in one call; returns a 0-dim bool tensor: whether any output element is Inf or NaN.

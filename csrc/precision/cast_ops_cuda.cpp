@@ -1,8 +1,8 @@
 // CUDA implementations of the casting ops: ATen glue around the launchers of cast_cuda.cu. Work
 // is queued on the current stream; the non-finite flag stays on the device (no synchronisation).
 #include <ATen/ATen.h>
-#include <c10/cuda/CUDAStream.h>
 #include <c10/cuda/CUDAGuard.h>
+#include <c10/cuda/CUDAStream.h>
 #include <torch/library.h>
 
 #include <map>
@@ -14,9 +14,7 @@
 namespace shardwise::precision {
 namespace {
 
-void* current_stream() {
-  return static_cast<void*>(c10::cuda::getCurrentCUDAStream().stream());
-}
+void* current_stream() { return static_cast<void*>(c10::cuda::getCurrentCUDAStream().stream()); }
 
 CastSpan span_of(const at::Tensor& input, at::Tensor& output) {
   return {input.const_data_ptr(), output.mutable_data_ptr(), input.numel()};
@@ -68,8 +66,9 @@ at::Tensor multi_cast_cuda_op(at::TensorList inputs, at::TensorList outputs) {
   std::map<std::pair<Format, Format>, std::vector<CastSpan>> groups;  // one launch per pair
   for (size_t i = 0; i < inputs.size(); ++i) {
     sources.push_back(inputs[i].contiguous());
-    targets.push_back(outputs[i].is_contiguous() ? outputs[i]
-                                                 : at::empty(inputs[i].sizes(), outputs[i].options()));
+    targets.push_back(outputs[i].is_contiguous()
+                          ? outputs[i]
+                          : at::empty(inputs[i].sizes(), outputs[i].options()));
     groups[{options[i].src, options[i].dst}].push_back(span_of(sources[i], targets[i]));
   }
   at::Tensor flag = at::zeros({}, inputs[0].options().dtype(at::kInt));

@@ -29,9 +29,8 @@ uint64_t for_all_float_bits(const std::function<uint64_t(uint64_t, uint64_t)>& c
   std::atomic<uint64_t> failures{0};
   std::vector<std::thread> threads;
   for (unsigned w = 0; w < workers; ++w) {
-    threads.emplace_back([&, w] {
-      failures += check(total * w / workers, total * (w + 1) / workers);
-    });
+    threads.emplace_back(
+        [&, w] { failures += check(total * w / workers, total * (w + 1) / workers); });
   }
   for (auto& t : threads) {
     t.join();
@@ -56,8 +55,8 @@ uint16_t reference_bf16(uint32_t bits) {
   const uint16_t down = static_cast<uint16_t>(bits >> 16);
   const uint16_t up = static_cast<uint16_t>(down + 1);  // may become Inf: still the next value
   const double distance_down = std::fabs(static_cast<double>(x) - bf16_value(down));
-  const double up_value = (up & 0x7fffu) == 0x7f80u ? std::copysign(std::ldexp(1.0, 128), x)
-                                                     : bf16_value(up);
+  const double up_value =
+      (up & 0x7fffu) == 0x7f80u ? std::copysign(std::ldexp(1.0, 128), x) : bf16_value(up);
   const double distance_up = std::fabs(up_value - static_cast<double>(x));
   if (distance_down != distance_up) {
     return distance_down < distance_up ? down : up;
@@ -87,7 +86,8 @@ TEST(CastMath, FloatToHalfMatchesCompilerConversion) {
       const uint16_t ours = sp::float_to_half_bits(bits);
       uint16_t expected;
       if (sp::is_nan_bits(bits)) {  // quiet NaN, sign and top 10 payload bits kept
-        expected = static_cast<uint16_t>(((bits >> 16) & 0x8000u) | 0x7e00u | ((bits >> 13) & 0x3ffu));
+        expected =
+            static_cast<uint16_t>(((bits >> 16) & 0x8000u) | 0x7e00u | ((bits >> 13) & 0x3ffu));
       } else {
         const _Float16 half = static_cast<_Float16>(sp::bits_float(bits));
         std::memcpy(&expected, &half, sizeof(expected));

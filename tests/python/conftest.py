@@ -1,7 +1,6 @@
 import pytest
-import torch
-
 import shardwise
+import torch
 
 ISAS = ["scalar", "avx512", "avx512_bf16"]
 AVAILABLE_ISAS = ISAS[: ISAS.index(shardwise.detected_cpu_isa()) + 1]

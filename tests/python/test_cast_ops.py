@@ -6,10 +6,9 @@ documented difference is the bit pattern of bfloat16 NaN where torch's scalar fa
 """
 
 import pytest
+import shardwise
 import torch
 from conftest import requires_cuda
-
-import shardwise
 
 NARROW = [torch.bfloat16, torch.float16]
 TORCH_VECTORIZED = torch.backends.cpu.get_cpu_capability() != "DEFAULT"
@@ -30,11 +29,38 @@ def assert_same_bits(ours: torch.Tensor, ref: torch.Tensor) -> None:
 
 
 EDGE_BITS = [
-    0x00000000, 0x80000000, 0x00000001, 0x80000001, 0x007FFFFF, 0x00800000, 0x00400000,
-    0x3F800000, 0x3F808000, 0x3F818000, 0x3F807FFF, 0x3F808001, 0x7F7FFFFF, 0xFF7FFFFF,
-    0x7F7F8000, 0x7F7F7FFF, 0x7F800000, 0xFF800000, 0x7FC00000, 0xFFC00000, 0x7F800001,
-    0xFF812345, 0x7FFFFFFF, 0x477FF000, 0x477FEFFF, 0x47800000, 0x38800000, 0x387FFFFF,
-    0x33000000, 0x33000001, 0x33800000, 0xB3C00000,
+    0x00000000,
+    0x80000000,
+    0x00000001,
+    0x80000001,
+    0x007FFFFF,
+    0x00800000,
+    0x00400000,
+    0x3F800000,
+    0x3F808000,
+    0x3F818000,
+    0x3F807FFF,
+    0x3F808001,
+    0x7F7FFFFF,
+    0xFF7FFFFF,
+    0x7F7F8000,
+    0x7F7F7FFF,
+    0x7F800000,
+    0xFF800000,
+    0x7FC00000,
+    0xFFC00000,
+    0x7F800001,
+    0xFF812345,
+    0x7FFFFFFF,
+    0x477FF000,
+    0x477FEFFF,
+    0x47800000,
+    0x38800000,
+    0x387FFFFF,
+    0x33000000,
+    0x33000001,
+    0x33800000,
+    0xB3C00000,
 ]  # zeros, denormals, RNE ties, FLT_MAX, Inf, NaN payloads, fp16 overflow/denormal bounds
 
 
@@ -147,7 +173,7 @@ def test_multi_cast_matches_individual_casts(cpu_isa):
     ]
     found = shardwise.multi_cast_(inputs, outputs)
     assert not found.item()
-    for x, out in zip(inputs, outputs):
+    for x, out in zip(inputs, outputs, strict=True):
         assert_same_bits(out, x.to(out.dtype))
     inputs[2][12345] = float("nan")
     assert shardwise.multi_cast_(inputs, outputs).item()
@@ -185,7 +211,10 @@ def test_gradcheck_through_a_widening_cast():
         (lambda: shardwise.cast(torch.ones(2, dtype=torch.int32), torch.bfloat16), "'input'"),
         (lambda: shardwise.cast(torch.ones(2), torch.float64), "'dtype'"),
         (lambda: shardwise.cast(torch.ones(2, dtype=torch.bfloat16), torch.float16), "'dtype'"),
-        (lambda: shardwise.cast_check_finite(torch.ones(2, dtype=torch.float64), torch.half), "'input'"),
+        (
+            lambda: shardwise.cast_check_finite(torch.ones(2, dtype=torch.float64), torch.half),
+            "'input'",
+        ),
         (lambda: shardwise.cast_stochastic_bf16(torch.ones(2).half(), 0), "'input'"),
         (lambda: shardwise.cast_stochastic_bf16(torch.ones(2), 0, -1), "'offset'"),
         (lambda: shardwise.multi_cast_([torch.ones(2)], []), "'outputs' has 0"),
@@ -227,8 +256,13 @@ def opcheck_samples(device):
     yield torch.ops.shardwise.cast_stochastic_bf16.default, (x.detach().requires_grad_(), 5, 3)
     yield (
         torch.ops.shardwise.multi_cast_.default,
-        ([x.detach(), x.detach()[:3]], [torch.empty(17, 5, dtype=torch.bfloat16, device=device),
-                                        torch.empty(3, 5, dtype=torch.float16, device=device)]),
+        (
+            [x.detach(), x.detach()[:3]],
+            [
+                torch.empty(17, 5, dtype=torch.bfloat16, device=device),
+                torch.empty(3, 5, dtype=torch.float16, device=device),
+            ],
+        ),
     )
 
 
@@ -260,14 +294,18 @@ def test_cuda_matches_cpu_kernels(dtype):
     for x in sample_inputs("cuda"):
         ours = shardwise.cast(x, dtype)
         assert_same_bits(ours.cpu(), shardwise.cast(x.cpu(), dtype))
-        assert_same_bits(shardwise.cast(ours, torch.float32).cpu(),
-                         shardwise.cast(ours.cpu(), torch.float32))
+        assert_same_bits(
+            shardwise.cast(ours, torch.float32).cpu(), shardwise.cast(ours.cpu(), torch.float32)
+        )
         out, found = shardwise.cast_check_finite(x, dtype)
         assert found.device == x.device
     x = torch.randn(100_003, device="cuda")
     sr = shardwise.cast_stochastic_bf16(x, seed=11, offset=5)
     assert torch.equal(bits(sr.cpu()), bits(shardwise.cast_stochastic_bf16(x.cpu(), 11, 5)))
-    outs = [torch.empty(100_003, dtype=dtype, device="cuda"), torch.empty(0, dtype=dtype, device="cuda")]
+    outs = [
+        torch.empty(100_003, dtype=dtype, device="cuda"),
+        torch.empty(0, dtype=dtype, device="cuda"),
+    ]
     assert not shardwise.multi_cast_([x, x[:0]], outs).item()
     assert_same_bits(outs[0].cpu(), shardwise.cast(x.cpu(), dtype))
 

@@ -73,7 +73,7 @@ def _multi_cast_fake(inputs, outputs):
         len(inputs) == len(outputs),
         lambda: f"shardwise.multi_cast_: {len(inputs)} inputs but {len(outputs)} outputs",
     )
-    for i, (src, dst) in enumerate(zip(inputs, outputs)):
+    for i, (src, dst) in enumerate(zip(inputs, outputs, strict=True)):
         torch._check(src.shape == dst.shape, lambda i=i: f"shape mismatch at index {i}")
         _check_pair("shardwise.multi_cast_", src.dtype, dst.dtype)
     device = inputs[0].device if inputs else torch.device("cpu")
