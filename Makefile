@@ -19,9 +19,8 @@ export CCACHE_DIR ?= $(CACHE)/ccache
 export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_NOHASHDIR := 1
 export MAX_JOBS ?= $(JOBS)
-ifneq ($(wildcard /usr/lib/ccache),)
+# Debian's ccache masquerade directory (installed by system-deps, so it may not exist yet).
 export PATH := /usr/lib/ccache:$(PATH)
-endif
 ifneq ($(wildcard /usr/local/cuda/bin/nvcc),)
 export CUDA_HOME ?= /usr/local/cuda
 endif
