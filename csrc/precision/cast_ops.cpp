@@ -146,6 +146,9 @@ std::tuple<at::Tensor, at::Tensor> cast_check_finite(const at::Tensor& input,
 }
 
 at::Tensor multi_cast_(at::TensorList inputs, at::TensorList outputs) {
+  if (inputs.empty() && outputs.empty()) {  // nothing to dispatch on, nothing to do
+    return at::scalar_tensor(false, at::TensorOptions().dtype(at::kBool));
+  }
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("shardwise::multi_cast_", "")
                        .typed<at::Tensor(at::TensorList, at::TensorList)>();

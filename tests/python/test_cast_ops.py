@@ -177,6 +177,7 @@ def test_multi_cast_matches_individual_casts(cpu_isa):
         assert_same_bits(out, x.to(out.dtype))
     inputs[2][12345] = float("nan")
     assert shardwise.multi_cast_(inputs, outputs).item()
+    assert not shardwise.multi_cast_([], []).item()
 
 
 def test_gradient_is_the_reverse_cast():

@@ -37,8 +37,10 @@ def multi_cast_(inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> torc
     """Casts ``inputs[i]`` into ``outputs[i]`` for every ``i`` in one call.
 
     Each output's dtype selects its conversion. Returns a 0-dim bool tensor: whether any output
-    element is Inf or NaN.
+    element is Inf or NaN. Empty lists are a no-op (the dispatcher needs a tensor to dispatch on).
     """
+    if not inputs and not outputs:
+        return torch.tensor(False)
     return torch.ops.shardwise.multi_cast_.default(inputs, outputs)
 
 

@@ -48,6 +48,7 @@ TEST(CastOpsLibTorch, CheckFiniteAndMultiCast) {
   EXPECT_FALSE(shardwise::multi_cast_(inputs, outputs).item<bool>());
   EXPECT_TRUE(same_bits(outputs[0], inputs[0].to(at::kBFloat16)));
   EXPECT_TRUE(same_bits(outputs[1], inputs[1].to(at::kHalf)));
+  EXPECT_FALSE(shardwise::multi_cast_({}, {}).item<bool>());
 }
 
 TEST(CastOpsLibTorch, ErrorsNameTheArgument) {
