@@ -1,10 +1,24 @@
 # Source lists shared by CMakeLists.txt (setup.py keeps its own globs of the same folders).
 set(SHARDWISE_CORE_SOURCES
+  csrc/collectives/all_gather.cc
+  csrc/collectives/allreduce.cc
+  csrc/collectives/allreduce_direct.cc
+  csrc/collectives/allreduce_ring.cc
+  csrc/collectives/alltoall.cc
+  csrc/collectives/barrier.cc
+  csrc/collectives/broadcast.cc
+  csrc/collectives/inprocess_transport.cc
+  csrc/collectives/reduce.cc
+  csrc/collectives/reduce_scatter.cc
+  csrc/collectives/shm_transport.cc
+  csrc/collectives/transport.cc
   csrc/common/cpu_features.cc
   csrc/precision/cast_cpu.cc
   csrc/precision/cast_cpu_avx512.cc
 )
 set(SHARDWISE_CORE_TEST_SOURCES
+  tests/cpp/test_collectives.cc
+  tests/cpp/test_shm_transport.cc
   tests/cpp/test_cast_math.cc
   tests/cpp/test_cast_cpu.cc
 )

@@ -1,0 +1,86 @@
+// The collective algorithms over a Transport, torch-free; one algorithm per file:
+//   allreduce.cc          dispatch: 16-bit floats widened to float32, AVG, small vs large
+//   allreduce_direct.cc   one step: everyone exchanges everything, reduces in rank order
+//   allreduce_ring.cc     reduce-scatter then all-gather around the ring, in slabs
+//   reduce_scatter.cc     the ring's first phase on rank-major input
+//   all_gather.cc         the ring's second phase
+//   broadcast.cc          a chain from the root, in segments
+//   alltoall.cc           size - 1 pairwise exchanges
+//   barrier.cc            dissemination: ceil(log2 size) rounds of empty messages
+// Every rank must call the same collective with the same options (tag, counts); the tags catch
+// the cases where they do not. All results are bit-identical on every rank.
+#pragma once
+
+#include <cstddef>
+
+#include "collectives/transport.h"
+#include "collectives/types.h"
+
+namespace shardwise::collectives {
+
+// In place: `data` holds `count` elements on every rank and ends with their reduction.
+void allreduce(Transport& transport, void* data, size_t count, const CollectiveOptions& options);
+
+// `input` holds size * `count` elements, block r for rank r; `output` (count elements) receives
+// the reduction of every rank's block `rank`.
+void reduce_scatter(Transport& transport,
+                    const void* input,
+                    void* output,
+                    size_t count,
+                    const CollectiveOptions& options);
+
+// `output` (size * `count` elements) receives every rank's `input` (count elements), rank-major.
+// `input` may alias output block `rank`.
+void all_gather(Transport& transport,
+                const void* input,
+                void* output,
+                size_t count,
+                const CollectiveOptions& options);
+
+// `bytes` of `data` from rank `root` to every rank.
+void broadcast(
+    Transport& transport, void* data, size_t bytes, int root, const CollectiveOptions& options);
+
+// Rank r sends send_bytes[p] bytes at input + send_offsets[p] to rank p and receives
+// recv_bytes[p] bytes from rank p at output + recv_offsets[p].
+void alltoall(Transport& transport,
+              const void* input,
+              const size_t* send_offsets,
+              const size_t* send_bytes,
+              void* output,
+              const size_t* recv_offsets,
+              const size_t* recv_bytes,
+              const CollectiveOptions& options);
+
+// Returns once every rank has entered the barrier.
+void barrier(Transport& transport, const CollectiveOptions& options);
+
+// Point to point: one message to / from `peer`.
+void send(Transport& transport,
+          int peer,
+          const void* data,
+          size_t bytes,
+          const CollectiveOptions& options);
+void recv(
+    Transport& transport, int peer, void* data, size_t bytes, const CollectiveOptions& options);
+
+namespace detail {
+// The algorithms behind allreduce, on a buffer of its accumulation type (no AVG division).
+void allreduce_direct(Transport& transport,
+                      void* data,
+                      size_t count,
+                      const CollectiveOptions& options);
+void allreduce_ring(Transport& transport,
+                    void* data,
+                    size_t count,
+                    const CollectiveOptions& options);
+// Chunk `index` of `count` elements split `parts` ways, lengths differing by at most one.
+struct Chunk {
+  size_t offset;
+  size_t count;
+};
+Chunk chunk_of(size_t count, int parts, int index);
+inline int wrap(int value, int size) { return ((value % size) + size) % size; }
+}  // namespace detail
+
+}  // namespace shardwise::collectives

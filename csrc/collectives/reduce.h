@@ -1,0 +1,23 @@
+// Element-wise reduction kernels for the collectives (`destination op= source`), torch-free.
+#pragma once
+
+#include <cstddef>
+
+#include "collectives/types.h"
+
+namespace shardwise::collectives {
+
+// The type reductions run in: float32 for bfloat16/float16, otherwise the element type itself.
+Datatype accumulation_type(Datatype dtype);
+
+// destination[i] = destination[i] op source[i] for `count` elements of `dtype`, which must be its
+// own accumulation type. MIN/MAX propagate NaN. AVG reduces as SUM (see finish_average).
+void reduce_into(void* destination, const void* source, size_t count, Datatype dtype, ReduceOp op);
+
+// Divides `count` elements by `divisor` (float types only): the last step of AVG.
+void finish_average(void* data, size_t count, Datatype dtype, int divisor);
+
+// Throws std::invalid_argument when `op` is undefined for `dtype` (AVG on integers or bool).
+void check_reduce(Datatype dtype, ReduceOp op);
+
+}  // namespace shardwise::collectives

@@ -1,0 +1,378 @@
+#include "collectives/shm_transport.h"
+
+#include <fcntl.h>
+#include <linux/futex.h>
+#include <signal.h>
+#include <sys/mman.h>
+#include <sys/stat.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <fstream>
+#include <thread>
+
+#include "collectives/transport_errors.h"
+
+namespace shardwise::collectives {
+namespace {
+
+constexpr uint64_t kReady = 0x73686172'64776973ull;  // "shardwis"
+constexpr size_t kLine = 64;
+constexpr size_t kPage = 4096;
+constexpr auto kPollInterval = std::chrono::milliseconds(5);
+
+size_t round_up(size_t value, size_t unit) { return (value + unit - 1) / unit * unit; }
+
+struct alignas(kLine) SegmentHeader {
+  std::atomic<uint64_t> ready;
+  int32_t size;
+  uint64_t ring_bytes;
+  std::atomic<int32_t> attached;
+  std::atomic<int32_t> failed_rank;
+  char failure[256];
+};
+
+struct alignas(kLine) RankSlot {
+  std::atomic<int32_t> pid;
+  std::atomic<uint32_t> doorbell;
+  std::atomic<uint32_t> sleepers;
+};
+
+struct alignas(kLine) RingCounters {
+  std::atomic<uint64_t> head;  // bytes written by the source
+  char pad_head[kLine - sizeof(std::atomic<uint64_t>)];
+  std::atomic<uint64_t> tail;  // bytes read by the destination
+  char pad_tail[kLine - sizeof(std::atomic<uint64_t>)];
+};
+
+struct alignas(kLine) MessageHeader {
+  uint64_t sequence;
+  uint64_t bytes;
+  uint32_t kind;
+};
+
+std::string errno_text(const char* what, const std::string& name) {
+  return std::string(what) + "(" + name + ") failed: " + std::strerror(errno);
+}
+
+bool process_alive(int32_t pid) {
+  if (pid <= 0) return true;  // not attached yet: the connect timeout covers it
+  if (::kill(pid, 0) != 0 && errno == ESRCH) return false;
+  std::ifstream stat("/proc/" + std::to_string(pid) + "/stat");
+  std::string pid_field, comm, state;
+  if (stat >> pid_field >> comm >> state) {  // a zombie has exited but is not yet reaped
+    return state != "Z";
+  }
+  return true;
+}
+
+}  // namespace
+
+struct ShmTransport::Layout {
+  SegmentHeader* header;
+  RankSlot* slots;
+  RingCounters* counters;
+  char* rings;
+  size_t ring_bytes;
+  int size;
+  RingCounters& counter(int source, int destination) {
+    return counters[source * size + destination];
+  }
+  char* ring(int source, int destination) {
+    return rings + static_cast<size_t>(source * size + destination) * ring_bytes;
+  }
+};
+
+size_t ShmTransport::segment_bytes(int size, size_t ring_bytes) {
+  const size_t slots = round_up(sizeof(RankSlot) * size, kPage);
+  const size_t counters = round_up(sizeof(RingCounters) * size * size, kPage);
+  return kPage + slots + counters + ring_bytes * size * size;
+}
+
+ShmTransport::ShmTransport(const ShmTransportOptions& options)
+    : rank_(options.rank),
+      size_(options.size),
+      ring_bytes_(options.ring_bytes),
+      name_(options.name) {
+  if (size_ < 1 || rank_ < 0 || rank_ >= size_) {
+    throw std::invalid_argument("ShmTransport: rank " + std::to_string(rank_) + " is outside [0, " +
+                                std::to_string(size_) + ")");
+  }
+  if (ring_bytes_ < kPage || ring_bytes_ % kPage != 0) {
+    throw std::invalid_argument(
+        "ShmTransport: ring_bytes must be a positive multiple of 4096, got " +
+        std::to_string(ring_bytes_));
+  }
+  const Clock::time_point deadline = Clock::now() + options.connect_timeout;
+  try {
+    attach(options);
+    wait_for_attach(deadline);
+  } catch (...) {
+    if (rank_ == 0) ::shm_unlink(name_.c_str());
+    if (base_ != nullptr) ::munmap(base_, mapped_bytes_);
+    delete layout_;
+    throw;
+  }
+  if (rank_ == 0) ::shm_unlink(name_.c_str());  // every rank has mapped it: drop the name
+}
+
+ShmTransport::~ShmTransport() {
+  if (base_ != nullptr) ::munmap(base_, mapped_bytes_);
+  delete layout_;
+}
+
+void ShmTransport::attach(const ShmTransportOptions& options) {
+  mapped_bytes_ = segment_bytes(size_, ring_bytes_);
+  const Clock::time_point deadline = Clock::now() + options.connect_timeout;
+  int fd = -1;
+  if (rank_ == 0) {
+    fd = ::shm_open(name_.c_str(), O_CREAT | O_EXCL | O_RDWR, 0600);
+    if (fd < 0) throw TransportError(errno_text("shm_open", name_));
+    if (::ftruncate(fd, static_cast<off_t>(mapped_bytes_)) != 0) {
+      ::close(fd);
+      throw TransportError(errno_text("ftruncate", name_) + " (is /dev/shm large enough for " +
+                           std::to_string(mapped_bytes_) + " bytes?)");
+    }
+  } else {
+    struct stat info{};
+    while ((fd = ::shm_open(name_.c_str(), O_RDWR, 0600)) < 0 ||
+           (::fstat(fd, &info) == 0 && static_cast<size_t>(info.st_size) < mapped_bytes_)) {
+      if (fd >= 0) ::close(fd);
+      if (Clock::now() > deadline) {
+        throw TransportError("rank " + std::to_string(rank_) + ": shared-memory segment " + name_ +
+                             " of rank 0 did not appear (with the expected size " +
+                             std::to_string(mapped_bytes_) + ") before the connect timeout");
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+  void* mapped = ::mmap(nullptr, mapped_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (mapped == MAP_FAILED) throw TransportError(errno_text("mmap", name_));
+  base_ = static_cast<char*>(mapped);
+  const size_t slots_offset = kPage;
+  const size_t counters_offset = slots_offset + round_up(sizeof(RankSlot) * size_, kPage);
+  const size_t rings_offset =
+      counters_offset + round_up(sizeof(RingCounters) * size_ * size_, kPage);
+  layout_ = new Layout{reinterpret_cast<SegmentHeader*>(base_),
+                       reinterpret_cast<RankSlot*>(base_ + slots_offset),
+                       reinterpret_cast<RingCounters*>(base_ + counters_offset),
+                       base_ + rings_offset,
+                       ring_bytes_,
+                       size_};
+  SegmentHeader& header = *layout_->header;
+  if (rank_ == 0) {  // the file is zero-filled: only the non-zero fields need setting
+    header.size = size_;
+    header.ring_bytes = ring_bytes_;
+    header.failed_rank.store(-1);
+    header.ready.store(kReady, std::memory_order_release);
+  } else {
+    while (header.ready.load(std::memory_order_acquire) != kReady) {
+      if (Clock::now() > deadline) throw TransportError("shared-memory segment never initialised");
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+    if (header.size != size_ || header.ring_bytes != ring_bytes_) {
+      throw TransportError("rank " + std::to_string(rank_) + " joined with world size " +
+                           std::to_string(size_) + " and ring_bytes " +
+                           std::to_string(ring_bytes_) + ", but rank 0 created the group with " +
+                           std::to_string(header.size) + " and " +
+                           std::to_string(header.ring_bytes) + "; start every rank alike");
+    }
+  }
+  layout_->slots[rank_].pid.store(static_cast<int32_t>(::getpid()));
+  header.attached.fetch_add(1);
+}
+
+void ShmTransport::wait_for_attach(Clock::time_point deadline) {
+  while (layout_->header->attached.load() < size_) {
+    if (Clock::now() > deadline) {
+      std::string missing;
+      for (int r = 0; r < size_; ++r) {
+        if (layout_->slots[r].pid.load() == 0) missing += " " + std::to_string(r);
+      }
+      throw TransportError(
+          "rank " + std::to_string(rank_) +
+          ": ranks never attached to shared memory before the connect timeout:" + missing);
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+void ShmTransport::ring_doorbell(int rank) {
+  RankSlot& slot = layout_->slots[rank];
+  slot.doorbell.fetch_add(1);
+  if (slot.sleepers.load() != 0) {
+    ::syscall(SYS_futex, &slot.doorbell, FUTEX_WAKE, INT32_MAX, nullptr, nullptr, 0);
+  }
+}
+
+void ShmTransport::sleep_until_rung(uint32_t seen,
+                                    Clock::time_point deadline,
+                                    int peer_a,
+                                    int peer_b) {
+  RankSlot& slot = layout_->slots[rank_];
+  for (int spin = 0; spin < 64; ++spin) {  // a short spin catches a peer that is nearly done
+    if (slot.doorbell.load() != seen) return;
+    std::this_thread::yield();
+  }
+  const auto wait = std::min<Clock::duration>(kPollInterval, deadline - Clock::now());
+  if (wait <= Clock::duration::zero()) return;
+  const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(wait).count();
+  timespec timeout{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
+  slot.sleepers.fetch_add(1);
+  ::syscall(SYS_futex, &slot.doorbell, FUTEX_WAIT, seen, &timeout, nullptr, 0);
+  slot.sleepers.fetch_sub(1);
+  (void)peer_a;
+  (void)peer_b;
+}
+
+void ShmTransport::check_peers(int peer_a, int peer_b, Tag tag) {
+  SegmentHeader& header = *layout_->header;
+  const int failed = header.failed_rank.load();
+  if (failed >= 0) {
+    throw TransportError(
+        "rank " + std::to_string(rank_) + ": group failed in " + tag_text(tag) + ": " +
+        std::string(header.failure, strnlen(header.failure, sizeof(header.failure))));
+  }
+  for (int peer : {peer_a, peer_b}) {
+    if (peer >= 0 && !process_alive(layout_->slots[peer].pid.load())) {
+      throw TransportError("rank " + std::to_string(rank_) + ": peer rank " + std::to_string(peer) +
+                           " (pid " + std::to_string(layout_->slots[peer].pid.load()) +
+                           ") exited during " + tag_text(tag));
+    }
+  }
+}
+
+// One direction of a sendrecv in progress. A message is a stream of 64 + round_up(bytes, 64)
+// bytes: its header line, then the payload padded to whole lines. Counters only ever move by
+// whole lines, so every piece is line-aligned.
+class ShmTransport::Progress {
+ public:
+  Progress(Layout& layout, int source, int destination)
+      : counters_(layout.counter(source, destination)),
+        ring_(layout.ring(source, destination)),
+        ring_bytes_(layout.ring_bytes) {}
+
+  // Writes what fits of `header` + `payload`; returns whether anything moved.
+  bool push(const MessageHeader& header, const char* payload, size_t bytes) {
+    const size_t total = kLine + round_up(bytes, kLine);
+    const uint64_t head = counters_.head.load(std::memory_order_relaxed);
+    const uint64_t tail = counters_.tail.load(std::memory_order_acquire);
+    const size_t amount = std::min<size_t>(ring_bytes_ - (head - tail), total - done_);
+    if (amount == 0) return false;
+    for (size_t moved = 0; moved < amount;) {  // line by line regions: header, payload, padding
+      const size_t position = done_ + moved;
+      const size_t offset = (head + moved) % ring_bytes_;
+      const size_t room = std::min(amount - moved, ring_bytes_ - offset);
+      size_t step;
+      if (position < kLine) {
+        step = std::min(room, kLine - position);
+        std::memcpy(ring_ + offset, reinterpret_cast<const char*>(&header) + position, step);
+      } else {
+        const size_t at = position - kLine;
+        step = std::min(room, (at < bytes ? bytes : round_up(bytes, kLine)) - at);
+        if (at < bytes) std::memcpy(ring_ + offset, payload + at, step);
+      }
+      moved += step;
+    }
+    done_ += amount;
+    counters_.head.store(head + amount, std::memory_order_release);
+    return true;
+  }
+
+  // Consumes what has arrived; returns whether anything moved. Checks the header first.
+  bool pull(int rank, int peer, Tag tag, size_t bytes, const RecvConsumer& consume) {
+    const size_t total = kLine + round_up(bytes, kLine);
+    const uint64_t tail = counters_.tail.load(std::memory_order_relaxed);
+    const uint64_t head = counters_.head.load(std::memory_order_acquire);
+    const size_t amount = std::min<size_t>(head - tail, total - done_);
+    if (amount == 0) return false;
+    for (size_t moved = 0; moved < amount;) {
+      const size_t position = done_ + moved;
+      const size_t offset = (tail + moved) % ring_bytes_;
+      const size_t room = std::min(amount - moved, ring_bytes_ - offset);
+      size_t step;
+      if (position < kLine) {  // the header is one line and lines never wrap
+        step = kLine;
+        MessageHeader got;
+        std::memcpy(&got, ring_ + offset, sizeof(got));
+        check_header(rank, peer, tag, bytes, Tag{got.sequence, got.kind}, got.bytes);
+      } else {
+        const size_t at = position - kLine;
+        step = std::min(room, (at < bytes ? bytes : round_up(bytes, kLine)) - at);
+        if (at < bytes) consume(at, ring_ + offset, step);
+      }
+      moved += step;
+    }
+    done_ += amount;
+    counters_.tail.store(tail + amount, std::memory_order_release);
+    return true;
+  }
+
+  bool finished(size_t bytes) const { return done_ == kLine + round_up(bytes, kLine); }
+
+ private:
+  RingCounters& counters_;
+  char* ring_;
+  size_t ring_bytes_;
+  size_t done_ = 0;
+};
+
+void ShmTransport::sendrecv(int send_peer,
+                            ConstBuffer send,
+                            int recv_peer,
+                            size_t recv_bytes,
+                            const RecvConsumer& consume,
+                            Tag tag,
+                            Clock::time_point deadline) {
+  for (int peer : {send_peer, recv_peer}) {
+    if (peer == rank_ || peer >= size_) {
+      throw std::invalid_argument("ShmTransport::sendrecv: peer " + std::to_string(peer) +
+                                  " is not another rank of this group of " + std::to_string(size_));
+    }
+  }
+  const MessageHeader header{tag.sequence, send.bytes, tag.kind};
+  Progress out = send_peer >= 0 ? Progress(*layout_, rank_, send_peer) : Progress(*layout_, 0, 0);
+  Progress in = recv_peer >= 0 ? Progress(*layout_, recv_peer, rank_) : Progress(*layout_, 0, 0);
+  bool sending = send_peer >= 0;
+  bool receiving = recv_peer >= 0;
+  const char* payload = static_cast<const char*>(send.data);
+  while (sending || receiving) {
+    const uint32_t seen = layout_->slots[rank_].doorbell.load();
+    bool moved = false;
+    if (sending && out.push(header, payload, send.bytes)) {
+      moved = true;
+      ring_doorbell(send_peer);
+      sending = !out.finished(send.bytes);
+    }
+    if (receiving && in.pull(rank_, recv_peer, tag, recv_bytes, consume)) {
+      moved = true;
+      ring_doorbell(recv_peer);
+      receiving = !in.finished(recv_bytes);
+    }
+    if (moved || (!sending && !receiving)) continue;
+    check_peers(sending ? send_peer : -1, receiving ? recv_peer : -1, tag);
+    if (Clock::now() >= deadline) {
+      const int peer = receiving ? recv_peer : send_peer;
+      throw TransportError(timeout_message(rank_, peer, receiving ? recv_bytes : send.bytes, tag) +
+                           (receiving ? "" : " (its receive buffer stayed full)"));
+    }
+    sleep_until_rung(seen, deadline, send_peer, recv_peer);
+  }
+}
+
+void ShmTransport::abort(const std::string& reason) {
+  SegmentHeader& header = *layout_->header;
+  int expected = -1;
+  if (header.failed_rank.compare_exchange_strong(expected, rank_)) {
+    const std::string text = "rank " + std::to_string(rank_) + " aborted: " + reason;
+    std::strncpy(header.failure, text.c_str(), sizeof(header.failure) - 1);
+  }
+  for (int r = 0; r < size_; ++r) ring_doorbell(r);
+}
+
+}  // namespace shardwise::collectives

@@ -1,0 +1,71 @@
+// Threads as ranks: runs one function per rank on its own thread, each with its own transport
+// (in-process queues or a real shared-memory segment), and collects every rank's exception.
+#pragma once
+
+#include <unistd.h>
+
+#include <atomic>
+#include <exception>
+#include <functional>
+#include <memory>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "collectives/inprocess_transport.h"
+#include "collectives/shm_transport.h"
+
+namespace shardwise::collectives::testing {
+
+enum class TransportKind { kInProcess, kShm };
+
+inline std::string unique_shm_name() {
+  static std::atomic<int> counter{0};
+  return "/shardwise-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
+}
+
+// Runs body(transport) on `world` threads; returns each rank's exception (null if none).
+inline std::vector<std::exception_ptr> run_ranks(TransportKind kind,
+                                                 int world,
+                                                 const std::function<void(Transport&)>& body,
+                                                 size_t ring_bytes = 4096) {
+  auto hub = std::make_shared<InProcessHub>(world);
+  const std::string name = unique_shm_name();
+  std::vector<std::exception_ptr> errors(world);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        std::unique_ptr<Transport> transport;
+        if (kind == TransportKind::kInProcess) {
+          transport = std::make_unique<InProcessTransport>(hub, rank);
+        } else {
+          ShmTransportOptions options;
+          options.name = name;
+          options.rank = rank;
+          options.size = world;
+          options.ring_bytes = ring_bytes;
+          options.connect_timeout = std::chrono::seconds(20);
+          transport = std::make_unique<ShmTransport>(options);
+        }
+        body(*transport);
+      } catch (...) {
+        errors[rank] = std::current_exception();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  return errors;
+}
+
+inline std::string error_text(const std::exception_ptr& error) {
+  if (!error) return "";
+  try {
+    std::rethrow_exception(error);
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "unknown exception";
+}
+
+}  // namespace shardwise::collectives::testing
