@@ -23,6 +23,10 @@ set(SHARDWISE_CORE_TEST_SOURCES
   tests/cpp/test_cast_cpu.cc
 )
 set(SHARDWISE_TORCH_SOURCES
+  csrc/backend/shardwise_backend.cpp
+  csrc/backend/shardwise_backend_ops.cpp
+  csrc/backend/tensor_args.cpp
+  csrc/backend/work.cpp
   csrc/registration.cpp
   csrc/precision/cast_checks.cpp
   csrc/precision/cast_ops.cpp

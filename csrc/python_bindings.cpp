@@ -1,11 +1,14 @@
 // The Python module shardwise._C: importing it loads the op registrations of this library;
 // the functions below expose the run-time CPU dispatch (common/cpu_features.h).
+#include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
 
 #include <optional>
 #include <string>
 
+#include "backend/shardwise_backend.hpp"
 #include "common/cpu_features.h"
 
 namespace py = pybind11;
@@ -33,4 +36,19 @@ PYBIND11_MODULE(_C, m) {
       py::arg("name"),
       "Lower the CPU instruction set the kernels use ('scalar', 'avx512', 'avx512_bf16'), or "
       "None to use the best one again.");
+
+  m.def(
+      "_create_backend",
+      [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
+         std::chrono::milliseconds timeout,
+         size_t ring_bytes) -> c10::intrusive_ptr<c10d::Backend> {
+        shardwise::backend::ShardwiseOptions options;
+        options.timeout = timeout;
+        if (ring_bytes > 0) options.ring_bytes = ring_bytes;
+        return c10::make_intrusive<shardwise::backend::ShardwiseBackend>(store, rank, size,
+                                                                         options);
+      },
+      py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
+      py::arg("ring_bytes") = 0, py::call_guard<py::gil_scoped_release>(),
+      "Creates the shardwise c10d backend (used by torch.distributed's backend registry).");
 }

@@ -39,8 +39,34 @@ struct ConstBuffer {
 // TransportError, which turns mismatched collectives into an error instead of a hang or garbage.
 struct Tag {
   uint64_t sequence = 0;
-  uint32_t kind = 0;
+  uint32_t kind = 0;  // a Kind
 };
+
+// What kind of operation a message belongs to; named in error messages.
+enum class Kind : uint32_t {
+  kUnknown = 0,
+  kAllreduce,
+  kAllGather,
+  kReduceScatter,
+  kBroadcast,
+  kAlltoall,
+  kBarrier,
+  kSendRecv,
+  kReduce,
+  kGather,
+  kScatter,
+};
+
+inline const char* kind_name(uint32_t kind) {
+  static const char* names[] = {"unknown",   "all_reduce", "all_gather", "reduce_scatter",
+                                "broadcast", "all_to_all", "barrier",    "send/recv",
+                                "reduce",    "gather",     "scatter"};
+  return kind < sizeof(names) / sizeof(names[0]) ? names[kind] : "unknown";
+}
+
+inline Tag make_tag(Kind kind, uint64_t sequence) {
+  return {sequence, static_cast<uint32_t>(kind)};
+}
 
 // Receives a message piece by piece straight out of the transport's memory: (offset of the piece
 // within the message, its bytes). Pieces arrive in order, and a piece never splits an element of

@@ -5,7 +5,7 @@ Importing the package loads the native library, which registers the ``torch.ops.
 
 import torch  # noqa: F401  (loads libtorch before the extension)
 
-from . import _C
+from . import _C, distributed  # noqa: F401  (registers the "shardwise" backend)
 from .ops import (
     cast,
     cast_check_finite,

@@ -1,0 +1,188 @@
+// Set-up, lanes and error handling of the shardwise backend; the operations themselves are in
+// shardwise_backend_ops.cpp.
+#include "backend/shardwise_backend.hpp"
+
+#include <c10/util/Exception.h>
+#include <unistd.h>
+
+#include <iomanip>
+#include <random>
+#include <sstream>
+
+#include "collectives/inprocess_transport.h"
+#include "collectives/shm_transport.h"
+
+namespace shardwise::backend {
+namespace {
+
+std::string random_hex() {
+  std::random_device device;
+  std::ostringstream out;
+  for (int i = 0; i < 4; ++i) out << std::hex << std::setw(8) << std::setfill('0') << device();
+  return out.str();
+}
+
+std::string store_get(const c10::intrusive_ptr<c10d::Store>& store, const std::string& key) {
+  const std::vector<uint8_t> bytes = store->get(key);
+  return std::string(bytes.begin(), bytes.end());
+}
+
+std::string host_name() {
+  char name[256] = {};
+  ::gethostname(name, sizeof(name) - 1);
+  return name;
+}
+
+// All ranks must share a host: the shared-memory transport is the only one so far.
+void check_one_host(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size) {
+  const std::string mine = host_name();
+  store->set("shardwise/host/" + std::to_string(rank),
+             std::vector<uint8_t>(mine.begin(), mine.end()));
+  for (int r = 0; r < size; ++r) {
+    const std::string theirs = store_get(store, "shardwise/host/" + std::to_string(r));
+    TORCH_CHECK(theirs == mine, "shardwise backend: rank ", rank, " runs on host '", mine,
+                "' but rank ", r, " on '", theirs, "'; this version connects ranks through ",
+                "shared memory on one host only (use gloo across hosts)");
+  }
+}
+
+std::unique_ptr<collectives::Transport> connect_shm(const c10::intrusive_ptr<c10d::Store>& store,
+                                                    int rank,
+                                                    int size,
+                                                    size_t ring_bytes,
+                                                    std::chrono::milliseconds timeout,
+                                                    const std::string& purpose) {
+  const std::string key = "shardwise/shm/" + purpose;
+  std::string name;
+  if (rank == 0) {  // unique and unguessable; unlinked again once every rank has attached
+    name = "/shardwise-" + std::to_string(::getpid()) + "-" + random_hex();
+    store->set(key, std::vector<uint8_t>(name.begin(), name.end()));
+  } else {
+    name = store_get(store, key);
+  }
+  collectives::ShmTransportOptions options;
+  options.name = name;
+  options.rank = rank;
+  options.size = size;
+  options.ring_bytes = ring_bytes;
+  options.connect_timeout = timeout;
+  return std::make_unique<collectives::ShmTransport>(options);
+}
+
+}  // namespace
+
+ShardwiseBackend::ShardwiseBackend(const c10::intrusive_ptr<c10d::Store>& store,
+                                   int rank,
+                                   int size,
+                                   ShardwiseOptions options)
+    : c10d::Backend(rank, size), options_(options), sends_to_(size, 0), receives_from_(size, 0) {
+  if (size > 1) {
+    check_one_host(store, rank, size);
+    transport_ =
+        connect_shm(store, rank, size, options_.ring_bytes, options_.timeout, "collectives");
+    p2p_transport_ =
+        connect_shm(store, rank, size, options_.p2p_ring_bytes, options_.timeout, "p2p");
+  } else {  // a group of one: every collective is local
+    auto hub = std::make_shared<collectives::InProcessHub>(1);
+    transport_ = std::make_unique<collectives::InProcessTransport>(hub, 0);
+    p2p_transport_ = std::make_unique<collectives::InProcessTransport>(hub, 0);
+  }
+  collective_lane_.transport = transport_.get();
+  send_lane_.transport = p2p_transport_.get();
+  recv_lane_.transport = p2p_transport_.get();
+  for (Lane* lane : {&collective_lane_, &send_lane_, &recv_lane_}) {
+    lane->thread = std::thread([this, lane] { run_lane(*lane); });
+  }
+}
+
+ShardwiseBackend::~ShardwiseBackend() {
+  stopping_ = true;
+  for (Lane* lane : {&collective_lane_, &send_lane_, &recv_lane_}) {
+    {
+      std::lock_guard<std::mutex> lock(lane->mutex);
+    }
+    lane->ready.notify_all();
+    if (lane->thread.joinable()) lane->thread.join();
+  }
+}
+
+std::chrono::milliseconds ShardwiseBackend::timeout_or_default(
+    std::chrono::milliseconds timeout) const {
+  return timeout == c10d::kUnsetTimeout ? options_.timeout : timeout;
+}
+
+ShardwiseBackend::Work ShardwiseBackend::enqueue(Lane& lane,
+                                                 c10d::OpType type,
+                                                 collectives::Kind kind,
+                                                 uint64_t sequence,
+                                                 Tensors outputs,
+                                                 std::chrono::milliseconds timeout,
+                                                 Body body) {
+  auto work = c10::make_intrusive<ShardwiseWork>(rank_, type, sequence, std::move(outputs));
+  {
+    std::lock_guard<std::mutex> lock(lane.mutex);
+    lane.jobs.push_back({work, collectives::make_tag(kind, sequence), timeout_or_default(timeout),
+                         std::move(body)});
+  }
+  lane.ready.notify_one();
+  return work;
+}
+
+ShardwiseBackend::Work ShardwiseBackend::collective(c10d::OpType type,
+                                                    collectives::Kind kind,
+                                                    Tensors outputs,
+                                                    std::chrono::milliseconds timeout,
+                                                    Body body) {
+  return enqueue(collective_lane_, type, kind, sequence_++, std::move(outputs), timeout,
+                 std::move(body));
+}
+
+void ShardwiseBackend::run_lane(Lane& lane) {
+  for (;;) {
+    Job job;
+    {
+      std::unique_lock<std::mutex> lock(lane.mutex);
+      lane.ready.wait(lock, [&] { return stopping_ || !lane.jobs.empty(); });
+      if (lane.jobs.empty()) return;  // stopping, nothing left
+      job = std::move(lane.jobs.front());
+      lane.jobs.pop_front();
+    }
+    run_job(lane, job);
+  }
+}
+
+void ShardwiseBackend::run_job(Lane& lane, Job& job) {
+  std::exception_ptr earlier;
+  {
+    std::lock_guard<std::mutex> lock(failure_mutex_);
+    earlier = failure_;
+  }
+  if (earlier) {
+    job.work->finish(earlier);
+    return;
+  }
+  const std::string what =
+      std::string(collectives::kind_name(job.tag.kind)) + " #" + std::to_string(job.tag.sequence);
+  try {
+    collectives::CollectiveOptions options;
+    options.tag = job.tag;
+    options.deadline = collectives::Clock::now() + job.timeout;
+    options.max_segment_bytes = options_.max_segment_bytes;
+    options.small_message_bytes = options_.small_message_bytes;
+    job.body(*lane.transport, options);
+    job.work->finish(nullptr);
+  } catch (const std::exception& e) {
+    const std::string message =
+        "shardwise backend: rank " + std::to_string(rank_) + ": " + what + " failed: " + e.what();
+    if (lane.transport != nullptr) lane.transport->abort(message);
+    auto error = std::make_exception_ptr(
+        c10::DistBackendError(c10::SourceLocation{__func__, __FILE__, __LINE__}, message));
+    {
+      std::lock_guard<std::mutex> lock(failure_mutex_);
+      if (!failure_) failure_ = error;
+    }
+    job.work->finish(error);
+  }
+}
+
+}  // namespace shardwise::backend

@@ -1,0 +1,134 @@
+// The `shardwise` torch.distributed backend: a c10d::Backend whose collectives run the
+// algorithms of csrc/collectives/ over shared memory between the processes of one host.
+//
+// Operations are queued as jobs and run in issue order on one worker thread per lane (so
+// async_op=True overlaps with compute): collectives on one lane, point-to-point sends and
+// receives on a lane each over a second transport, so a send blocked on a full ring never stops
+// the matching receive. Each job gets a sequence number (the same on every rank, since ranks
+// issue collectives in the same order) that tags its messages; a job that fails aborts the
+// transport, so peers fail fast, and leaves the backend broken: later jobs fail with the first
+// error, which names the rank, the operation, its sequence number and the peer.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <functional>
+#include <memory>
+#include <mutex>
+#include <string>
+#include <thread>
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Store.hpp>
+#include <vector>
+
+#include "backend/work.hpp"
+#include "collectives/collectives.h"
+#include "collectives/transport.h"
+
+namespace shardwise::backend {
+
+struct ShardwiseOptions {
+  std::chrono::milliseconds timeout = std::chrono::minutes(30);
+  size_t ring_bytes = size_t{4} << 20;      // per ordered pair, collectives
+  size_t p2p_ring_bytes = size_t{1} << 20;  // per ordered pair, send/recv
+  size_t max_segment_bytes = size_t{1} << 20;
+  size_t small_message_bytes = size_t{16} << 10;
+};
+
+class ShardwiseBackend : public c10d::Backend {
+ public:
+  ShardwiseBackend(const c10::intrusive_ptr<c10d::Store>& store,
+                   int rank,
+                   int size,
+                   ShardwiseOptions options);
+  ~ShardwiseBackend() override;
+
+  const std::string getBackendName() const override { return "shardwise"; }
+
+  using Tensors = std::vector<at::Tensor>;
+  using Work = c10::intrusive_ptr<c10d::Work>;
+  Work broadcast(Tensors& tensors, const c10d::BroadcastOptions& opts) override;
+  Work allreduce(Tensors& tensors, const c10d::AllreduceOptions& opts) override;
+  Work allreduce_coalesced(Tensors& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
+  Work reduce(Tensors& tensors, const c10d::ReduceOptions& opts) override;
+  Work allgather(std::vector<Tensors>& outputs,
+                 Tensors& inputs,
+                 const c10d::AllgatherOptions& opts) override;
+  Work _allgather_base(at::Tensor& output,
+                       at::Tensor& input,
+                       const c10d::AllgatherOptions& opts) override;
+  Work allgather_into_tensor_coalesced(Tensors& outputs,
+                                       Tensors& inputs,
+                                       const c10d::AllgatherOptions& opts) override;
+  Work gather(std::vector<Tensors>& outputs,
+              Tensors& inputs,
+              const c10d::GatherOptions& opts) override;
+  Work scatter(Tensors& outputs,
+               std::vector<Tensors>& inputs,
+               const c10d::ScatterOptions& opts) override;
+  Work reduce_scatter(Tensors& outputs,
+                      std::vector<Tensors>& inputs,
+                      const c10d::ReduceScatterOptions& opts) override;
+  Work _reduce_scatter_base(at::Tensor& output,
+                            at::Tensor& input,
+                            const c10d::ReduceScatterOptions& opts) override;
+  Work reduce_scatter_tensor_coalesced(Tensors& outputs,
+                                       Tensors& inputs,
+                                       const c10d::ReduceScatterOptions& opts) override;
+  Work alltoall_base(at::Tensor& output,
+                     at::Tensor& input,
+                     std::vector<int64_t>& output_splits,
+                     std::vector<int64_t>& input_splits,
+                     const c10d::AllToAllOptions& opts) override;
+  Work alltoall(Tensors& outputs, Tensors& inputs, const c10d::AllToAllOptions& opts) override;
+  Work send(Tensors& tensors, int dst_rank, int tag) override;
+  Work recv(Tensors& tensors, int src_rank, int tag) override;
+  Work barrier(const c10d::BarrierOptions& opts) override;
+
+ private:
+  using Body = std::function<void(collectives::Transport&, const collectives::CollectiveOptions&)>;
+  struct Job {
+    c10::intrusive_ptr<ShardwiseWork> work;
+    collectives::Tag tag;
+    std::chrono::milliseconds timeout;
+    Body body;
+  };
+  struct Lane {
+    collectives::Transport* transport = nullptr;
+    std::mutex mutex;
+    std::condition_variable ready;
+    std::deque<Job> jobs;
+    std::thread thread;
+  };
+
+  Work enqueue(Lane& lane,
+               c10d::OpType type,
+               collectives::Kind kind,
+               uint64_t sequence,
+               Tensors outputs,
+               std::chrono::milliseconds timeout,
+               Body body);
+  Work collective(c10d::OpType type,
+                  collectives::Kind kind,
+                  Tensors outputs,
+                  std::chrono::milliseconds timeout,
+                  Body body);
+  void run_lane(Lane& lane);
+  void run_job(Lane& lane, Job& job);
+  std::chrono::milliseconds timeout_or_default(std::chrono::milliseconds timeout) const;
+
+  ShardwiseOptions options_;
+  std::unique_ptr<collectives::Transport> transport_;      // collectives
+  std::unique_ptr<collectives::Transport> p2p_transport_;  // send/recv
+  std::atomic<uint64_t> sequence_{0};
+  std::vector<uint64_t> sends_to_, receives_from_;  // per-peer p2p sequence numbers
+  std::mutex p2p_mutex_;
+  std::mutex failure_mutex_;
+  std::exception_ptr failure_;
+  std::atomic<bool> stopping_{false};
+  Lane collective_lane_, send_lane_, recv_lane_;
+};
+
+}  // namespace shardwise::backend

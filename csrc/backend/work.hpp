@@ -1,0 +1,42 @@
+// The Work handle of the shardwise backend: completed by the backend's worker thread, carrying
+// either the output tensors (through a c10 Future, so DDP communication hooks and
+// torch.futures work) or the exception that names the rank, the operation and the peer.
+#pragma once
+
+#include <ATen/core/ivalue.h>
+
+#include <condition_variable>
+#include <exception>
+#include <mutex>
+#include <string>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <vector>
+
+namespace shardwise::backend {
+
+class ShardwiseWork : public c10d::Work {
+ public:
+  ShardwiseWork(int rank, c10d::OpType type, uint64_t sequence, std::vector<at::Tensor> outputs);
+
+  bool isCompleted() override;
+  bool isSuccess() const override;
+  std::exception_ptr exception() const override;
+  std::vector<at::Tensor> result() override;
+  bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
+  c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
+  uint64_t getSequencenumber() const override { return sequence_; }
+
+  // Called once by the worker thread.
+  void finish(std::exception_ptr error);
+
+ private:
+  mutable std::mutex mutex_;
+  std::condition_variable done_;
+  bool completed_ = false;
+  std::exception_ptr error_;
+  uint64_t sequence_;
+  std::vector<at::Tensor> outputs_;
+  c10::intrusive_ptr<c10::ivalue::Future> future_;
+};
+
+}  // namespace shardwise::backend
