@@ -1,0 +1,313 @@
+"""One rank of a distributed test world (started by launcher.py). Runs every check of a scenario
+against the `shardwise` backend, comparing with gloo on the same inputs, and writes
+{check: "ok" | error text} to OUT/rank<R>.json."""
+
+import datetime
+import json
+import os
+import sys
+import time
+import traceback
+from pathlib import Path
+
+import shardwise  # noqa: F401  (registers the backend)
+import torch
+import torch.distributed as dist
+
+DTYPES = [
+    torch.float32,
+    torch.float64,
+    torch.bfloat16,
+    torch.float16,
+    torch.int8,
+    torch.uint8,
+    torch.int32,
+    torch.int64,
+    torch.bool,
+]
+OPS = {
+    "SUM": dist.ReduceOp.SUM,
+    "AVG": dist.ReduceOp.AVG,
+    "PRODUCT": dist.ReduceOp.PRODUCT,
+    "MIN": dist.ReduceOp.MIN,
+    "MAX": dist.ReduceOp.MAX,
+}
+
+
+def rank_input(rank: int, numel: int, dtype: torch.dtype, op: str) -> torch.Tensor:
+    """Integer-valued data unique per rank and element, small enough that every reduction is
+    exact in every dtype (products use values in {1, 2})."""
+    g = torch.Generator().manual_seed(1000 + rank)
+    if dtype == torch.bool:
+        return torch.randint(0, 2, (numel,), generator=g).bool()
+    high = 3 if op == "PRODUCT" else 20
+    low = 1 if op == "PRODUCT" or dtype == torch.uint8 else -20
+    return torch.randint(low, high, (numel,), generator=g).to(dtype)
+
+
+def reference(inputs: list[torch.Tensor], op: str) -> torch.Tensor:
+    """The exact reduction, in float64/int64 (or logical for bool), in rank order."""
+    if inputs[0].dtype == torch.bool:
+        stack = torch.stack(inputs)
+        return stack.any(0) if op in ("SUM", "MAX") else stack.all(0)
+    wide = torch.stack([t.double() if t.is_floating_point() else t.long() for t in inputs])
+    result = {
+        "SUM": wide.sum(0),
+        "AVG": wide.sum(0) / len(inputs),
+        "PRODUCT": wide.prod(0),
+        "MIN": wide.min(0).values,
+        "MAX": wide.max(0).values,
+    }[op]
+    return result.to(inputs[0].dtype)
+
+
+def check_all_reduce_every_dtype_and_op(rank, world, gloo):
+    """Catches: a wrong reduce kernel, dtype mapping or 16-bit widening for any dtype/op pair."""
+    for dtype in DTYPES:
+        for name, op in OPS.items():
+            if name == "AVG" and not dtype.is_floating_point:
+                continue
+            for numel in (1, 7, 1000, 70_001):
+                x = rank_input(rank, numel, dtype, name)
+                expected = reference(
+                    [rank_input(r, numel, dtype, name) for r in range(world)], name
+                )
+                dist.all_reduce(x, op=op)
+                assert torch.equal(x, expected), f"{dtype} {name} numel={numel}"
+    x = torch.arange(100_000, dtype=torch.float32) + rank  # the same through gloo, bit for bit
+    y = x.clone()
+    dist.all_reduce(x)
+    dist.all_reduce(y, group=gloo)
+    assert torch.equal(x, y)
+
+
+def check_avg_rejects_integers_before_communicating(rank, world, gloo):
+    """Catches: an integer AVG silently truncating, or an error raised only on some ranks."""
+    try:
+        dist.all_reduce(torch.ones(3, dtype=torch.int32), op=dist.ReduceOp.AVG)
+    except ValueError as e:
+        assert "AVG" in str(e) and "floating" in str(e), str(e)
+    else:
+        raise AssertionError("no error")
+    t = torch.ones(2)
+    dist.all_reduce(t)  # the group still works
+    assert torch.equal(t, torch.full((2,), float(world)))
+
+
+def check_gather_scatter_family_matches_gloo(rank, world, gloo):
+    """Catches: wrong block placement in all_gather/reduce_scatter (tensor and list forms),
+    broadcast from a non-zero root, gather/scatter/reduce roots."""
+    for numel in (0, 1, 5, 300_001):
+        x = torch.arange(numel, dtype=torch.float32) * (rank + 1)
+        outs = {}
+        for name, group in (("shardwise", None), ("gloo", gloo)):
+            out = torch.empty(world * numel)
+            dist.all_gather_into_tensor(out, x, group=group)
+            lst = [torch.empty(numel) for _ in range(world)]
+            dist.all_gather(lst, x, group=group)
+            rs = torch.empty(numel)
+            dist.reduce_scatter_tensor(rs, torch.cat([x + r for r in range(world)]), group=group)
+            rs_list = torch.empty(numel)
+            if name == "shardwise":  # gloo has no list reduce_scatter
+                dist.reduce_scatter(rs_list, [x + r for r in range(world)], group=group)
+            b = x.clone() if rank == world - 1 else torch.zeros(numel)
+            dist.broadcast(b, src=world - 1, group=group)
+            outs[name] = (out, torch.cat(lst) if numel else out, rs, b, rs_list)
+        for a, b in zip(outs["shardwise"][:4], outs["gloo"][:4], strict=True):
+            assert torch.equal(a, b), f"numel={numel}"
+        assert torch.equal(outs["shardwise"][4], outs["shardwise"][2])
+    t = torch.full((4,), float(rank))
+    dist.reduce(t, dst=1, op=dist.ReduceOp.MAX)
+    if rank == 1:
+        assert torch.equal(t, torch.full((4,), float(world - 1)))
+    gathered = [torch.empty(2) for _ in range(world)] if rank == 0 else None
+    dist.gather(torch.full((2,), float(rank)), gathered, dst=0)
+    if rank == 0:
+        assert [g[0].item() for g in gathered] == list(range(world))
+    piece = torch.empty(3)
+    chunks = [torch.full((3,), float(r * 10)) for r in range(world)] if rank == world - 1 else None
+    dist.scatter(piece, chunks, src=world - 1)
+    assert torch.equal(piece, torch.full((3,), float(rank * 10)))
+
+
+def check_all_to_all_even_uneven_and_list(rank, world, gloo):
+    """Catches: wrong split offsets, uneven split sizes, the list form's copy-out."""
+    x = torch.arange(world * 3, dtype=torch.float32) + 100 * rank
+    out, ref = torch.empty_like(x), torch.empty_like(x)
+    dist.all_to_all_single(out, x)
+    dist.all_to_all_single(ref, x, group=gloo)
+    assert torch.equal(out, ref)
+    in_splits = [r + 1 for r in range(world)]  # rank sends r + 1 rows to rank r
+    out_splits = [rank + 1] * world
+    x = torch.arange(sum(in_splits) * 2, dtype=torch.float32).view(-1, 2) + 1000 * rank
+    out = torch.empty(sum(out_splits), 2)
+    dist.all_to_all_single(out, x, out_splits, in_splits)
+    for src in range(world):
+        start = sum(range(1, rank + 1))
+        expected = torch.arange(sum(in_splits) * 2, dtype=torch.float32).view(-1, 2) + 1000 * src
+        assert torch.equal(
+            out[src * (rank + 1) : (src + 1) * (rank + 1)], expected[start : start + rank + 1]
+        )
+    outs = [torch.empty(2) for _ in range(world)]
+    dist.all_to_all(outs, [torch.full((2,), float(rank * world + r)) for r in range(world)])
+    assert [o[0].item() for o in outs] == [float(src * world + rank) for src in range(world)]
+
+
+def check_send_recv_ring_and_exchange(rank, world, gloo):
+    """Catches: p2p deadlocks when both peers send first with messages larger than the ring,
+    and p2p messages crossing collective ones."""
+    right, left = (rank + 1) % world, (rank - 1) % world
+    big = torch.arange(3_000_000, dtype=torch.float32) + rank  # 12 MB > the 1 MiB p2p ring
+    got = torch.empty_like(big)
+    send = dist.isend(big, right)
+    recv = dist.irecv(got, left)
+    t = torch.ones(5)
+    dist.all_reduce(t)  # a collective in between on the other lane
+    send.wait()
+    recv.wait()
+    assert torch.equal(got, torch.arange(3_000_000, dtype=torch.float32) + left)
+    assert torch.equal(t, torch.full((5,), float(world)))
+    ops = [
+        dist.P2POp(dist.isend, torch.full((3,), float(rank)), right),
+        dist.P2POp(dist.irecv, got[:3], left),
+    ]
+    for w in dist.batch_isend_irecv(ops):
+        w.wait()
+    assert torch.equal(got[:3], torch.full((3,), float(left)))
+
+
+def check_async_work_future_and_noncontiguous(rank, world, gloo):
+    """Catches: futures never completed (DDP hooks hang), non-contiguous results not copied back,
+    barrier returning before peers arrive."""
+    x = torch.ones(1000, 8)
+    work = dist.all_reduce(x, async_op=True)
+    fut = work.get_future().then(lambda f: f.value()[0] * 2)
+    assert torch.equal(fut.wait(), torch.full((1000, 8), 2.0 * world))
+    assert work.is_completed() and work.is_success()
+    y = torch.ones(8, 1000).t()[::2]  # non-contiguous view
+    dist.all_reduce(y)
+    assert torch.equal(y, torch.full_like(y, float(world)))
+    start = time.monotonic()
+    if rank == 0:
+        time.sleep(0.3)
+    dist.barrier()
+    assert time.monotonic() - start >= 0.25 or rank == 0
+
+
+def check_subgroups(rank, world, gloo):
+    """Catches: subgroup rank translation and shared-memory names clashing between groups."""
+    evens = dist.new_group([r for r in range(world) if r % 2 == 0], backend="shardwise")
+    odds = dist.new_group([r for r in range(world) if r % 2 == 1], backend="shardwise")
+    mine = evens if rank % 2 == 0 else odds
+    t = torch.tensor([float(rank)])
+    dist.all_reduce(t, group=mine)
+    assert t.item() == sum(r for r in range(world) if r % 2 == rank % 2)
+
+
+def check_ddp_matches_gloo(rank, world, gloo):
+    """Catches: gradient averaging that differs from gloo's (DDP over shardwise must train the
+    same model). At world 2 the sums are single additions, so results are bit-identical; beyond,
+    the summation order may differ and the bound is a few float32 ulps of the gradient sum."""
+    results = {}
+    for name, group in (("shardwise", None), ("gloo", gloo)):
+        torch.manual_seed(0)
+        model = torch.nn.Sequential(
+            torch.nn.Linear(16, 32), torch.nn.Tanh(), torch.nn.Linear(32, 4)
+        )
+        ddp = torch.nn.parallel.DistributedDataParallel(model, process_group=group)
+        opt = torch.optim.SGD(ddp.parameters(), lr=0.1)
+        g = torch.Generator().manual_seed(rank)
+        for _ in range(5):
+            x, y = torch.randn(8, 16, generator=g), torch.randn(8, 4, generator=g)
+            opt.zero_grad()
+            torch.nn.functional.mse_loss(ddp(x), y).backward()
+            opt.step()
+        results[name] = torch.cat([p.detach().flatten() for p in model.parameters()])
+    if world == 2:
+        assert torch.equal(results["shardwise"], results["gloo"])
+    else:
+        torch.testing.assert_close(results["shardwise"], results["gloo"], rtol=1e-6, atol=1e-7)
+
+
+def check_unsupported_dtype_names_it(rank, world, gloo):
+    """Catches: unsupported input reaching the transport instead of a clear error."""
+    try:
+        dist.all_reduce(torch.ones(2, dtype=torch.complex64).abs().to(torch.float8_e4m3fn))
+    except (TypeError, RuntimeError) as e:
+        assert "dtype" in str(e), str(e)
+    else:
+        raise AssertionError("no error")
+
+
+def fault_mismatch(rank, world, gloo):
+    """Catches: ranks calling collectives with different sizes hanging or returning garbage."""
+    g = dist.new_group(backend="shardwise", timeout=datetime.timedelta(seconds=20))
+    try:
+        dist.all_reduce(torch.ones(100 if rank == 0 else 200), group=g)
+    except RuntimeError as e:
+        assert "mismatched collectives" in str(e) and "all_reduce #0" in str(e), str(e)
+    else:
+        raise AssertionError("no error")
+
+
+def fault_timeout(rank, world, gloo):
+    """Catches: a peer that never arrives making wait() hang instead of raising in time."""
+    g = dist.new_group(backend="shardwise", timeout=datetime.timedelta(seconds=2))
+    start = time.monotonic()
+    if rank == 1:
+        return  # never joins
+    try:
+        dist.all_reduce(torch.ones(10), group=g)
+    except RuntimeError as e:
+        assert "timed out waiting for rank 1" in str(e), str(e)
+    else:
+        raise AssertionError("no error")
+    assert time.monotonic() - start < 15
+
+
+def fault_dead_peer(rank, world, gloo):
+    """Catches: a rank killed mid-all-reduce leaving the others blocked; /dev/shm left dirty."""
+    g = dist.new_group(backend="shardwise", timeout=datetime.timedelta(seconds=60))
+    dist.barrier(group=g)
+    if rank == 1:
+        os._exit(0)  # dies without a word
+    start = time.monotonic()
+    try:
+        for _ in range(50):
+            dist.all_reduce(torch.ones(1_000_000), group=g)
+    except RuntimeError as e:
+        assert "exited" in str(e) and "rank 1" in str(e), str(e)
+    else:
+        raise AssertionError("no error")
+    assert time.monotonic() - start < 15
+    assert not [f for f in os.listdir("/dev/shm") if f.startswith("shardwise-")], os.listdir(
+        "/dev/shm"
+    )
+
+
+SCENARIOS = {
+    "ops": [f for n, f in sorted(globals().items()) if n.startswith("check_")],
+    "faults": [fault_mismatch, fault_timeout, fault_dead_peer],
+}
+
+
+def main() -> None:
+    scenario, out = sys.argv[1], Path(sys.argv[2])
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group("shardwise", timeout=datetime.timedelta(seconds=120))
+    gloo = dist.new_group(backend="gloo")
+    results = {}
+    for check in SCENARIOS[scenario]:
+        try:
+            check(rank, world, gloo)
+            results[check.__name__] = "ok"
+        except Exception:  # recorded, reported by the pytest side
+            results[check.__name__] = traceback.format_exc()
+        (out / f"rank{rank}.json").write_text(json.dumps(results))
+    if scenario != "faults":
+        dist.destroy_process_group()
+    os._exit(0)
+
+
+if __name__ == "__main__":
+    main()
