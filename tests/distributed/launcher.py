@@ -49,7 +49,9 @@ def run_world(scenario: str, world_size: int, timeout: float = 300) -> list[dict
             except subprocess.TimeoutExpired:
                 for q in procs:
                     q.kill()
-                raise AssertionError(f"{scenario} at world {world_size} hung past {timeout} s")
+                raise AssertionError(
+                    f"{scenario} at world {world_size} hung past {timeout} s"
+                ) from None
         results = []
         for rank in range(world_size):
             path = Path(out) / f"rank{rank}.json"
