@@ -31,7 +31,7 @@ namespace shardwise::backend {
 
 struct ShardwiseOptions {
   std::chrono::milliseconds timeout = std::chrono::minutes(30);
-  size_t ring_bytes = size_t{4} << 20;      // per ordered pair, collectives
+  size_t ring_bytes = size_t{1} << 20;      // per ordered pair, collectives (L2-sized wins)
   size_t p2p_ring_bytes = size_t{1} << 20;  // per ordered pair, send/recv
   size_t max_segment_bytes = size_t{1} << 20;
   size_t small_message_bytes = size_t{16} << 10;
