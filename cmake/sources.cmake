@@ -23,6 +23,7 @@ set(SHARDWISE_CORE_TEST_SOURCES
   tests/cpp/test_cast_cpu.cc
 )
 set(SHARDWISE_TORCH_SOURCES
+  csrc/backend/functional_ops.cpp
   csrc/backend/shardwise_backend.cpp
   csrc/backend/shardwise_backend_ops.cpp
   csrc/backend/tensor_args.cpp

@@ -3,7 +3,7 @@
 Use it like any backend: ``dist.init_process_group("shardwise")``, or
 ``"cpu:shardwise,cuda:nccl"`` to send CUDA tensors to NCCL, in ``dist.new_group(backend=...)``
 and under ``torchrun``. The environment variable ``SHARDWISE_RING_BYTES`` sets the size of the
-shared-memory ring between each pair of ranks (default 1 MiB, which measured fastest on this class of machine).
+shared-memory ring between each pair of ranks (default 1 MiB, the fastest measured here).
 """
 
 import datetime

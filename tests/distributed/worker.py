@@ -239,6 +239,42 @@ def check_unsupported_dtype_names_it(rank, world, gloo):
         raise AssertionError("no error")
 
 
+def check_functional_ops_match_dist_opcheck_and_compile(rank, world, gloo):
+    """Catches: functional collectives whose results, fake kernels or schemas disagree with the
+    eager collectives, on the shardwise group and on a gloo group alike."""
+    from shardwise.ops import collectives as fc
+
+    x = torch.arange(world * 6, dtype=torch.float32).view(world * 2, 3) + rank
+    for group in (None, gloo):
+        expected = x.clone()
+        dist.all_reduce(expected, group=group)
+        assert torch.equal(fc.all_reduce(x, "sum", group), expected)
+        gathered = torch.empty(world * world * 2, 3)
+        dist.all_gather_into_tensor(gathered, x, group=group)
+        assert torch.equal(fc.all_gather_into_tensor(x, group), gathered)
+        scattered = torch.empty(2, 3)
+        dist.reduce_scatter_tensor(scattered, x, group=group)
+        assert torch.equal(fc.reduce_scatter_tensor(x, "sum", group), scattered)
+    name = dist.distributed_c10d._get_default_group().group_name
+    torch.library.opcheck(torch.ops.shardwise.all_reduce.default, (x, "max", name))
+    torch.library.opcheck(torch.ops.shardwise.all_gather_into_tensor.default, (x, world, name))
+    torch.library.opcheck(
+        torch.ops.shardwise.reduce_scatter_tensor.default, (x, "sum", world, name)
+    )
+
+    @torch.compile(fullgraph=True, backend="aot_eager")
+    def step(t):
+        return fc.all_reduce(t * 2, "sum") + 1
+
+    assert torch.equal(step(x), fc.all_reduce(x * 2, "sum") + 1)
+    try:
+        fc.all_reduce(x, "median")
+    except ValueError as e:
+        assert "'reduce_op'" in str(e) and "valid: sum" in str(e), str(e)
+    else:
+        raise AssertionError("no error")
+
+
 def fault_mismatch(rank, world, gloo):
     """Catches: ranks calling collectives with different sizes hanging or returning garbage."""
     g = dist.new_group(backend="shardwise", timeout=datetime.timedelta(seconds=20))
