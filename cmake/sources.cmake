@@ -11,6 +11,7 @@ set(SHARDWISE_CORE_SOURCES
   csrc/collectives/reduce.cc
   csrc/collectives/reduce_scatter.cc
   csrc/collectives/shm_transport.cc
+  csrc/collectives/tcp_transport.cc
   csrc/collectives/transport.cc
   csrc/common/cpu_features.cc
   csrc/precision/cast_cpu.cc

@@ -5,12 +5,14 @@
 #include <c10/util/Exception.h>
 #include <unistd.h>
 
+#include <cstdlib>
 #include <iomanip>
 #include <random>
 #include <sstream>
 
 #include "collectives/inprocess_transport.h"
 #include "collectives/shm_transport.h"
+#include "collectives/tcp_transport.h"
 
 namespace shardwise::backend {
 namespace {
@@ -33,17 +35,52 @@ std::string host_name() {
   return name;
 }
 
-// All ranks must share a host: the shared-memory transport is the only one so far.
-void check_one_host(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size) {
+// Whether every rank runs on this rank's host (then shared memory connects them all).
+bool all_on_one_host(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size) {
   const std::string mine = host_name();
   store->set("shardwise/host/" + std::to_string(rank),
              std::vector<uint8_t>(mine.begin(), mine.end()));
-  for (int r = 0; r < size; ++r) {
-    const std::string theirs = store_get(store, "shardwise/host/" + std::to_string(r));
-    TORCH_CHECK(theirs == mine, "shardwise backend: rank ", rank, " runs on host '", mine,
-                "' but rank ", r, " on '", theirs, "'; this version connects ranks through ",
-                "shared memory on one host only (use gloo across hosts)");
-  }
+  bool same = true;
+  for (int r = 0; r < size; ++r)
+    same = same && store_get(store, "shardwise/host/" + std::to_string(r)) == mine;
+  return same;
+}
+
+std::string environment(const char* name) {
+  const char* value = std::getenv(name);
+  return value == nullptr ? "" : value;
+}
+
+// SHARDWISE_TRANSPORT: auto (shared memory when all ranks share a host, else TCP), shm or tcp.
+bool use_tcp(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size) {
+  const std::string choice = environment("SHARDWISE_TRANSPORT");
+  const bool one_host = all_on_one_host(store, rank, size);
+  TORCH_CHECK_VALUE(choice.empty() || choice == "auto" || choice == "shm" || choice == "tcp",
+                    "SHARDWISE_TRANSPORT='", choice, "'; valid: auto, shm, tcp");
+  TORCH_CHECK_VALUE(choice != "shm" || one_host, "SHARDWISE_TRANSPORT=shm but the ranks of this ",
+                    "group run on several hosts; use auto or tcp");
+  return choice == "tcp" || !one_host;
+}
+
+std::unique_ptr<collectives::Transport> connect_tcp(const c10::intrusive_ptr<c10d::Store>& store,
+                                                    int rank,
+                                                    int size,
+                                                    std::chrono::milliseconds timeout,
+                                                    const std::string& purpose) {
+  collectives::TcpTransportOptions options;
+  options.rank = rank;
+  options.size = size;
+  options.key_prefix = "shardwise/tcp/" + purpose;
+  options.connect_timeout = timeout;
+  // Bind to the interface named by SHARDWISE_SOCKET_IFNAME, else the one that reaches the master.
+  options.bind_address = collectives::local_address_for(environment("MASTER_ADDR"),
+                                                        environment("SHARDWISE_SOCKET_IFNAME"));
+  collectives::Rendezvous rendezvous{
+      [&store](const std::string& key, const std::string& value) {
+        store->set(key, std::vector<uint8_t>(value.begin(), value.end()));
+      },
+      [&store](const std::string& key) { return store_get(store, key); }};
+  return std::make_unique<collectives::TcpTransport>(options, rendezvous);
 }
 
 std::unique_ptr<collectives::Transport> connect_shm(const c10::intrusive_ptr<c10d::Store>& store,
@@ -77,11 +114,15 @@ ShardwiseBackend::ShardwiseBackend(const c10::intrusive_ptr<c10d::Store>& store,
                                    ShardwiseOptions options)
     : c10d::Backend(rank, size), options_(options), sends_to_(size, 0), receives_from_(size, 0) {
   if (size > 1) {
-    check_one_host(store, rank, size);
-    transport_ =
-        connect_shm(store, rank, size, options_.ring_bytes, options_.timeout, "collectives");
-    p2p_transport_ =
-        connect_shm(store, rank, size, options_.p2p_ring_bytes, options_.timeout, "p2p");
+    if (use_tcp(store, rank, size)) {
+      transport_ = connect_tcp(store, rank, size, options_.timeout, "collectives");
+      p2p_transport_ = connect_tcp(store, rank, size, options_.timeout, "p2p");
+    } else {
+      transport_ =
+          connect_shm(store, rank, size, options_.ring_bytes, options_.timeout, "collectives");
+      p2p_transport_ =
+          connect_shm(store, rank, size, options_.p2p_ring_bytes, options_.timeout, "p2p");
+    }
   } else {  // a group of one: every collective is local
     auto hub = std::make_shared<collectives::InProcessHub>(1);
     transport_ = std::make_unique<collectives::InProcessTransport>(hub, 0);

@@ -1,5 +1,6 @@
 // The `shardwise` torch.distributed backend: a c10d::Backend whose collectives run the
-// algorithms of csrc/collectives/ over shared memory between the processes of one host.
+// algorithms of csrc/collectives/: over shared memory when all ranks share a host, over TCP
+// otherwise (SHARDWISE_TRANSPORT=auto|shm|tcp; SHARDWISE_SOCKET_IFNAME picks the interface).
 //
 // Operations are queued as jobs and run in issue order on one worker thread per lane (so
 // async_op=True overlaps with compute): collectives on one lane, point-to-point sends and

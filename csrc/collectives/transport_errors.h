@@ -10,7 +10,7 @@
 namespace shardwise::collectives {
 
 inline std::string tag_text(Tag tag) {
-  return "collective #" + std::to_string(tag.sequence) + " (kind " + std::to_string(tag.kind) + ")";
+  return std::string(kind_name(tag.kind)) + " #" + std::to_string(tag.sequence);
 }
 
 inline std::string timeout_message(int rank, int peer, size_t bytes, Tag tag) {

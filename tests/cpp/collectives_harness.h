@@ -5,19 +5,46 @@
 #include <unistd.h>
 
 #include <atomic>
+#include <condition_variable>
 #include <exception>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 #include <thread>
 #include <vector>
 
 #include "collectives/inprocess_transport.h"
 #include "collectives/shm_transport.h"
+#include "collectives/tcp_transport.h"
 
 namespace shardwise::collectives::testing {
 
-enum class TransportKind { kInProcess, kShm };
+enum class TransportKind { kInProcess, kShm, kTcp };
+
+inline const char* kind_label(TransportKind kind) {
+  return kind == TransportKind::kShm ? "shm" : kind == TransportKind::kTcp ? "tcp" : "inproc";
+}
+
+// An in-memory rendezvous for threads (the backend uses the c10d Store).
+struct MemoryRendezvous {
+  std::mutex mutex;
+  std::condition_variable changed;
+  std::map<std::string, std::string> values;
+  Rendezvous view() {
+    return {[this](const std::string& k, const std::string& v) {
+              std::lock_guard<std::mutex> lock(mutex);
+              values[k] = v;
+              changed.notify_all();
+            },
+            [this](const std::string& k) {
+              std::unique_lock<std::mutex> lock(mutex);
+              changed.wait(lock, [&] { return values.count(k) > 0; });
+              return values[k];
+            }};
+  }
+};
 
 inline std::string unique_shm_name() {
   static std::atomic<int> counter{0};
@@ -31,6 +58,7 @@ inline std::vector<std::exception_ptr> run_ranks(TransportKind kind,
                                                  size_t ring_bytes = 4096) {
   auto hub = std::make_shared<InProcessHub>(world);
   const std::string name = unique_shm_name();
+  MemoryRendezvous rendezvous;
   std::vector<std::exception_ptr> errors(world);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world; ++rank) {
@@ -39,6 +67,12 @@ inline std::vector<std::exception_ptr> run_ranks(TransportKind kind,
         std::unique_ptr<Transport> transport;
         if (kind == TransportKind::kInProcess) {
           transport = std::make_unique<InProcessTransport>(hub, rank);
+        } else if (kind == TransportKind::kTcp) {
+          TcpTransportOptions options;
+          options.rank = rank;
+          options.size = world;
+          options.connect_timeout = std::chrono::seconds(20);
+          transport = std::make_unique<TcpTransport>(options, rendezvous.view());
         } else {
           ShmTransportOptions options;
           options.name = name;

@@ -18,8 +18,11 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def run_world(scenario: str, world_size: int, timeout: float = 300) -> list[dict]:
-    """Runs `scenario` on `world_size` ranks; returns each rank's {check: "ok" | error} dict."""
+def run_world(
+    scenario: str, world_size: int, transport: str = "auto", timeout: float = 300
+) -> list[dict]:
+    """Runs `scenario` on `world_size` ranks over `transport` (SHARDWISE_TRANSPORT); returns each
+    rank's {check: "ok" | error} dict."""
     port = free_port()
     with tempfile.TemporaryDirectory() as out:
         procs = []
@@ -32,6 +35,7 @@ def run_world(scenario: str, world_size: int, timeout: float = 300) -> list[dict
                 WORLD_SIZE=str(world_size),
                 LOCAL_RANK=str(rank),
                 OMP_NUM_THREADS="1",
+                SHARDWISE_TRANSPORT=transport,
             )
             procs.append(
                 subprocess.Popen(
