@@ -19,17 +19,23 @@ def free_port() -> int:
 
 
 def run_world(
-    scenario: str, world_size: int, transport: str = "auto", timeout: float = 300
+    scenario: str,
+    world_size: int,
+    transport: str = "auto",
+    timeout: float = 300,
+    master_addr: str = "127.0.0.1",
+    wrap=None,
 ) -> list[dict]:
     """Runs `scenario` on `world_size` ranks over `transport` (SHARDWISE_TRANSPORT); returns each
-    rank's {check: "ok" | error} dict."""
+    rank's {check: "ok" | error} dict. `wrap(rank, argv, env)` may return another (argv, env),
+    e.g. to start the rank inside a network namespace."""
     port = free_port()
     with tempfile.TemporaryDirectory() as out:
         procs = []
         for rank in range(world_size):
             env = dict(
                 os.environ,
-                MASTER_ADDR="127.0.0.1",
+                MASTER_ADDR=master_addr,
                 MASTER_PORT=str(port),
                 RANK=str(rank),
                 WORLD_SIZE=str(world_size),
@@ -37,9 +43,12 @@ def run_world(
                 OMP_NUM_THREADS="1",
                 SHARDWISE_TRANSPORT=transport,
             )
+            argv = [sys.executable, str(WORKER), scenario, out]
+            if wrap is not None:
+                argv, env = wrap(rank, argv, env)
             procs.append(
                 subprocess.Popen(
-                    [sys.executable, str(WORKER), scenario, out],
+                    argv,
                     env=env,
                     stdout=subprocess.PIPE,
                     stderr=subprocess.STDOUT,

@@ -8,6 +8,7 @@ import functools
 
 import pytest
 from launcher import run_world
+from two_hosts import can_make_namespaces, two_hosts
 from worker import SCENARIOS
 
 
@@ -44,3 +45,41 @@ def test_faults(check, transport):
     assert status == "ok", status
     if check != "fault_dead_peer":  # rank 1 exits on purpose there
         assert results[1].get(check) == "ok", results[1].get(check)
+
+
+@functools.cache
+def two_host_results() -> list[dict]:
+    with two_hosts() as hosts:
+
+        def wrap(rank, argv, env):  # ranks 0, 1 on host 0; ranks 2, 3 on host 1
+            namespace, _, interface = hosts[rank // 2]
+            env = dict(env, GLOO_SOCKET_IFNAME=interface, SHARDWISE_SOCKET_IFNAME=interface)
+            shell = f'hostname host{rank // 2} && exec "$0" "$@"'
+            return [
+                "ip",
+                "netns",
+                "exec",
+                namespace,
+                "unshare",
+                "--uts",
+                "sh",
+                "-c",
+                shell,
+                *argv,
+            ], env
+
+        return run_world("ops", 4, master_addr=hosts[0][1], wrap=wrap)
+
+
+@pytest.mark.parametrize("check", [f.__name__ for f in SCENARIOS["ops"]])
+def test_two_hosts_over_tcp(check):
+    """2 hosts x 2 ranks, joined by a veth pair: catches TCP bootstrap/binding bugs that
+    loopback hides (binding to the interface that reaches the master, cross-host addresses)."""
+    reason = can_make_namespaces()
+    if reason:
+        pytest.skip(f"cannot make network namespaces here: {reason}")
+    results = two_host_results()
+    assert [r.get("__host__") for r in results] == ["host0", "host0", "host1", "host1"]
+    for rank, result in enumerate(results):
+        status = result.get(check, f"never ran; log:\n{result.get('__log__')}")
+        assert status == "ok", f"rank {rank}: {status}"

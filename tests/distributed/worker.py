@@ -5,6 +5,7 @@ against the `shardwise` backend, comparing with gloo on the same inputs, and wri
 import datetime
 import json
 import os
+import socket
 import sys
 import time
 import traceback
@@ -332,7 +333,7 @@ def main() -> None:
     rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group("shardwise", timeout=datetime.timedelta(seconds=120))
     gloo = dist.new_group(backend="gloo")
-    results = {}
+    results = {"__host__": socket.gethostname()}
     for check in SCENARIOS[scenario]:
         try:
             check(rank, world, gloo)
