@@ -19,18 +19,20 @@ CSRC = ROOT / "csrc"
 
 
 def cuda_home() -> Path | None:
-    """torch's CUDA_HOME, or, where that has nvcc but no headers (e.g. /usr/local with a
-    symlinked nvcc), the toolkit that nvcc really lives in."""
+    """torch's CUDA_HOME, or, where that has no headers (torch guesses /usr/local when nvcc there
+    is only a wrapper script), the toolkit nvcc really lives in or /usr/local/cuda."""
     home = cpp_extension.CUDA_HOME
     if home is None or not (Path(home) / "bin" / "nvcc").exists():
         return None
-    if not (Path(home) / "include" / "cuda_runtime_api.h").exists():
-        real = (Path(home) / "bin" / "nvcc").resolve().parent.parent
-        if not (real / "include" / "cuda_runtime_api.h").exists():
-            return None
-        cpp_extension.CUDA_HOME = os.environ["CUDA_HOME"] = str(real)
-        return real
-    return Path(home)
+    candidates = [Path(home), (Path(home) / "bin" / "nvcc").resolve().parent.parent]
+    candidates.append(Path("/usr/local/cuda"))
+    for candidate in candidates:
+        if (candidate / "include" / "cuda_runtime_api.h").exists() and (
+            candidate / "bin" / "nvcc"
+        ).exists():
+            cpp_extension.CUDA_HOME = os.environ["CUDA_HOME"] = str(candidate)
+            return candidate
+    return None
 
 
 def want_cuda() -> bool:
@@ -61,6 +63,25 @@ def sources(with_cuda: bool) -> list[str]:
     return [str(f.relative_to(ROOT)) for f in files]
 
 
+def nccl_flags() -> tuple[list[str], list[str]]:
+    """Include dirs and link args for the NCCL that torch's CUDA wheels bring (nvidia-nccl-*),
+    or one installed beside the CUDA toolkit."""
+    import importlib.util
+
+    spec = importlib.util.find_spec("nvidia.nccl")
+    if spec is not None and spec.submodule_search_locations:
+        root = Path(list(spec.submodule_search_locations)[0])
+        lib = root / "lib"
+        return [str(root / "include")], [f"-L{lib}", "-l:libnccl.so.2", f"-Wl,-rpath,{lib}"]
+    home = Path(cpp_extension.CUDA_HOME or "/usr/local/cuda")
+    if (home / "include" / "nccl.h").exists():
+        return [str(home / "include")], ["-lnccl"]
+    raise RuntimeError(
+        "building with CUDA needs NCCL: install torch's CUDA wheel (it brings nvidia-nccl) or "
+        "NCCL beside the CUDA toolkit, or build CPU-only with SHARDWISE_WITH_CUDA=0"
+    )
+
+
 def extension():
     with_cuda = want_cuda()
     if with_cuda and "TORCH_CUDA_ARCH_LIST" not in os.environ and not torch.cuda.is_available():
@@ -68,12 +89,14 @@ def extension():
     define = [("SHARDWISE_WITH_CUDA", "1")] if with_cuda else []
     args = {"cxx": ["-O3", "-Wall"], "nvcc": ["-O3"]}
     kind = cpp_extension.CUDAExtension if with_cuda else cpp_extension.CppExtension
+    include_dirs, link_args = nccl_flags() if with_cuda else ([], [])
     return kind(
         name="shardwise._C",
         sources=sources(with_cuda),
-        include_dirs=[str(CSRC)],
+        include_dirs=[str(CSRC), *include_dirs],
         define_macros=define,
         extra_compile_args=args,
+        extra_link_args=link_args,
     )
 
 

@@ -112,7 +112,11 @@ ShardwiseBackend::ShardwiseBackend(const c10::intrusive_ptr<c10d::Store>& store,
                                    int rank,
                                    int size,
                                    ShardwiseOptions options)
-    : c10d::Backend(rank, size), options_(options), sends_to_(size, 0), receives_from_(size, 0) {
+    : c10d::Backend(rank, size),
+      options_(options),
+      store_(store),
+      sends_to_(size, 0),
+      receives_from_(size, 0) {
   if (size > 1) {
     if (use_tcp(store, rank, size)) {
       transport_ = connect_tcp(store, rank, size, options_.timeout, "collectives");
@@ -176,6 +180,18 @@ ShardwiseBackend::Work ShardwiseBackend::collective(c10d::OpType type,
                                                     Body body) {
   return enqueue(collective_lane_, type, kind, sequence_++, std::move(outputs), timeout,
                  std::move(body));
+}
+
+ShardwiseBackend::Work ShardwiseBackend::nccl(c10d::OpType type,
+                                              const at::Tensor& tensor,
+                                              Tensors outputs,
+                                              const std::function<void(NcclComm&)>& body) {
+  std::lock_guard<std::mutex> lock(nccl_mutex_);
+  if (!nccl_) nccl_ = make_nccl_comm(store_, rank_, size_, tensor.device());
+  body(*nccl_);
+  auto work = c10::make_intrusive<ShardwiseWork>(rank_, type, 0, std::move(outputs));
+  work->finish(nullptr);
+  return work;
 }
 
 void ShardwiseBackend::run_lane(Lane& lane) {

@@ -24,6 +24,7 @@
 #include <torch/csrc/distributed/c10d/Store.hpp>
 #include <vector>
 
+#include "backend/nccl_comm.hpp"
 #include "backend/work.hpp"
 #include "collectives/collectives.h"
 #include "collectives/transport.h"
@@ -119,8 +120,17 @@ class ShardwiseBackend : public c10d::Backend {
   void run_lane(Lane& lane);
   void run_job(Lane& lane, Job& job);
   std::chrono::milliseconds timeout_or_default(std::chrono::milliseconds timeout) const;
+  // CUDA tensors: runs body on the NCCL communicator (created on first use, collectively) in
+  // the caller's thread, stream-ordered; the returned work is already complete.
+  Work nccl(c10d::OpType type,
+            const at::Tensor& tensor,
+            Tensors outputs,
+            const std::function<void(NcclComm&)>& body);
 
   ShardwiseOptions options_;
+  c10::intrusive_ptr<c10d::Store> store_;
+  std::mutex nccl_mutex_;
+  std::unique_ptr<NcclComm> nccl_;
   std::unique_ptr<collectives::Transport> transport_;      // collectives
   std::unique_ptr<collectives::Transport> p2p_transport_;  // send/recv
   std::atomic<uint64_t> sequence_{0};

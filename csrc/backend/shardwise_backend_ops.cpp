@@ -43,7 +43,17 @@ void check_same_shape(const at::Tensor& expected,
 
 ShardwiseBackend::Work ShardwiseBackend::allreduce(Tensors& tensors,
                                                    const c10d::AllreduceOptions& opts) {
-  check_cpu(tensors, "all_reduce", "tensors");
+  if (is_cuda_call(tensors, "all_reduce", "tensors")) {
+    return nccl(c10d::OpType::ALLREDUCE, tensors[0], tensors, [&](NcclComm& comm) {
+      for (auto& t : tensors) {
+        datatype_of(t, "all_reduce");
+        TORCH_CHECK_VALUE(t.is_contiguous(),
+                          "shardwise backend: all_reduce: CUDA tensors must be "
+                          "contiguous");
+        comm.allreduce(t, reduce_op_of(opts.reduceOp, t, "all_reduce"));
+      }
+    });
+  }
   std::vector<std::pair<collectives::Datatype, collectives::ReduceOp>> types;
   for (const auto& t : tensors) {
     types.emplace_back(datatype_of(t, "all_reduce"), reduce_op_of(opts.reduceOp, t, "all_reduce"));
@@ -69,11 +79,16 @@ ShardwiseBackend::Work ShardwiseBackend::allreduce_coalesced(
 
 ShardwiseBackend::Work ShardwiseBackend::broadcast(Tensors& tensors,
                                                    const c10d::BroadcastOptions& opts) {
-  check_cpu(tensors, "broadcast", "tensors");
+  const bool cuda = is_cuda_call(tensors, "broadcast", "tensors");
   TORCH_CHECK_VALUE(opts.rootRank >= 0 && opts.rootRank < size_,
                     "shardwise backend: broadcast: ", "root rank ", opts.rootRank,
                     " is outside [0, ", size_, ")");
   const int root = static_cast<int>(opts.rootRank);
+  if (cuda) {
+    return nccl(c10d::OpType::BROADCAST, tensors[0], tensors, [&](NcclComm& comm) {
+      for (auto& t : tensors) comm.broadcast(t, root);
+    });
+  }
   return collective(c10d::OpType::BROADCAST, Kind::kBroadcast, tensors, opts.timeout,
                     [tensors, root](Transport& t, const CollectiveOptions& base) mutable {
                       for (auto& tensor : tensors) {
@@ -102,13 +117,17 @@ ShardwiseBackend::Work ShardwiseBackend::reduce(Tensors& tensors, const c10d::Re
 ShardwiseBackend::Work ShardwiseBackend::_allgather_base(at::Tensor& output,
                                                          at::Tensor& input,
                                                          const c10d::AllgatherOptions& opts) {
-  check_cpu({output, input}, "all_gather_into_tensor", "tensors");
+  const bool cuda = is_cuda_call({output, input}, "all_gather_into_tensor", "tensors");
   TORCH_CHECK_VALUE(
       output.numel() == input.numel() * size_ && output.scalar_type() == input.scalar_type(),
       "shardwise backend: all_gather_into_tensor: output has ", output.numel(), " elements of ",
       output.scalar_type(), "; expected world size (", size_, ") x input numel (", input.numel(),
       ") of ", input.scalar_type());
   const auto dtype = datatype_of(input, "all_gather_into_tensor");
+  if (cuda) {
+    return nccl(c10d::OpType::_ALLGATHER_BASE, input, {output},
+                [&](NcclComm& comm) { comm.all_gather(output, input.contiguous()); });
+  }
   return collective(c10d::OpType::_ALLGATHER_BASE, Kind::kAllGather, {output}, opts.timeout,
                     [output, input, dtype](Transport& t, const CollectiveOptions& base) mutable {
                       const at::Tensor in = input.contiguous();
@@ -208,7 +227,7 @@ namespace shardwise::backend {
 
 ShardwiseBackend::Work ShardwiseBackend::_reduce_scatter_base(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
-  check_cpu({output, input}, "reduce_scatter_tensor", "tensors");
+  const bool cuda = is_cuda_call({output, input}, "reduce_scatter_tensor", "tensors");
   TORCH_CHECK_VALUE(
       input.numel() == output.numel() * size_ && output.scalar_type() == input.scalar_type(),
       "shardwise backend: reduce_scatter_tensor: input has ", input.numel(), " elements of ",
@@ -216,6 +235,10 @@ ShardwiseBackend::Work ShardwiseBackend::_reduce_scatter_base(
       ") of ", output.scalar_type());
   const auto dtype = datatype_of(input, "reduce_scatter_tensor");
   const auto op = reduce_op_of(opts.reduceOp, input, "reduce_scatter_tensor");
+  if (cuda) {
+    return nccl(c10d::OpType::_REDUCE_SCATTER_BASE, input, {output},
+                [&](NcclComm& comm) { comm.reduce_scatter(output, input.contiguous(), op); });
+  }
   return collective(
       c10d::OpType::_REDUCE_SCATTER_BASE, Kind::kReduceScatter, {output}, opts.timeout,
       [output, input, dtype, op](Transport& t, const CollectiveOptions& base) mutable {
@@ -258,7 +281,7 @@ ShardwiseBackend::Work ShardwiseBackend::alltoall_base(at::Tensor& output,
                                                        std::vector<int64_t>& output_splits,
                                                        std::vector<int64_t>& input_splits,
                                                        const c10d::AllToAllOptions& opts) {
-  check_cpu({output, input}, "all_to_all_single", "tensors");
+  const bool cuda = is_cuda_call({output, input}, "all_to_all_single", "tensors");
   datatype_of(input, "all_to_all_single");
   auto byte_layout = [this](const at::Tensor& t, const std::vector<int64_t>& splits,
                             const char* name) {
@@ -284,6 +307,11 @@ ShardwiseBackend::Work ShardwiseBackend::alltoall_base(at::Tensor& output,
   };
   auto [send_offsets, send_bytes] = byte_layout(input, input_splits, "input_split_sizes");
   auto [recv_offsets, recv_bytes] = byte_layout(output, output_splits, "output_split_sizes");
+  if (cuda) {
+    return nccl(c10d::OpType::ALLTOALL_BASE, input, {output}, [&](NcclComm& comm) {
+      comm.alltoall(output, input.contiguous(), send_offsets, send_bytes, recv_offsets, recv_bytes);
+    });
+  }
   return collective(c10d::OpType::ALLTOALL_BASE, Kind::kAlltoall, {output}, opts.timeout,
                     [=](Transport& t, const CollectiveOptions& base) mutable {
                       const at::Tensor in = input.contiguous();
@@ -328,10 +356,15 @@ ShardwiseBackend::Work ShardwiseBackend::barrier(const c10d::BarrierOptions& opt
 }
 
 ShardwiseBackend::Work ShardwiseBackend::send(Tensors& tensors, int dst_rank, int /*tag*/) {
-  check_cpu(tensors, "send", "tensors");
+  const bool cuda = is_cuda_call(tensors, "send", "tensors");
   TORCH_CHECK_VALUE(dst_rank >= 0 && dst_rank < size_ && dst_rank != rank_,
                     "shardwise backend: send: destination rank ", dst_rank, " is not another rank",
                     " of this group of ", size_);
+  if (cuda) {
+    return nccl(c10d::OpType::SEND, tensors[0], tensors, [&](NcclComm& comm) {
+      for (const auto& t : tensors) comm.send(t.contiguous(), dst_rank);
+    });
+  }
   uint64_t sequence;
   {
     std::lock_guard<std::mutex> lock(p2p_mutex_);
@@ -348,10 +381,20 @@ ShardwiseBackend::Work ShardwiseBackend::send(Tensors& tensors, int dst_rank, in
 }
 
 ShardwiseBackend::Work ShardwiseBackend::recv(Tensors& tensors, int src_rank, int /*tag*/) {
-  check_cpu(tensors, "recv", "tensors");
+  const bool cuda = is_cuda_call(tensors, "recv", "tensors");
   TORCH_CHECK_VALUE(src_rank >= 0 && src_rank < size_ && src_rank != rank_,
                     "shardwise backend: recv: source rank ", src_rank, " is not another rank",
                     " of this group of ", size_);
+  if (cuda) {
+    return nccl(c10d::OpType::RECV, tensors[0], tensors, [&](NcclComm& comm) {
+      for (auto& t : tensors) {
+        TORCH_CHECK_VALUE(t.is_contiguous(),
+                          "shardwise backend: recv: CUDA tensors must be "
+                          "contiguous");
+        comm.recv(t, src_rank);
+      }
+    });
+  }
   uint64_t sequence;
   {
     std::lock_guard<std::mutex> lock(p2p_mutex_);

@@ -62,11 +62,28 @@ void check_cpu(const std::vector<at::Tensor>& tensors, const char* op, const cha
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
     TORCH_CHECK(t.device().is_cpu(), "shardwise backend: ", op, ": ", argument, "[", i, "] is on ",
-                t.device(), "; the shardwise backend handles CPU tensors: use ",
-                "init_process_group('cpu:shardwise,cuda:nccl') for CUDA tensors");
+                t.device(),
+                "; this operation takes CPU tensors (CUDA ones go through NCCL for all_reduce, ",
+                "broadcast, all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single, ",
+                "send and recv), or use init_process_group('cpu:shardwise,cuda:nccl')");
     TORCH_CHECK(t.layout() == at::kStrided, "shardwise backend: ", op, ": ", argument, "[", i,
                 "] is not a dense tensor");
   }
+}
+
+bool is_cuda_call(const std::vector<at::Tensor>& tensors, const char* op, const char* argument) {
+  if (tensors.empty() || !tensors[0].is_cuda()) {
+    check_cpu(tensors, op, argument);
+    return false;
+  }
+  for (size_t i = 0; i < tensors.size(); ++i) {
+    TORCH_CHECK(tensors[i].is_cuda() && tensors[i].device() == tensors[0].device() &&
+                    tensors[i].layout() == at::kStrided,
+                "shardwise backend: ", op, ": ", argument, "[", i, "] is on ", tensors[i].device(),
+                " but ", argument, "[0] is on ", tensors[0].device(),
+                "; pass dense tensors on one device");
+  }
+  return true;
 }
 
 }  // namespace shardwise::backend

@@ -19,6 +19,10 @@ collectives::ReduceOp reduce_op_of(const c10d::ReduceOp& op,
 // Errors unless every tensor is a dense CPU tensor.
 void check_cpu(const std::vector<at::Tensor>& tensors, const char* op, const char* argument);
 
+// True when every tensor is a dense CUDA tensor (the NCCL path), false when every one is a dense
+// CPU tensor; errors on a mix or another device.
+bool is_cuda_call(const std::vector<at::Tensor>& tensors, const char* op, const char* argument);
+
 // Runs fn(contiguous) and copies the result back into `tensor` if it was not contiguous.
 template <typename Fn>
 void with_contiguous(at::Tensor& tensor, Fn fn) {

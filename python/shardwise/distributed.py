@@ -26,7 +26,7 @@ def _create_backend(store, rank, world_size, timeout):
 def register() -> None:
     """Registers the backend once; safe to call again."""
     if dist.is_available() and NAME not in dist.Backend.backend_list:
-        dist.Backend.register_backend(NAME, _create_backend, devices=["cpu"])
+        dist.Backend.register_backend(NAME, _create_backend, devices=["cpu", "cuda"])
 
 
 register()

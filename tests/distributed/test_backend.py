@@ -7,6 +7,7 @@ worker.py there; each check's docstring says which bug it catches.
 import functools
 
 import pytest
+import torch
 from launcher import run_world
 from two_hosts import can_make_namespaces, two_hosts
 from worker import SCENARIOS
@@ -82,4 +83,14 @@ def test_two_hosts_over_tcp(check):
     assert [r.get("__host__") for r in results] == ["host0", "host0", "host1", "host1"]
     for rank, result in enumerate(results):
         status = result.get(check, f"never ran; log:\n{result.get('__log__')}")
+        assert status == "ok", f"rank {rank}: {status}"
+
+
+@pytest.mark.cuda
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs 2 CUDA devices (one per rank)")
+def test_cuda_tensors_go_through_nccl():
+    """CUDA tensors on the shardwise backend: all_reduce (3 dtypes), all_gather_into_tensor,
+    reduce_scatter_tensor and broadcast through its own NCCL communicator."""
+    for rank, result in enumerate(world_results("cuda", 2)):
+        status = result.get("cuda_ops_match_cpu", f"never ran; log:\n{result.get('__log__')}")
         assert status == "ok", f"rank {rank}: {status}"

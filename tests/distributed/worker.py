@@ -322,9 +322,31 @@ def fault_dead_peer(rank, world, gloo):
     )
 
 
+def cuda_ops_match_cpu(rank, world, gloo):
+    """Catches: the NCCL path (dtype/op mapping, stream ordering) disagreeing with the CPU path."""
+    torch.cuda.set_device(rank)
+    for dtype in (torch.float32, torch.bfloat16, torch.int64):
+        x = rank_input(rank, 10_001, dtype, "SUM")
+        expected = reference([rank_input(r, 10_001, dtype, "SUM") for r in range(world)], "SUM")
+        y = x.cuda()
+        dist.all_reduce(y)
+        assert torch.equal(y.cpu(), expected), dtype
+    x = torch.arange(6, dtype=torch.float32, device="cuda") + rank
+    out = torch.empty(6 * world, device="cuda")
+    dist.all_gather_into_tensor(out, x)
+    assert torch.equal(out.cpu(), torch.cat([torch.arange(6.0) + r for r in range(world)]))
+    rs = torch.empty(3, device="cuda")
+    dist.reduce_scatter_tensor(rs, torch.ones(3 * world, device="cuda"))
+    assert torch.equal(rs.cpu(), torch.full((3,), float(world)))
+    b = torch.full((4,), float(rank), device="cuda")
+    dist.broadcast(b, src=world - 1)
+    assert torch.equal(b.cpu(), torch.full((4,), float(world - 1)))
+
+
 SCENARIOS = {
     "ops": [f for n, f in sorted(globals().items()) if n.startswith("check_")],
     "faults": [fault_mismatch, fault_timeout, fault_dead_peer],
+    "cuda": [cuda_ops_match_cpu],
 }
 
 
