@@ -65,8 +65,12 @@ test-cpu-torch: system-deps cpu-venv ## the CPU-only build against the CPU torch
 	SHARDWISE_WITH_CUDA=0 $(CPU_PY) -m pip install -q --no-build-isolation --no-deps .
 	cd tests && $(CPU_PY) -m pytest -ra -m "not slow" python/test_cast_ops.py
 
-bench: build ## benchmarks; results land in benchmarks/results/
+bench: build ## benchmarks (with OpenMPI as an anchor); results land in benchmarks/results/
+	bash scripts/install_bench_deps.sh
+	$(VENV)/bin/pip install -q -r requirements/bench.txt
 	$(PY) benchmarks/bench_cast.py --output benchmarks/results/$$(date +%Y-%m-%d)-cast-cpu.md
+	$(PY) benchmarks/bench_collectives.py \
+		--output benchmarks/results/$$(date +%Y-%m-%d)-collectives-cpu.md
 
 format: venv ## clang-format and ruff format, in place
 	$(VENV)/bin/clang-format -i $$(git ls-files 'csrc/*.h' 'csrc/*.cc' 'csrc/*.cpp' 'csrc/*.cu' 'tests/cpp/*.cc' 'examples/cpp/*.cc')

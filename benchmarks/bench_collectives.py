@@ -1,0 +1,243 @@
+"""CPU collectives benchmark in the style of nccl-tests: shardwise beside gloo (and OpenMPI).
+
+For each op (all_reduce, all_gather, reduce_scatter), world size and per-rank buffer size from
+--min-bytes to --max-bytes, every backend runs warm-up iterations, then timed ones after a
+barrier; time is the max over ranks of the mean per iteration. algbw = bytes / time; busbw uses
+nccl-tests' factors: 2(n-1)/n for all_reduce, (n-1)/n for all_gather and reduce_scatter (whose
+size is the full gathered / scattered buffer). Every run checks its result on integer-valued
+data unique per rank and element (exact in float32); `wrong` counts mismatching elements.
+
+Run: python benchmarks/bench_collectives.py --output benchmarks/results/DATE-collectives-cpu.md
+"""
+
+import argparse
+import datetime
+import functools
+import json
+import os
+import platform
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+OPS = ("all_reduce", "all_gather", "reduce_scatter")
+BUS_FACTOR = {
+    "all_reduce": lambda n: 2 * (n - 1) / n,
+    "all_gather": lambda n: (n - 1) / n,
+    "reduce_scatter": lambda n: (n - 1) / n,
+}
+
+
+def parse_bytes(text: str) -> int:
+    units = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
+    return int(text[:-1]) * units[text[-1].upper()] if text[-1].upper() in units else int(text)
+
+
+def sizes(args) -> list[int]:
+    out, n = [], args.min_bytes
+    while n <= args.max_bytes:
+        out.append(n)
+        n *= args.factor
+    return out
+
+
+def iterations(nbytes: int) -> tuple[int, int]:
+    """(warm-up, timed) iterations: ~256 MiB moved per measurement, between 3 and 200."""
+    timed = max(3, min(200, (256 << 20) // max(nbytes, 1)))
+    return max(1, timed // 10), timed
+
+
+def expected(op: str, rank: int, world: int, count: int):
+    import torch
+
+    base = torch.arange(count, dtype=torch.float32) % 997
+    if op == "all_reduce":
+        return base * world + 1000 * sum(range(world))
+    if op == "all_gather":
+        return torch.cat([base + 1000 * r for r in range(world)])
+    block = count // world  # reduce_scatter: this rank's block of the sum
+    return (base * world + 1000 * sum(range(world)))[rank * block : (rank + 1) * block]
+
+
+def run_torch_rank(backend: str, op: str, nbytes_list: list[int]) -> None:
+    """One rank: measures every size for one backend/op, prints JSON lines on rank 0."""
+    import warnings
+
+    import shardwise  # noqa: F401
+    import torch
+    import torch.distributed as dist
+
+    warnings.filterwarnings("ignore", category=FutureWarning)  # torch's renamed collectives
+
+    dist.init_process_group(backend)
+    rank, world = dist.get_rank(), dist.get_world_size()
+    for nbytes in nbytes_list:
+        count = max(world, nbytes // 4 // world * world)
+        data = torch.arange(count, dtype=torch.float32) % 997 + 1000 * rank
+        if op == "all_reduce":  # in place: checked after the first call, then timed as is
+            out = data.clone()
+            call = functools.partial(dist.all_reduce, out)
+        elif op == "all_gather":
+            out = torch.empty(count * world)
+            call = functools.partial(dist.all_gather_into_tensor, out, data)
+        else:
+            out = torch.empty(count // world)
+            call = functools.partial(dist.reduce_scatter_tensor, out, data)
+        warmup, timed = iterations(nbytes)
+        call()
+        wrong = int((out != expected(op, rank, world, count)).sum())
+        for _ in range(warmup):
+            call()
+        dist.barrier()
+        start = time.perf_counter()
+        for _ in range(timed):
+            call()
+        elapsed = torch.tensor([(time.perf_counter() - start) / timed])
+        dist.all_reduce(elapsed, op=dist.ReduceOp.MAX)
+        wrong_total = torch.tensor([wrong])
+        dist.all_reduce(wrong_total)
+        if rank == 0:
+            size = count * 4 * (world if op != "all_reduce" else 1)
+            print(
+                json.dumps(
+                    {"bytes": size, "time": elapsed.item(), "wrong": int(wrong_total.item())}
+                ),
+                flush=True,
+            )
+    dist.destroy_process_group()
+
+
+def launch(argv: list[str], world: int, env_extra: dict) -> list[dict]:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    procs = []
+    for rank in range(world):
+        env = dict(
+            os.environ,
+            MASTER_ADDR="127.0.0.1",
+            MASTER_PORT=str(port),
+            RANK=str(rank),
+            WORLD_SIZE=str(world),
+            OMP_NUM_THREADS="1",
+            **env_extra,
+        )
+        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True))
+    outputs = [p.communicate()[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise RuntimeError(f"{' '.join(argv)} failed at world {world}")
+    return [json.loads(line) for line in outputs[0].splitlines() if line.startswith("{")]
+
+
+def run_mpi(op: str, world: int, nbytes_list: list[int]) -> list[dict] | None:
+    if shutil.which("mpirun") is None:
+        return None
+    try:
+        import mpi4py  # noqa: F401
+    except ImportError:
+        return None
+    argv = [
+        "mpirun",
+        "--allow-run-as-root",
+        "--oversubscribe",
+        "-np",
+        str(world),
+        "--bind-to",
+        "none",
+        sys.executable,
+        str(Path(__file__).with_name("mpi_anchor.py")),
+        op,
+        ",".join(map(str, nbytes_list)),
+    ]
+    out = subprocess.run(argv, capture_output=True, text=True, check=True).stdout
+    return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
+
+
+def table(op: str, world: int, results: dict[str, list[dict]]) -> list[str]:
+    names = list(results)
+    head = ["bytes"] + [f"{n} {c}" for n in names for c in ("us", "busbw GB/s", "wrong")]
+    ratios = [n for n in names if n != "shardwise"]
+    head += [f"busbw shardwise/{n}" for n in ratios]
+    lines = [
+        f"### {op}, world {world}",
+        "",
+        "| " + " | ".join(head) + " |",
+        "|" + "---:|" * len(head),
+    ]
+    for i, row in enumerate(results["shardwise"]):
+        cells = [str(row["bytes"])]
+        bus = {}
+        for n in names:
+            r = results[n][i]
+            bus[n] = r["bytes"] / r["time"] / 1e9 * BUS_FACTOR[op](world)
+            cells += [f"{r['time'] * 1e6:.1f}", f"{bus[n]:.2f}", str(r["wrong"])]
+        cells += [f"{bus['shardwise'] / bus[n]:.1f}x" for n in ratios]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines + [""]
+
+
+def main() -> int:
+    if len(sys.argv) > 1 and sys.argv[1] == "--worker":
+        run_torch_rank(sys.argv[2], sys.argv[3], [int(x) for x in sys.argv[4].split(",")])
+        return 0
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--ops", default=",".join(OPS))
+    parser.add_argument("--world-sizes", default="2,4")
+    parser.add_argument("--min-bytes", type=parse_bytes, default=4)
+    parser.add_argument("--max-bytes", type=parse_bytes, default=256 << 20)
+    parser.add_argument("--factor", type=int, default=4)
+    parser.add_argument("--no-mpi", action="store_true", help="skip the OpenMPI anchor")
+    parser.add_argument("--output")
+    args = parser.parse_args()
+    cpu = next(
+        (
+            line.split(":", 1)[1].strip()
+            for line in subprocess.run(
+                ["lscpu"], capture_output=True, text=True
+            ).stdout.splitlines()
+            if line.startswith("Model name")
+        ),
+        platform.processor(),
+    )
+    import torch
+
+    lines = [
+        f"# CPU collectives, shardwise vs gloo vs OpenMPI ({datetime.date.today()})",
+        "",
+        f"- machine: {cpu}, {os.cpu_count()} cores; torch {torch.__version__}",
+        f"- command: `python benchmarks/bench_collectives.py {' '.join(sys.argv[1:])}`",
+        "- float32; busbw per nccl-tests; time = max over ranks of the mean; `wrong` = "
+        "mismatching elements against the exact expected result",
+        "",
+    ]
+    print("\n".join(lines), flush=True)
+    for world in [int(w) for w in args.world_sizes.split(",")]:
+        for op in args.ops.split(","):
+            nbytes = sizes(args)
+            results = {}
+            for backend in ("shardwise", "gloo"):
+                argv = [
+                    sys.executable,
+                    __file__,
+                    "--worker",
+                    backend,
+                    op,
+                    ",".join(map(str, nbytes)),
+                ]
+                results[backend] = launch(argv, world, {})
+            mpi = None if args.no_mpi else run_mpi(op, world, nbytes)
+            if mpi is not None:
+                results["openmpi"] = mpi
+            block = table(op, world, results)
+            print("\n".join(block), flush=True)
+            lines += block
+    if args.output:
+        Path(args.output).write_text("\n".join(lines) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
