@@ -100,7 +100,7 @@ def run_torch_rank(backend: str, op: str, nbytes_list: list[int]) -> None:
         wrong_total = torch.tensor([wrong])
         dist.all_reduce(wrong_total)
         if rank == 0:
-            size = count * 4 * (world if op != "all_reduce" else 1)
+            size = count * 4 * (world if op == "all_gather" else 1)
             print(
                 json.dumps(
                     {"bytes": size, "time": elapsed.item(), "wrong": int(wrong_total.item())}

@@ -47,7 +47,7 @@ def main() -> None:
         elapsed = comm.allreduce((time.perf_counter() - start) / timed, op=MPI.MAX)
         wrong = comm.allreduce(wrong, op=MPI.SUM)
         if rank == 0:
-            size = count * 4 * (world if op != "all_reduce" else 1)
+            size = count * 4 * (world if op == "all_gather" else 1)
             print(json.dumps({"bytes": size, "time": elapsed, "wrong": wrong}), flush=True)
 
 

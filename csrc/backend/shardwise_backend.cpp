@@ -162,12 +162,24 @@ ShardwiseBackend::Work ShardwiseBackend::enqueue(Lane& lane,
                                                  uint64_t sequence,
                                                  Tensors outputs,
                                                  std::chrono::milliseconds timeout,
-                                                 Body body) {
+                                                 Body body,
+                                                 bool allow_inline) {
   auto work = c10::make_intrusive<ShardwiseWork>(rank_, type, sequence, std::move(outputs));
+  Job job{work, collectives::make_tag(kind, sequence), timeout_or_default(timeout),
+          std::move(body)};
   {
     std::lock_guard<std::mutex> lock(lane.mutex);
-    lane.jobs.push_back({work, collectives::make_tag(kind, sequence), timeout_or_default(timeout),
-                         std::move(body)});
+    if (!allow_inline || !lane.jobs.empty() || lane.busy) {  // keep issue order: queue it
+      lane.jobs.push_back(std::move(job));
+      lane.ready.notify_one();
+      return work;
+    }
+    lane.busy = true;
+  }
+  run_job(lane, job);
+  {
+    std::lock_guard<std::mutex> lock(lane.mutex);
+    lane.busy = false;
   }
   lane.ready.notify_one();
   return work;
@@ -178,8 +190,10 @@ ShardwiseBackend::Work ShardwiseBackend::collective(c10d::OpType type,
                                                     Tensors outputs,
                                                     std::chrono::milliseconds timeout,
                                                     Body body) {
+  size_t bytes = 0;
+  for (const auto& t : outputs) bytes += t.numel() * t.element_size();
   return enqueue(collective_lane_, type, kind, sequence_++, std::move(outputs), timeout,
-                 std::move(body));
+                 std::move(body), bytes <= options_.inline_bytes);
 }
 
 ShardwiseBackend::Work ShardwiseBackend::nccl(c10d::OpType type,
@@ -199,12 +213,16 @@ void ShardwiseBackend::run_lane(Lane& lane) {
     Job job;
     {
       std::unique_lock<std::mutex> lock(lane.mutex);
-      lane.ready.wait(lock, [&] { return stopping_ || !lane.jobs.empty(); });
+      lane.ready.wait(lock, [&] { return stopping_ || (!lane.jobs.empty() && !lane.busy); });
       if (lane.jobs.empty()) return;  // stopping, nothing left
+      if (lane.busy) continue;        // stopping, but an inline job still runs: wait for it
       job = std::move(lane.jobs.front());
       lane.jobs.pop_front();
+      lane.busy = true;
     }
     run_job(lane, job);
+    std::lock_guard<std::mutex> lock(lane.mutex);
+    lane.busy = false;
   }
 }
 

@@ -37,6 +37,9 @@ struct ShardwiseOptions {
   size_t p2p_ring_bytes = size_t{1} << 20;  // per ordered pair, send/recv
   size_t max_segment_bytes = size_t{1} << 20;
   size_t small_message_bytes = size_t{16} << 10;
+  // Collectives whose outputs total at most this many bytes run in the caller's thread when
+  // nothing is queued before them: two thread hand-offs cost more than such a message moves.
+  size_t inline_bytes = size_t{64} << 10;
 };
 
 class ShardwiseBackend : public c10d::Backend {
@@ -102,6 +105,7 @@ class ShardwiseBackend : public c10d::Backend {
     std::mutex mutex;
     std::condition_variable ready;
     std::deque<Job> jobs;
+    bool busy = false;  // a job is running (on the lane's thread or inline in a caller's)
     std::thread thread;
   };
 
@@ -111,7 +115,8 @@ class ShardwiseBackend : public c10d::Backend {
                uint64_t sequence,
                Tensors outputs,
                std::chrono::milliseconds timeout,
-               Body body);
+               Body body,
+               bool allow_inline = false);
   Work collective(c10d::OpType type,
                   collectives::Kind kind,
                   Tensors outputs,
