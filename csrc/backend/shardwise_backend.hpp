@@ -39,7 +39,7 @@ struct ShardwiseOptions {
   size_t small_message_bytes = size_t{16} << 10;
   // Collectives whose outputs total at most this many bytes run in the caller's thread when
   // nothing is queued before them: two thread hand-offs cost more than such a message moves.
-  size_t inline_bytes = size_t{64} << 10;
+  size_t inline_bytes = size_t{256} << 10;
 };
 
 class ShardwiseBackend : public c10d::Backend {

@@ -1,10 +1,12 @@
 // Ring reduce-scatter on rank-major input: block b of `input` is the part rank b ends up owning.
 //
-// The work is a copy of the input in its accumulation type (float32 for 16-bit floats), handled
-// in segments of at most max_segment_bytes per block. For a segment, step s = 0 .. size-2: rank r
-// sends block (r - s - 1) to rank r + 1 and receives block (r - s - 2) from rank r - 1, reducing
-// it straight out of the transport into its copy. After size - 1 steps block r holds the full
-// reduction, which is averaged (AVG) and narrowed back into `output`.
+// In segments of at most max_segment_bytes per block, a running `partial` sum travels around the
+// ring. Step 0: rank r sends its own block (r - 1) to rank r + 1. Step s = 0 .. size-2: rank r
+// receives the partial of block (r - s - 2) from rank r - 1 and, straight out of the transport,
+// adds its own input of that block into `next`; `next` is what it sends at step s + 1. After
+// size - 1 steps the received block is r, summed over every rank: averaged (AVG) and narrowed
+// into `output`. Only two segment-sized buffers are needed, in the accumulation type (float32 for
+// 16-bit floats), whatever the input size.
 #include <cstring>
 #include <vector>
 
@@ -21,29 +23,13 @@ Format format_of(Datatype dtype) {
   return dtype == Datatype::kBFloat16 ? Format::kBFloat16 : Format::kFloat16;
 }
 
-void ring_segments(Transport& transport,
-                   char* work,
-                   size_t count,
-                   const CollectiveOptions& options) {
-  const int size = transport.size();
-  const int rank = transport.rank();
-  const size_t element = element_size(options.dtype);
-  const size_t segment = std::max<size_t>(1, options.max_segment_bytes / element);
-  for (size_t first = 0; first < count; first += segment) {
-    const size_t n = std::min(segment, count - first);
-    for (int step = 0; step < size - 1; ++step) {
-      const size_t send_block = detail::wrap(rank - step - 1, size);
-      const size_t recv_block = detail::wrap(rank - step - 2, size);
-      char* target = work + (recv_block * count + first) * element;
-      transport.sendrecv(
-          detail::wrap(rank + 1, size),
-          {work + (send_block * count + first) * element, n * element},
-          detail::wrap(rank - 1, size), n * element,
-          [&](size_t offset, const void* piece, size_t bytes) {
-            reduce_into(target + offset, piece, bytes / element, options.dtype, options.op);
-          },
-          options.tag, options.deadline);
-    }
+// Copies `count` input elements into `destination`, widened to the accumulation type.
+void load(void* destination, const char* source, size_t count, Datatype dtype, Datatype wide) {
+  if (wide == dtype) {
+    std::memcpy(destination, source, count * element_size(dtype));
+  } else {
+    precision::cast_cpu(source, destination, static_cast<int64_t>(count),
+                        {format_of(dtype), Format::kFloat32}, active_cpu_isa());
   }
 }
 
@@ -57,25 +43,46 @@ void reduce_scatter(Transport& transport,
   check_reduce(options.dtype, options.op);
   const int size = transport.size();
   const int rank = transport.rank();
-  const Datatype wide = accumulation_type(options.dtype);
-  const size_t total = count * size;
-  std::vector<char> work(total * element_size(wide));
-  if (wide != options.dtype) {
-    precision::cast_cpu(input, work.data(), static_cast<int64_t>(total),
-                        {format_of(options.dtype), Format::kFloat32}, active_cpu_isa());
-  } else if (total > 0) {
-    std::memcpy(work.data(), input, work.size());
+  const Datatype dtype = options.dtype;
+  const size_t in_element = element_size(dtype);
+  if (count == 0) return;
+  if (size == 1) {  // a group of one: the reduction is the input (AVG divides by 1)
+    std::memcpy(output, input, count * in_element);
+    return;
   }
-  CollectiveOptions wide_options = options;
-  wide_options.dtype = wide;
-  if (size > 1) ring_segments(transport, work.data(), count, wide_options);
-  char* own = work.data() + rank * count * element_size(wide);
-  if (options.op == ReduceOp::kAvg) finish_average(own, count, wide, size);
-  if (wide != options.dtype) {
-    precision::cast_cpu(own, output, static_cast<int64_t>(count),
-                        {Format::kFloat32, format_of(options.dtype)}, active_cpu_isa());
-  } else if (count > 0) {
-    std::memcpy(output, own, count * element_size(wide));
+  const Datatype wide = accumulation_type(dtype);
+  const size_t element = element_size(wide);
+  const char* in = static_cast<const char*>(input);
+  const size_t segment = std::max<size_t>(1, options.max_segment_bytes / element);
+  std::vector<char> partial(std::min(segment, count) * element);
+  std::vector<char> next(partial.size());
+  for (size_t first = 0; first < count; first += segment) {
+    const size_t n = std::min(segment, count - first);
+    auto block = [&](int b) { return in + (static_cast<size_t>(b) * count + first) * in_element; };
+    load(partial.data(), block(detail::wrap(rank - 1, size)), n, dtype, wide);
+    for (int step = 0; step < size - 1; ++step) {
+      const char* own = block(detail::wrap(rank - step - 2, size));
+      transport.sendrecv(
+          detail::wrap(rank + 1, size), {partial.data(), n * element}, detail::wrap(rank - 1, size),
+          n * element,
+          [&](size_t offset, const void* piece, size_t bytes) {
+            const size_t k = bytes / element;
+            char* target = next.data() + offset;
+            load(target, own + offset / element * in_element, k, dtype, wide);
+            reduce_into(target, piece, k, wide, options.op);
+          },
+          options.tag, options.deadline);
+      partial.swap(next);
+    }
+    // `partial` now holds this segment of block `rank`, reduced over every rank.
+    if (options.op == ReduceOp::kAvg) finish_average(partial.data(), n, wide, size);
+    char* out = static_cast<char*>(output) + first * in_element;
+    if (wide != dtype) {
+      precision::cast_cpu(partial.data(), out, static_cast<int64_t>(n),
+                          {Format::kFloat32, format_of(dtype)}, active_cpu_isa());
+    } else {
+      std::memcpy(out, partial.data(), n * element);
+    }
   }
 }
 

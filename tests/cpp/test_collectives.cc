@@ -249,6 +249,33 @@ TEST(CollectivesDtypes, Bf16AndAvgAccumulateInFloat32AndRoundOnce) {
   }
 }
 
+// reduce_scatter of bfloat16 with AVG: float32 partial sums, one rounding, over shm and TCP.
+TEST(CollectivesDtypes, Bf16ReduceScatterAvg) {
+  const int world = 3;
+  const size_t count = 1500;  // several 256-byte segments per block
+  auto input = [](int rank, size_t i) { return 0.5f + 0.25f * static_cast<float>(i % 64) + rank; };
+  for (TransportKind kind : {TransportKind::kShm, TransportKind::kTcp}) {
+    std::vector<std::vector<uint16_t>> outputs(world);
+    expect_no_errors(run_ranks(kind, world, [&](Transport& t) {
+      std::vector<uint16_t> in(count * world), out(count);
+      for (size_t i = 0; i < in.size(); ++i) {
+        in[i] = precision::float_to_bf16_bits(precision::float_bits(input(t.rank(), i)));
+      }
+      reduce_scatter(t, in.data(), out.data(), count,
+                     small_segments(Datatype::kBFloat16, ReduceOp::kAvg));
+      outputs[t.rank()] = out;
+    }));
+    for (int r = 0; r < world; ++r) {
+      for (size_t i = 0; i < count; ++i) {
+        float sum = 0;  // exact in float32: multiples of 1/4 below 2^8
+        for (int source = 0; source < world; ++source) sum += input(source, r * count + i);
+        ASSERT_EQ(outputs[r][i], precision::float_to_bf16_bits(precision::float_bits(sum / world)))
+            << testing::kind_label(kind) << " rank " << r << " element " << i;
+      }
+    }
+  }
+}
+
 TEST(CollectivesErrors, AvgOnIntegersIsRejectedBeforeAnyCommunication) {
   auto errors = run_ranks(TransportKind::kInProcess, 2, [](Transport& t) {
     int32_t x = 1;
