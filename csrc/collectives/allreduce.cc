@@ -6,16 +6,8 @@
 
 #include "collectives/collectives.h"
 #include "collectives/reduce.h"
-#include "precision/cast_kernels.h"
 
 namespace shardwise::collectives {
-namespace {
-
-precision::Format format_of(Datatype dtype) {
-  return dtype == Datatype::kBFloat16 ? precision::Format::kBFloat16 : precision::Format::kFloat16;
-}
-
-}  // namespace
 
 void allreduce(Transport& transport, void* data, size_t count, const CollectiveOptions& options) {
   check_reduce(options.dtype, options.op);
@@ -27,8 +19,7 @@ void allreduce(Transport& transport, void* data, size_t count, const CollectiveO
   void* buffer = data;
   if (wide != options.dtype) {
     widened.resize(count);
-    precision::cast_cpu(data, widened.data(), static_cast<int64_t>(count),
-                        {format_of(options.dtype), precision::Format::kFloat32}, active_cpu_isa());
+    widen(data, widened.data(), count, options.dtype);
     buffer = widened.data();
   }
   CollectiveOptions wide_options = options;
@@ -42,8 +33,7 @@ void allreduce(Transport& transport, void* data, size_t count, const CollectiveO
     finish_average(buffer, count, wide, transport.size());
   }
   if (wide != options.dtype) {
-    precision::cast_cpu(widened.data(), data, static_cast<int64_t>(count),
-                        {precision::Format::kFloat32, format_of(options.dtype)}, active_cpu_isa());
+    narrow(widened.data(), data, count, options.dtype);
   }
 }
 

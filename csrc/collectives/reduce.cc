@@ -3,9 +3,12 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <stdexcept>
 #include <string>
 #include <type_traits>
+
+#include "precision/cast_kernels.h"
 
 namespace shardwise::collectives {
 namespace {
@@ -50,6 +53,32 @@ void reduce_bool(uint8_t* destination, const uint8_t* source, size_t count, Redu
 }
 
 }  // namespace
+
+namespace {
+
+precision::Format format_of(Datatype dtype) {
+  return dtype == Datatype::kBFloat16 ? precision::Format::kBFloat16 : precision::Format::kFloat16;
+}
+
+}  // namespace
+
+void widen(const void* source, void* destination, size_t count, Datatype dtype) {
+  if (accumulation_type(dtype) == dtype) {
+    if (count > 0) std::memcpy(destination, source, count * element_size(dtype));
+    return;
+  }
+  precision::cast_cpu(source, destination, static_cast<int64_t>(count),
+                      {format_of(dtype), precision::Format::kFloat32}, active_cpu_isa());
+}
+
+void narrow(const void* source, void* destination, size_t count, Datatype dtype) {
+  if (accumulation_type(dtype) == dtype) {
+    if (count > 0) std::memcpy(destination, source, count * element_size(dtype));
+    return;
+  }
+  precision::cast_cpu(source, destination, static_cast<int64_t>(count),
+                      {precision::Format::kFloat32, format_of(dtype)}, active_cpu_isa());
+}
 
 Datatype accumulation_type(Datatype dtype) {
   return dtype == Datatype::kBFloat16 || dtype == Datatype::kFloat16 ? Datatype::kFloat32 : dtype;

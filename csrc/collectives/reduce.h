@@ -17,6 +17,11 @@ void reduce_into(void* destination, const void* source, size_t count, Datatype d
 // Divides `count` elements by `divisor` (float types only): the last step of AVG.
 void finish_average(void* data, size_t count, Datatype dtype, int divisor);
 
+// Copies `count` elements of `dtype` at `source` into `destination` in its accumulation type
+// (float32 for 16-bit floats, widened exactly), and back (rounded to nearest even, once).
+void widen(const void* source, void* destination, size_t count, Datatype dtype);
+void narrow(const void* source, void* destination, size_t count, Datatype dtype);
+
 // Throws std::invalid_argument when `op` is undefined for `dtype` (AVG on integers or bool).
 void check_reduce(Datatype dtype, ReduceOp op);
 

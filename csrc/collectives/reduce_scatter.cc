@@ -12,28 +12,8 @@
 
 #include "collectives/collectives.h"
 #include "collectives/reduce.h"
-#include "precision/cast_kernels.h"
 
 namespace shardwise::collectives {
-namespace {
-
-using precision::Format;
-
-Format format_of(Datatype dtype) {
-  return dtype == Datatype::kBFloat16 ? Format::kBFloat16 : Format::kFloat16;
-}
-
-// Copies `count` input elements into `destination`, widened to the accumulation type.
-void load(void* destination, const char* source, size_t count, Datatype dtype, Datatype wide) {
-  if (wide == dtype) {
-    std::memcpy(destination, source, count * element_size(dtype));
-  } else {
-    precision::cast_cpu(source, destination, static_cast<int64_t>(count),
-                        {format_of(dtype), Format::kFloat32}, active_cpu_isa());
-  }
-}
-
-}  // namespace
 
 void reduce_scatter(Transport& transport,
                     const void* input,
@@ -59,7 +39,7 @@ void reduce_scatter(Transport& transport,
   for (size_t first = 0; first < count; first += segment) {
     const size_t n = std::min(segment, count - first);
     auto block = [&](int b) { return in + (static_cast<size_t>(b) * count + first) * in_element; };
-    load(partial.data(), block(detail::wrap(rank - 1, size)), n, dtype, wide);
+    widen(block(detail::wrap(rank - 1, size)), partial.data(), n, dtype);
     for (int step = 0; step < size - 1; ++step) {
       const char* own = block(detail::wrap(rank - step - 2, size));
       transport.sendrecv(
@@ -68,7 +48,7 @@ void reduce_scatter(Transport& transport,
           [&](size_t offset, const void* piece, size_t bytes) {
             const size_t k = bytes / element;
             char* target = next.data() + offset;
-            load(target, own + offset / element * in_element, k, dtype, wide);
+            widen(own + offset / element * in_element, target, k, dtype);
             reduce_into(target, piece, k, wide, options.op);
           },
           options.tag, options.deadline);
@@ -77,12 +57,7 @@ void reduce_scatter(Transport& transport,
     // `partial` now holds this segment of block `rank`, reduced over every rank.
     if (options.op == ReduceOp::kAvg) finish_average(partial.data(), n, wide, size);
     char* out = static_cast<char*>(output) + first * in_element;
-    if (wide != dtype) {
-      precision::cast_cpu(partial.data(), out, static_cast<int64_t>(n),
-                          {Format::kFloat32, format_of(dtype)}, active_cpu_isa());
-    } else {
-      std::memcpy(out, partial.data(), n * element);
-    }
+    narrow(partial.data(), out, n, dtype);
   }
 }
 

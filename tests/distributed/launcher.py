@@ -62,8 +62,15 @@ def run_world(
             except subprocess.TimeoutExpired:
                 for q in procs:
                     q.kill()
+                partial = [
+                    (Path(out) / f"rank{r}.json").read_text()[-2000:]
+                    if (Path(out) / f"rank{r}.json").exists()
+                    else "{}"
+                    for r in range(world_size)
+                ]
                 raise AssertionError(
-                    f"{scenario} at world {world_size} hung past {timeout} s"
+                    f"{scenario} at world {world_size} hung past {timeout} s; results so far: "
+                    f"{partial}"
                 ) from None
         results = []
         for rank in range(world_size):

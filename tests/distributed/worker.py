@@ -364,6 +364,9 @@ def main() -> None:
             results[check.__name__] = traceback.format_exc()
         (out / f"rank{rank}.json").write_text(json.dumps(results))
     if scenario != "faults":
+        # Rank 0 hosts the TCPStore: leaving before the others finish (e.g. while ranks 1 and 3
+        # still build a subgroup that rank 0 is not in) would reset their store connections.
+        dist.barrier(group=gloo)
         dist.destroy_process_group()
     os._exit(0)
 
