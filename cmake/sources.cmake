@@ -7,6 +7,7 @@ set(SHARDWISE_CORE_SOURCES
   csrc/collectives/alltoall.cc
   csrc/collectives/barrier.cc
   csrc/collectives/broadcast.cc
+  csrc/collectives/hybrid_transport.cc
   csrc/collectives/inprocess_transport.cc
   csrc/collectives/reduce.cc
   csrc/collectives/reduce_scatter.cc
@@ -16,12 +17,16 @@ set(SHARDWISE_CORE_SOURCES
   csrc/common/cpu_features.cc
   csrc/precision/cast_cpu.cc
   csrc/precision/cast_cpu_avx512.cc
+  csrc/sharding/copy_runs_cpu.cc
+  csrc/sharding/flat_layout.cc
+  csrc/sharding/shard_plans.cc
 )
 set(SHARDWISE_CORE_TEST_SOURCES
   tests/cpp/test_collectives.cc
   tests/cpp/test_shm_transport.cc
   tests/cpp/test_cast_math.cc
   tests/cpp/test_cast_cpu.cc
+  tests/cpp/test_sharding.cc
 )
 set(SHARDWISE_TORCH_SOURCES
   csrc/backend/functional_ops.cpp
@@ -34,7 +39,11 @@ set(SHARDWISE_TORCH_SOURCES
   csrc/precision/cast_checks.cpp
   csrc/precision/cast_ops.cpp
   csrc/precision/cast_autograd.cpp
+  csrc/sharding/shard_ops.cpp
+  csrc/fsdp/fsdp_unit.cpp
+  csrc/fsdp/fsdp_engine.cpp
 )
 set(SHARDWISE_TORCH_TEST_SOURCES
   tests/cpp/torch/test_cast_ops_libtorch.cc
+  tests/cpp/torch/test_fsdp_libtorch.cc
 )

@@ -10,6 +10,7 @@
 
 #include "backend/shardwise_backend.hpp"
 #include "common/cpu_features.h"
+#include "fsdp/fsdp_python.h"
 
 namespace py = pybind11;
 
@@ -51,4 +52,6 @@ PYBIND11_MODULE(_C, m) {
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
       py::arg("ring_bytes") = 0, py::call_guard<py::gil_scoped_release>(),
       "Creates the shardwise c10d backend (used by torch.distributed's backend registry).");
+
+  shardwise::fsdp::bind_fsdp(m);
 }

@@ -16,4 +16,22 @@ TORCH_LIBRARY(shardwise, m) {
   m.def(
       "reduce_scatter_tensor(Tensor input, str reduce_op, int group_size, str group_name) -> "
       "Tensor");
+
+  // sharding/: the fused copies around FSDP's all-gather and reduce-scatter (flat_layout.h).
+  m.def(
+      "all_gather_copy_in(Tensor[] shards, int[] numels, int world_size, int rank, "
+      "ScalarType dtype) -> Tensor");
+  m.def("all_gather_copy_out(Tensor gathered, int[] numels, int world_size) -> Tensor[]");
+  m.def(
+      "all_gather_copy_out_(Tensor gathered, int[] numels, int world_size, Tensor(a!)[] params) "
+      "-> ()");
+  m.def(
+      "reduce_scatter_copy_in(Tensor?[] grads, int[] numels, int world_size, ScalarType dtype, "
+      "float scale=1.0) -> Tensor");
+  m.def(
+      "reduce_scatter_copy_out(Tensor reduced, int[] numels, int world_size, int rank, "
+      "ScalarType dtype, float scale=1.0) -> Tensor[]");
+  m.def(
+      "reduce_scatter_copy_out_(Tensor reduced, int[] numels, int world_size, int rank, "
+      "float scale, Tensor(a!)[] shard_grads) -> ()");
 }

@@ -5,11 +5,14 @@
 #include <c10/util/Exception.h>
 #include <unistd.h>
 
+#include <algorithm>
 #include <cstdlib>
 #include <iomanip>
+#include <numeric>
 #include <random>
 #include <sstream>
 
+#include "collectives/hybrid_transport.h"
 #include "collectives/inprocess_transport.h"
 #include "collectives/shm_transport.h"
 #include "collectives/tcp_transport.h"
@@ -35,15 +38,21 @@ std::string host_name() {
   return name;
 }
 
-// Whether every rank runs on this rank's host (then shared memory connects them all).
-bool all_on_one_host(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size) {
+// The host of every rank, as indices in order of first appearance (ranks exchange host names
+// through the store).
+std::vector<int> hosts_of_ranks(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size) {
   const std::string mine = host_name();
   store->set("shardwise/host/" + std::to_string(rank),
              std::vector<uint8_t>(mine.begin(), mine.end()));
-  bool same = true;
-  for (int r = 0; r < size; ++r)
-    same = same && store_get(store, "shardwise/host/" + std::to_string(r)) == mine;
-  return same;
+  std::vector<std::string> names;
+  std::vector<int> host_of(size);
+  for (int r = 0; r < size; ++r) {
+    const std::string name = store_get(store, "shardwise/host/" + std::to_string(r));
+    const auto found = std::find(names.begin(), names.end(), name);
+    host_of[r] = static_cast<int>(found - names.begin());
+    if (found == names.end()) names.push_back(name);
+  }
+  return host_of;
 }
 
 std::string environment(const char* name) {
@@ -51,15 +60,18 @@ std::string environment(const char* name) {
   return value == nullptr ? "" : value;
 }
 
-// SHARDWISE_TRANSPORT: auto (shared memory when all ranks share a host, else TCP), shm or tcp.
-bool use_tcp(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size) {
+// SHARDWISE_TRANSPORT: auto (per peer: shared memory on this host, TCP to other hosts), shm or tcp
+// (one link for every peer). Returns the host of every rank as the transport should see it.
+std::vector<int> transport_hosts(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size) {
   const std::string choice = environment("SHARDWISE_TRANSPORT");
-  const bool one_host = all_on_one_host(store, rank, size);
   TORCH_CHECK_VALUE(choice.empty() || choice == "auto" || choice == "shm" || choice == "tcp",
                     "SHARDWISE_TRANSPORT='", choice, "'; valid: auto, shm, tcp");
+  std::vector<int> host_of = hosts_of_ranks(store, rank, size);
+  const bool one_host = std::all_of(host_of.begin(), host_of.end(), [](int h) { return h == 0; });
   TORCH_CHECK_VALUE(choice != "shm" || one_host, "SHARDWISE_TRANSPORT=shm but the ranks of this ",
                     "group run on several hosts; use auto or tcp");
-  return choice == "tcp" || !one_host;
+  if (choice == "tcp") std::iota(host_of.begin(), host_of.end(), 0);  // every rank its own host
+  return host_of;
 }
 
 std::unique_ptr<collectives::Transport> connect_tcp(const c10::intrusive_ptr<c10d::Store>& store,
@@ -106,6 +118,27 @@ std::unique_ptr<collectives::Transport> connect_shm(const c10::intrusive_ptr<c10
   return std::make_unique<collectives::ShmTransport>(options);
 }
 
+// One transport for the group: shared memory when every rank shares this host, TCP when every rank
+// is alone on its host, otherwise a hybrid with shared memory to this host's ranks and TCP beyond.
+std::unique_ptr<collectives::Transport> connect(const c10::intrusive_ptr<c10d::Store>& store,
+                                                const std::vector<int>& host_of,
+                                                int rank,
+                                                size_t ring_bytes,
+                                                std::chrono::milliseconds timeout,
+                                                const std::string& purpose) {
+  using collectives::HybridTransport;
+  const int size = static_cast<int>(host_of.size());
+  const int local_size = HybridTransport::local_size_of(host_of, rank);
+  if (local_size == size) return connect_shm(store, rank, size, ring_bytes, timeout, purpose);
+  auto remote = connect_tcp(store, rank, size, timeout, purpose);
+  if (local_size == 1) return remote;
+  const int host = host_of[rank];
+  auto local = connect_shm(store, HybridTransport::local_rank_of(host_of, rank), local_size,
+                           ring_bytes, timeout, purpose + "/host" + std::to_string(host));
+  return std::make_unique<HybridTransport>(collectives::HybridTransportOptions{rank, host_of},
+                                           std::move(local), std::move(remote));
+}
+
 }  // namespace
 
 ShardwiseBackend::ShardwiseBackend(const c10::intrusive_ptr<c10d::Store>& store,
@@ -118,15 +151,11 @@ ShardwiseBackend::ShardwiseBackend(const c10::intrusive_ptr<c10d::Store>& store,
       sends_to_(size, 0),
       receives_from_(size, 0) {
   if (size > 1) {
-    if (use_tcp(store, rank, size)) {
-      transport_ = connect_tcp(store, rank, size, options_.timeout, "collectives");
-      p2p_transport_ = connect_tcp(store, rank, size, options_.timeout, "p2p");
-    } else {
-      transport_ =
-          connect_shm(store, rank, size, options_.ring_bytes, options_.timeout, "collectives");
-      p2p_transport_ =
-          connect_shm(store, rank, size, options_.p2p_ring_bytes, options_.timeout, "p2p");
-    }
+    const std::vector<int> host_of = transport_hosts(store, rank, size);
+    transport_ =
+        connect(store, host_of, rank, options_.ring_bytes, options_.timeout, "collectives");
+    p2p_transport_ =
+        connect(store, host_of, rank, options_.p2p_ring_bytes, options_.timeout, "p2p");
   } else {  // a group of one: every collective is local
     auto hub = std::make_shared<collectives::InProcessHub>(1);
     transport_ = std::make_unique<collectives::InProcessTransport>(hub, 0);

@@ -6,6 +6,7 @@ Importing the package loads the native library, which registers the ``torch.ops.
 import torch  # noqa: F401  (loads libtorch before the extension)
 
 from . import _C, distributed  # noqa: F401  (registers the "shardwise" backend)
+from .fsdp import FSDPConfig, FullyShardedDataParallel, wrap
 from .ops import (
     cast,
     cast_check_finite,
@@ -35,6 +36,8 @@ def set_cpu_isa(name: str | None) -> None:
 
 
 __all__ = [
+    "FSDPConfig",
+    "FullyShardedDataParallel",
     "active_cpu_isa",
     "cast",
     "cast_check_finite",
@@ -42,4 +45,5 @@ __all__ = [
     "detected_cpu_isa",
     "multi_cast_",
     "set_cpu_isa",
+    "wrap",
 ]

@@ -15,16 +15,28 @@
 #include <thread>
 #include <vector>
 
+#include "collectives/hybrid_transport.h"
 #include "collectives/inprocess_transport.h"
 #include "collectives/shm_transport.h"
 #include "collectives/tcp_transport.h"
 
 namespace shardwise::collectives::testing {
 
-enum class TransportKind { kInProcess, kShm, kTcp };
+// kHybrid splits the ranks between two pretend hosts (the lower half and the upper half): shared
+// memory inside each, TCP between them, as a group spanning two machines runs.
+enum class TransportKind { kInProcess, kShm, kTcp, kHybrid };
 
 inline const char* kind_label(TransportKind kind) {
-  return kind == TransportKind::kShm ? "shm" : kind == TransportKind::kTcp ? "tcp" : "inproc";
+  switch (kind) {
+    case TransportKind::kShm:
+      return "shm";
+    case TransportKind::kTcp:
+      return "tcp";
+    case TransportKind::kHybrid:
+      return "hybrid";
+    default:
+      return "inproc";
+  }
 }
 
 // An in-memory rendezvous for threads (the backend uses the c10d Store).
@@ -51,6 +63,27 @@ inline std::string unique_shm_name() {
   return "/shardwise-test-" + std::to_string(::getpid()) + "-" + std::to_string(counter++);
 }
 
+inline std::unique_ptr<Transport> make_tcp(int rank, int world, MemoryRendezvous& rendezvous) {
+  TcpTransportOptions options;
+  options.rank = rank;
+  options.size = world;
+  options.connect_timeout = std::chrono::seconds(20);
+  return std::make_unique<TcpTransport>(options, rendezvous.view());
+}
+
+inline std::unique_ptr<Transport> make_shm(const std::string& name,
+                                           int rank,
+                                           int world,
+                                           size_t ring_bytes) {
+  ShmTransportOptions options;
+  options.name = name;
+  options.rank = rank;
+  options.size = world;
+  options.ring_bytes = ring_bytes;
+  options.connect_timeout = std::chrono::seconds(20);
+  return std::make_unique<ShmTransport>(options);
+}
+
 // Runs body(transport) on `world` threads; returns each rank's exception (null if none).
 inline std::vector<std::exception_ptr> run_ranks(TransportKind kind,
                                                  int world,
@@ -68,19 +101,19 @@ inline std::vector<std::exception_ptr> run_ranks(TransportKind kind,
         if (kind == TransportKind::kInProcess) {
           transport = std::make_unique<InProcessTransport>(hub, rank);
         } else if (kind == TransportKind::kTcp) {
-          TcpTransportOptions options;
-          options.rank = rank;
-          options.size = world;
-          options.connect_timeout = std::chrono::seconds(20);
-          transport = std::make_unique<TcpTransport>(options, rendezvous.view());
+          transport = make_tcp(rank, world, rendezvous);
+        } else if (kind == TransportKind::kShm) {
+          transport = make_shm(name, rank, world, ring_bytes);
         } else {
-          ShmTransportOptions options;
-          options.name = name;
-          options.rank = rank;
-          options.size = world;
-          options.ring_bytes = ring_bytes;
-          options.connect_timeout = std::chrono::seconds(20);
-          transport = std::make_unique<ShmTransport>(options);
+          std::vector<int> host_of(world);
+          for (int r = 0; r < world; ++r) host_of[r] = r < (world + 1) / 2 ? 0 : 1;
+          const int host = host_of[rank];
+          auto local = make_shm(name + "-host" + std::to_string(host),
+                                HybridTransport::local_rank_of(host_of, rank),
+                                HybridTransport::local_size_of(host_of, rank), ring_bytes);
+          transport = std::make_unique<HybridTransport>(HybridTransportOptions{rank, host_of},
+                                                        std::move(local),
+                                                        make_tcp(rank, world, rendezvous));
         }
         body(*transport);
       } catch (...) {

@@ -54,7 +54,8 @@ std::string case_name(const ::testing::TestParamInfo<Case>& info) {
 
 std::vector<Case> all_cases() {
   std::vector<Case> cases;
-  for (TransportKind kind : {TransportKind::kInProcess, TransportKind::kShm, TransportKind::kTcp}) {
+  for (TransportKind kind : {TransportKind::kInProcess, TransportKind::kShm, TransportKind::kTcp,
+                             TransportKind::kHybrid}) {
     for (int world = 1; world <= 8; ++world) {
       for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1001}, size_t{5000}}) {
         cases.push_back({kind, world, count});
@@ -249,12 +250,12 @@ TEST(CollectivesDtypes, Bf16AndAvgAccumulateInFloat32AndRoundOnce) {
   }
 }
 
-// reduce_scatter of bfloat16 with AVG: float32 partial sums, one rounding, over shm and TCP.
+// reduce_scatter of bfloat16 with AVG: float32 partial sums, one rounding, over shm, TCP and both.
 TEST(CollectivesDtypes, Bf16ReduceScatterAvg) {
   const int world = 3;
   const size_t count = 1500;  // several 256-byte segments per block
   auto input = [](int rank, size_t i) { return 0.5f + 0.25f * static_cast<float>(i % 64) + rank; };
-  for (TransportKind kind : {TransportKind::kShm, TransportKind::kTcp}) {
+  for (TransportKind kind : {TransportKind::kShm, TransportKind::kTcp, TransportKind::kHybrid}) {
     std::vector<std::vector<uint16_t>> outputs(world);
     expect_no_errors(run_ranks(kind, world, [&](Transport& t) {
       std::vector<uint16_t> in(count * world), out(count);
@@ -342,8 +343,9 @@ TEST_P(CollectivesFailures, AbortFailsPeersFast) {
   });
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
   // TCP carries no reason: the aborting rank shuts its sockets, which the peer sees at once.
-  const char* expected =
-      GetParam() == TransportKind::kTcp ? "peer rank 1 closed the connection" : "simulated failure";
+  // Hybrid at world 2 puts the two ranks on different pretend hosts: TCP between them.
+  const bool tcp = GetParam() == TransportKind::kTcp || GetParam() == TransportKind::kHybrid;
+  const char* expected = tcp ? "peer rank 1 closed the connection" : "simulated failure";
   EXPECT_NE(error_text(errors[0]).find(expected), std::string::npos) << error_text(errors[0]);
 }
 
@@ -351,7 +353,8 @@ INSTANTIATE_TEST_SUITE_P(Transports,
                          CollectivesFailures,
                          ::testing::Values(TransportKind::kInProcess,
                                            TransportKind::kShm,
-                                           TransportKind::kTcp),
+                                           TransportKind::kTcp,
+                                           TransportKind::kHybrid),
                          [](const auto& info) { return testing::kind_label(info.param); });
 
 }  // namespace

@@ -11,6 +11,7 @@ import time
 import traceback
 from pathlib import Path
 
+import fsdp_checks
 import shardwise  # noqa: F401  (registers the backend)
 import torch
 import torch.distributed as dist
@@ -347,6 +348,7 @@ SCENARIOS = {
     "ops": [f for n, f in sorted(globals().items()) if n.startswith("check_")],
     "faults": [fault_mismatch, fault_timeout, fault_dead_peer],
     "cuda": [cuda_ops_match_cpu],
+    "fsdp": fsdp_checks.CHECKS,
 }
 
 

@@ -1,0 +1,94 @@
+#include "fsdp/fsdp_python.h"
+
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <limits>
+#include <optional>
+#include <string>
+
+#include "fsdp/fsdp_engine.h"
+
+namespace py = pybind11;
+
+namespace shardwise::fsdp {
+namespace {
+
+std::optional<at::ScalarType> dtype_of(const std::optional<std::string>& name) {
+  if (!name) return std::nullopt;
+  if (*name == "float32") return at::kFloat;
+  if (*name == "float64") return at::kDouble;
+  if (*name == "bfloat16") return at::kBFloat16;
+  if (*name == "float16") return at::kHalf;
+  throw py::value_error("dtype '" + *name + "'; valid: float32, float64, bfloat16, float16");
+}
+
+BackwardPrefetch prefetch_of(const std::string& name) {
+  if (name == "backward_pre") return BackwardPrefetch::kBackwardPre;
+  if (name == "backward_post") return BackwardPrefetch::kBackwardPost;
+  if (name == "none") return BackwardPrefetch::kNone;
+  throw py::value_error("backward_prefetch '" + name +
+                        "'; valid: backward_pre, backward_post, none");
+}
+
+using Group = c10::intrusive_ptr<c10d::ProcessGroup>;
+
+}  // namespace
+
+void bind_fsdp(py::module& m) {
+  py::class_<FsdpEngine, std::shared_ptr<FsdpEngine>>(m, "FsdpEngine",
+                                                      "The C++ FSDP engine (fsdp_engine.h).")
+      .def(py::init([](bool forward_prefetch, const std::string& backward_prefetch,
+                       std::optional<Group> world_group) {
+             EngineOptions options;
+             options.forward_prefetch = forward_prefetch;
+             options.backward_prefetch = prefetch_of(backward_prefetch);
+             if (world_group) options.world_group = *world_group;
+             return FsdpEngine::create(options);
+           }),
+           py::arg("forward_prefetch"), py::arg("backward_prefetch"), py::arg("world_group"))
+      .def(
+          "add_unit",
+          [](FsdpEngine& engine, std::vector<at::Tensor> params, const std::string& name,
+             std::optional<Group> shard_group, std::optional<Group> replicate_group,
+             std::optional<std::string> param_dtype, std::optional<std::string> reduce_dtype,
+             bool reshard_after_forward, bool offload_to_cpu) {
+            UnitOptions options;
+            options.name = name;
+            if (shard_group) options.shard_group = *shard_group;
+            if (replicate_group) options.replicate_group = *replicate_group;
+            options.param_dtype = dtype_of(param_dtype);
+            options.reduce_dtype = dtype_of(reduce_dtype);
+            options.reshard_after_forward = reshard_after_forward;
+            options.offload_to_cpu = offload_to_cpu;
+            return engine.add_unit(std::move(params), options);
+          },
+          py::arg("params"), py::arg("name"), py::arg("shard_group"), py::arg("replicate_group"),
+          py::arg("param_dtype"), py::arg("reduce_dtype"), py::arg("reshard_after_forward"),
+          py::arg("offload_to_cpu"))
+      .def("set_root", &FsdpEngine::set_root)
+      .def("num_units", &FsdpEngine::num_units)
+      .def("pre_forward", &FsdpEngine::pre_forward)
+      .def("post_forward", &FsdpEngine::post_forward)
+      .def("set_requires_gradient_sync", &FsdpEngine::set_requires_gradient_sync)
+      .def("requires_gradient_sync", &FsdpEngine::requires_gradient_sync)
+      .def("clip_grad_norm_", &FsdpEngine::clip_grad_norm_, py::arg("max_norm"),
+           py::arg("norm_type") = 2.0)
+      .def("reshard_all", &FsdpEngine::reshard_all)
+      .def("forward_order", &FsdpEngine::forward_order)
+      .def("unshard", [](FsdpEngine& e, int u) { e.unit(u).unshard(); })
+      .def("reshard", [](FsdpEngine& e, int u) { e.unit(u).reshard(); })
+      .def("full_parameters", [](FsdpEngine& e, int u) { return e.unit(u).full_parameters(); })
+      .def("load_full_parameters",
+           [](FsdpEngine& e, int u, const std::vector<at::Tensor>& full) {
+             e.unit(u).load_full_parameters(full);
+           })
+      .def("shard_views", [](FsdpEngine& e, int u) { return e.unit(u).shard_views(); })
+      .def("grad_shard_views", [](FsdpEngine& e, int u) { return e.unit(u).grad_shard_views(); })
+      .def("shard_rank", [](FsdpEngine& e, int u) { return e.unit(u).shard_rank(); })
+      .def("shard_size", [](FsdpEngine& e, int u) { return e.unit(u).shard_size(); })
+      .def("param_bytes", [](FsdpEngine& e, int u) { return e.unit(u).sharded_param_bytes(); })
+      .def("grad_bytes", [](FsdpEngine& e, int u) { return e.unit(u).sharded_grad_bytes(); });
+}
+
+}  // namespace shardwise::fsdp

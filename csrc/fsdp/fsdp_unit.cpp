@@ -1,0 +1,271 @@
+#include "fsdp/fsdp_unit.h"
+
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/Exception.h>
+
+#include "sharding/shard_ops.h"
+
+namespace shardwise::fsdp {
+namespace {
+
+int group_rank(const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
+  return group ? group->getRank() : 0;
+}
+
+int group_size(const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
+  return group ? group->getSize() : 1;
+}
+
+std::vector<int64_t> numels_of(const std::vector<at::Tensor>& params) {
+  std::vector<int64_t> numels;
+  for (const auto& p : params) numels.push_back(p.numel());
+  return numels;
+}
+
+// Frees or re-allocates a tensor's storage in place (views of it stay valid), on any device.
+void resize_storage(const at::Tensor& tensor, int64_t bytes) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("inductor::resize_storage_bytes_", "")
+                       .typed<void(const at::Tensor&, c10::SymInt)>();
+  op.call(tensor, c10::SymInt(bytes));
+}
+
+}  // namespace
+
+FsdpUnit::FsdpUnit(std::vector<at::Tensor> params, UnitOptions options)
+    : options_(std::move(options)),
+      params_(std::move(params)),
+      numels_(numels_of(params_)),
+      layout_({numels_, group_size(options_.shard_group), kShardAlign}),
+      shard_rank_(group_rank(options_.shard_group)),
+      shard_size_(group_size(options_.shard_group)),
+      dtype_(params_.empty() ? at::kFloat : params_[0].scalar_type()),
+      device_(params_.empty() ? at::Device(at::kCPU) : params_[0].device()) {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor& p = params_[i];
+    TORCH_CHECK_VALUE(p.is_leaf(), "FSDP unit '", options_.name, "': parameter ", i,
+                      " is not a leaf tensor; wrap modules before using their parameters");
+    TORCH_CHECK_TYPE(p.scalar_type() == dtype_, "FSDP unit '", options_.name, "': parameter ", i,
+                     " has dtype ", p.scalar_type(), " but parameter 0 has ", dtype_,
+                     "; give one unit parameters of one dtype (wrap the others separately)");
+    TORCH_CHECK_VALUE(p.device() == device_, "FSDP unit '", options_.name, "': parameter ", i,
+                      " is on ", p.device(), " but parameter 0 is on ", device_);
+    shapes_.push_back(p.sizes().vec());
+    requires_grad_count_ += p.requires_grad() ? 1 : 0;
+  }
+  param_dtype_ = options_.param_dtype.value_or(dtype_);
+  reduce_dtype_ = options_.reduce_dtype.value_or(param_dtype_);
+  const int data_parallel = shard_size_ * group_size(options_.replicate_group);
+  pre_divide_ = 1;
+  while (data_parallel % static_cast<int>(pre_divide_) == 0 &&
+         data_parallel / pre_divide_ > pre_divide_) {
+    pre_divide_ *= 2;
+  }
+  post_divide_ = data_parallel / pre_divide_;
+
+  const at::Device home = options_.offload_to_cpu ? at::Device(at::kCPU) : device_;
+  const auto shard_options = at::TensorOptions().dtype(dtype_).device(home);
+  shard_ = at::zeros({layout_.shard_numel()}, shard_options);
+  grad_shard_ = at::zeros({layout_.shard_numel()}, shard_options);
+  full_ =
+      at::empty({layout_.param_numel()}, at::TensorOptions().dtype(param_dtype_).device(device_));
+  int64_t full_offset = 0;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const int64_t valid = layout_.valid(i, shard_rank_);
+    at::Tensor flat = params_[i].detach().reshape(-1);
+    shard_views_.push_back(shard_.narrow(0, layout_.offset(i), valid));
+    shard_views_.back().copy_(flat.narrow(0, layout_.start(i, shard_rank_), valid));
+    grad_views_.push_back(grad_shard_.narrow(0, layout_.offset(i), valid));
+    full_views_.push_back(full_.narrow(0, full_offset, numels_[i]));
+    full_offset += numels_[i];
+    params_[i].mutable_grad() = at::Tensor();
+    params_[i].set_data(shard_views_.back());
+  }
+  has_grad_.assign(params_.size(), false);
+  unsynced_grads_.resize(params_.size());
+  resize_storage(full_, 0);
+}
+
+FsdpUnit::~FsdpUnit() = default;
+
+at::Tensor FsdpUnit::to_compute_device(const at::Tensor& tensor) const {
+  return tensor.device() == device_ ? tensor : tensor.to(device_, /*non_blocking=*/true);
+}
+
+void FsdpUnit::unshard_async() {
+  if (unsharded_ || pending_gather_ || params_.empty()) return;
+  at::Tensor input = to_compute_device(
+      shardwise::all_gather_copy_in(shard_views_, numels_, shard_size_, shard_rank_, param_dtype_));
+  if (shard_size_ == 1) {
+    gathered_ = input;
+  } else {
+    gathered_ = at::empty({layout_.total_numel()}, input.options());
+    gather_input_ = input;
+    gather_work_ = options_.shard_group->_allgather_base(gathered_, gather_input_);
+  }
+  pending_gather_ = true;
+}
+
+void FsdpUnit::unshard() {
+  if (unsharded_ || params_.empty()) return;
+  unshard_async();
+  if (gather_work_) {
+    gather_work_->wait();
+    gather_work_.reset();
+  }
+  resize_storage(full_, layout_.param_numel() * static_cast<int64_t>(full_.element_size()));
+  shardwise::all_gather_copy_out_(gathered_, numels_, shard_size_, full_views_);
+  gathered_ = at::Tensor();
+  gather_input_ = at::Tensor();
+  pending_gather_ = false;
+  stash_gradients();
+  for (size_t i = 0; i < params_.size(); ++i) params_[i].set_data(full_views_[i].view(shapes_[i]));
+  unsharded_ = true;
+}
+
+void FsdpUnit::reshard() {
+  if (!unsharded_) return;
+  for (size_t i = 0; i < params_.size(); ++i) params_[i].set_data(shard_views_[i]);
+  restore_gradients();
+  resize_storage(full_, 0);
+  unsharded_ = false;
+}
+
+void FsdpUnit::stash_gradients() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    const at::Tensor& grad = params_[i].grad();
+    has_grad_[i] = grad.defined();
+    if (grad.defined() && !grad.is_same(grad_views_[i])) {  // set by the user: take its values
+      TORCH_CHECK_VALUE(grad.numel() == grad_views_[i].numel(), "FSDP unit '", options_.name,
+                        "': parameter ", i, " has a .grad of ", grad.numel(),
+                        " elements but its shard has ", grad_views_[i].numel(),
+                        "; set gradients of sharded parameters to shard-shaped tensors or None");
+      grad_views_[i].copy_(grad.reshape(-1));
+    }
+    params_[i].mutable_grad() = at::Tensor();
+  }
+}
+
+void FsdpUnit::restore_gradients() {
+  for (size_t i = 0; i < params_.size(); ++i) {
+    params_[i].mutable_grad() = has_grad_[i] ? grad_views_[i] : at::Tensor();
+  }
+}
+
+void FsdpUnit::reduce_gradients(bool sync) {
+  if (params_.empty()) return;
+  std::vector<std::optional<at::Tensor>> grads(params_.size());
+  bool any = false;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    at::Tensor grad = params_[i].grad();
+    params_[i].mutable_grad() = at::Tensor();
+    if (grad.defined()) {
+      grad = grad.reshape(-1);
+      if (unsynced_grads_[i].defined()) {
+        unsynced_grads_[i].add_(grad);
+        grad = unsynced_grads_[i];
+      } else if (!sync) {
+        unsynced_grads_[i] = grad.to(reduce_dtype_, /*non_blocking=*/false, /*copy=*/true);
+      }
+    } else if (unsynced_grads_[i].defined()) {
+      grad = unsynced_grads_[i];
+    }
+    if (grad.defined()) {
+      grads[i] = grad;
+      any = true;
+    }
+  }
+  if (!sync) return;
+  if (!any) {  // every rank must still join the collective
+    grads[0] = at::zeros({numels_[0]}, at::TensorOptions().dtype(param_dtype_).device(device_));
+  }
+  reduce_input_ = shardwise::reduce_scatter_copy_in(grads, numels_, shard_size_, reduce_dtype_,
+                                                    1.0 / pre_divide_);
+  for (auto& unsynced : unsynced_grads_) unsynced = at::Tensor();
+  if (shard_size_ == 1) {
+    reduce_output_ = reduce_input_;
+  } else {
+    reduce_output_ = at::empty({layout_.shard_numel()}, reduce_input_.options());
+    c10d::ReduceScatterOptions reduce;
+    reduce.reduceOp = c10d::ReduceOp::SUM;
+    reduce_work_ =
+        options_.shard_group->_reduce_scatter_base(reduce_output_, reduce_input_, reduce);
+  }
+  pending_reduce_ = true;
+}
+
+void FsdpUnit::finish_reduce() {
+  if (!pending_reduce_) return;
+  if (reduce_work_) {
+    reduce_work_->wait();
+    reduce_work_.reset();
+  }
+  if (group_size(options_.replicate_group) > 1) {  // hybrid: average across the replicas too
+    std::vector<at::Tensor> tensors{reduce_output_};
+    c10d::AllreduceOptions reduce;
+    reduce.reduceOp = c10d::ReduceOp::SUM;
+    options_.replicate_group->allreduce(tensors, reduce)->wait();
+  }
+  const at::Tensor reduced = reduce_output_.device() == grad_shard_.device()
+                                 ? reduce_output_
+                                 : reduce_output_.to(grad_shard_.device());
+  for (size_t i = 0; i < params_.size(); ++i) {
+    if (!has_grad_[i]) grad_views_[i].zero_();
+  }
+  shardwise::reduce_scatter_copy_out_(reduced, numels_, shard_size_, shard_rank_,
+                                      1.0 / post_divide_, grad_views_);
+  for (size_t i = 0; i < params_.size(); ++i) has_grad_[i] = params_[i].requires_grad();
+  reduce_input_ = reduce_output_ = at::Tensor();
+  pending_reduce_ = false;
+  if (!unsharded_) restore_gradients();
+}
+
+std::vector<at::Tensor> FsdpUnit::grad_shard_views() const {
+  std::vector<at::Tensor> out;
+  for (size_t i = 0; i < params_.size(); ++i) {
+    out.push_back(has_grad_[i] ? grad_views_[i] : at::Tensor());
+  }
+  return out;
+}
+
+std::vector<at::Tensor> FsdpUnit::full_parameters() {
+  if (params_.empty()) return {};
+  at::Tensor input = to_compute_device(
+      shardwise::all_gather_copy_in(shard_views_, numels_, shard_size_, shard_rank_, dtype_));
+  at::Tensor gathered = input;
+  if (shard_size_ > 1) {
+    gathered = at::empty({layout_.total_numel()}, input.options());
+    options_.shard_group->_allgather_base(gathered, input)->wait();
+  }
+  std::vector<at::Tensor> full = shardwise::all_gather_copy_out(gathered, numels_, shard_size_);
+  for (size_t i = 0; i < full.size(); ++i) full[i] = full[i].view(shapes_[i]);
+  return full;
+}
+
+void FsdpUnit::load_full_parameters(const std::vector<at::Tensor>& full) {
+  TORCH_CHECK_VALUE(!unsharded_, "FSDP unit '", options_.name,
+                    "': load parameters between steps, not while the unit is unsharded");
+  TORCH_CHECK_VALUE(full.size() == params_.size(), "FSDP unit '", options_.name, "': got ",
+                    full.size(), " tensors for ", params_.size(), " parameters");
+  for (size_t i = 0; i < params_.size(); ++i) {
+    TORCH_CHECK_VALUE(full[i].numel() == numels_[i], "FSDP unit '", options_.name, "': tensor ", i,
+                      " has ", full[i].numel(), " elements, the parameter ", numels_[i]);
+    const at::Tensor flat = full[i].detach().reshape(-1);
+    shard_views_[i].copy_(flat.narrow(0, layout_.start(i, shard_rank_), shard_views_[i].numel()));
+  }
+}
+
+int64_t FsdpUnit::sharded_param_bytes() const {
+  return static_cast<int64_t>(shard_.storage().nbytes() + full_.storage().nbytes());
+}
+
+int64_t FsdpUnit::sharded_grad_bytes() const {
+  int64_t bytes = static_cast<int64_t>(grad_shard_.storage().nbytes());
+  for (const auto& unsynced : unsynced_grads_) {
+    if (unsynced.defined()) bytes += static_cast<int64_t>(unsynced.storage().nbytes());
+  }
+  return bytes;
+}
+
+}  // namespace shardwise::fsdp

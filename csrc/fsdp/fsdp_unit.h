@@ -1,0 +1,123 @@
+// One FSDP unit: the parameters of one wrapped module, sharded over a process group.
+//
+// States. Sharded: each parameter's `.data` is this rank's piece of it (1-D, the layout's
+// valid(i, rank) elements, a view into one flat shard in the parameters' own dtype: the fp32
+// "master" shard), and `.grad`, when set, is a view into one flat gradient shard. Unsharded:
+// `.data` is the full parameter in `param_dtype`, a view into one flat buffer that is allocated on
+// unshard and whose storage is freed (resized to 0 bytes) on reshard, so tensors saved for
+// backward that view it keep pointing at the right memory once it is filled again.
+//
+// Unshard = all_gather_copy_in (cast to param_dtype) + all-gather over the shard group +
+// all_gather_copy_out into the flat buffer. Gradient reduction = reduce_scatter_copy_in (cast to
+// reduce_dtype, divided by `pre`) + reduce-scatter (SUM) over the shard group (+ all-reduce over
+// the replicate group for hybrid sharding) + reduce_scatter_copy_out_ (accumulated into the
+// gradient shard, divided by `post`), with pre * post = the data-parallel size (FSDP1's rule, so
+// fp16 neither overflows nor underflows, and every backend works: gloo has no AVG).
+//
+// While unsharded, `.grad` is either unset or the full gradient autograd accumulated; gradient
+// shards are stashed on unshard and restored on reshard, so the optimizer always sees sharded
+// gradients beside sharded parameters.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <optional>
+#include <string>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <vector>
+
+#include "sharding/flat_layout.h"
+
+namespace shardwise::fsdp {
+
+struct UnitOptions {
+  std::string name;                                        // for error messages
+  c10::intrusive_ptr<c10d::ProcessGroup> shard_group;      // null: not sharded (no_shard)
+  c10::intrusive_ptr<c10d::ProcessGroup> replicate_group;  // null: not replicated
+  std::optional<at::ScalarType> param_dtype;   // compute / all-gather dtype; unset: the params'
+  std::optional<at::ScalarType> reduce_dtype;  // gradient communication dtype; unset: param_dtype
+  bool reshard_after_forward = true;
+  bool offload_to_cpu = false;  // shards and gradient shards live in CPU memory
+};
+
+class FsdpUnit {
+ public:
+  // Shards `params` (leaf tensors, same dtype and device, identical on every rank) in place.
+  FsdpUnit(std::vector<at::Tensor> params, UnitOptions options);
+  ~FsdpUnit();
+  FsdpUnit(const FsdpUnit&) = delete;
+  FsdpUnit& operator=(const FsdpUnit&) = delete;
+
+  const std::string& name() const { return options_.name; }
+  const UnitOptions& options() const { return options_; }
+  const sharding::FlatLayout& layout() const { return layout_; }
+  const std::vector<at::Tensor>& params() const { return params_; }
+  int shard_rank() const { return shard_rank_; }
+  int shard_size() const { return shard_size_; }
+  int requires_grad_count() const { return requires_grad_count_; }
+  bool unsharded() const { return unsharded_; }
+
+  void unshard_async();  // starts the all-gather (nothing if unsharded or already started)
+  void unshard();        // finishes it: every parameter is full, in param_dtype
+  void reshard();        // back to shards; frees the full buffer
+
+  // Post-backward: takes the full gradients out of `.grad`; with `sync`, starts their
+  // reduce-scatter, else adds them to an unsharded accumulator kept for the next synced backward.
+  void reduce_gradients(bool sync);
+  bool reduce_pending() const { return pending_reduce_; }
+  void finish_reduce();  // waits for the reduction and accumulates into the gradient shards
+
+  // The full parameters in their own dtype (all-gathered), for full state dicts.
+  std::vector<at::Tensor> full_parameters();
+  // Sets every shard from full parameters (each rank keeps its piece); no communication.
+  void load_full_parameters(const std::vector<at::Tensor>& full);
+  // This rank's valid pieces (views of the master shard), and the gradient pieces (or undefined).
+  std::vector<at::Tensor> shard_views() const { return shard_views_; }
+  std::vector<at::Tensor> grad_shard_views() const;
+  const std::vector<int64_t>& shape(int64_t i) const { return shapes_[i]; }
+
+  // Bytes held now by this unit's parameter, gradient and buffer storages.
+  int64_t sharded_param_bytes() const;
+  int64_t sharded_grad_bytes() const;
+
+ private:
+  void stash_gradients();
+  void restore_gradients();
+  at::Tensor to_compute_device(const at::Tensor& tensor) const;
+
+  UnitOptions options_;
+  std::vector<at::Tensor> params_;
+  std::vector<std::vector<int64_t>> shapes_;
+  std::vector<int64_t> numels_;
+  sharding::FlatLayout layout_;
+  int shard_rank_ = 0;
+  int shard_size_ = 1;
+  int requires_grad_count_ = 0;
+  at::ScalarType dtype_;        // the parameters' own (master) dtype
+  at::ScalarType param_dtype_;  // compute dtype
+  at::ScalarType reduce_dtype_;
+  at::Device device_;  // where compute happens
+  double pre_divide_ = 1.0;
+  double post_divide_ = 1.0;
+
+  at::Tensor shard_;  // flat master shard (shard_numel elements)
+  std::vector<at::Tensor> shard_views_;
+  at::Tensor grad_shard_;  // flat gradient shard
+  std::vector<at::Tensor> grad_views_;
+  std::vector<bool> has_grad_;
+  at::Tensor full_;  // flat unsharded buffer in param_dtype (storage freed while sharded)
+  std::vector<at::Tensor> full_views_;
+  std::vector<at::Tensor> unsynced_grads_;  // accumulated full gradients (no_sync)
+
+  bool unsharded_ = false;
+  bool pending_gather_ = false;
+  at::Tensor gathered_;
+  at::Tensor gather_input_;
+  c10::intrusive_ptr<c10d::Work> gather_work_;
+  bool pending_reduce_ = false;
+  at::Tensor reduce_input_;
+  at::Tensor reduce_output_;
+  c10::intrusive_ptr<c10d::Work> reduce_work_;
+};
+
+}  // namespace shardwise::fsdp

@@ -1,0 +1,60 @@
+// Device-independent bodies of the sharding ops: argument checks and copy plans. Each device
+// passes its executor (copy_runs_cpu, or the CUDA launcher with the runs moved to the device).
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <optional>
+#include <vector>
+
+#include "sharding/copy_runs.h"
+
+namespace shardwise::sharding {
+
+using Executor = std::function<void(const std::vector<CopyRun>& runs,
+                                    const CopyRunsOptions& options,
+                                    const at::Tensor& on_device_of)>;
+
+at::Tensor all_gather_copy_in_impl(at::TensorList shards,
+                                   at::IntArrayRef numels,
+                                   int64_t world_size,
+                                   int64_t rank,
+                                   at::ScalarType dtype,
+                                   const Executor& execute);
+
+std::vector<at::Tensor> all_gather_copy_out_impl(const at::Tensor& gathered,
+                                                 at::IntArrayRef numels,
+                                                 int64_t world_size,
+                                                 const Executor& execute);
+
+void all_gather_copy_out_into_impl(const at::Tensor& gathered,
+                                   at::IntArrayRef numels,
+                                   int64_t world_size,
+                                   at::TensorList params,
+                                   const Executor& execute);
+
+at::Tensor reduce_scatter_copy_in_impl(const c10::List<std::optional<at::Tensor>>& grads,
+                                       at::IntArrayRef numels,
+                                       int64_t world_size,
+                                       at::ScalarType dtype,
+                                       double scale,
+                                       const Executor& execute);
+
+std::vector<at::Tensor> reduce_scatter_copy_out_impl(const at::Tensor& reduced,
+                                                     at::IntArrayRef numels,
+                                                     int64_t world_size,
+                                                     int64_t rank,
+                                                     at::ScalarType dtype,
+                                                     double scale,
+                                                     const Executor& execute);
+
+void reduce_scatter_copy_out_acc_impl(const at::Tensor& reduced,
+                                      at::IntArrayRef numels,
+                                      int64_t world_size,
+                                      int64_t rank,
+                                      double scale,
+                                      at::TensorList shard_grads,
+                                      const Executor& execute);
+
+}  // namespace shardwise::sharding

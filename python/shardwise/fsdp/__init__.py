@@ -1,0 +1,6 @@
+"""Fully sharded data parallelism with a C++ engine (``csrc/fsdp/``); see the README."""
+
+from .config import ConfigError, FSDPConfig
+from .module import FullyShardedDataParallel, wrap
+
+__all__ = ["ConfigError", "FSDPConfig", "FullyShardedDataParallel", "wrap"]

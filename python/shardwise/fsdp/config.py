@@ -1,0 +1,164 @@
+"""The FSDP section of a config: the ``distributed:`` keys of the FSDP guide (seed 002) verbatim,
+plus the few extras a production run needs. Unknown keys and values are errors that list the
+valid ones (and suggest the closest key)."""
+
+from __future__ import annotations
+
+import difflib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields
+
+import torch
+
+STRATEGIES = ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard")
+BACKWARD_PREFETCH = ("backward_pre", "backward_post", "none")
+AUTO_WRAP = ("transformer_auto_wrap", "size_based_auto_wrap", "none")
+STATE_DICT_TYPES = ("full_state_dict", "local_state_dict", "sharded_state_dict")
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+DTYPE_ALIASES = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16", "half": "float16"}
+
+# Keys of the same ``distributed:`` section that belong to other parts of a run (process
+# launch, pipeline, ZeRO); accepted here and left to them.
+OTHER_DISTRIBUTED_KEYS = frozenset(
+    {
+        "backend",
+        "num_nodes",
+        "num_processes_per_node",
+        "world_size",
+        "rank",
+        "local_rank",
+        "master_addr",
+        "master_port",
+        "tensor_parallel_size",
+        "pipeline_parallel_size",
+        "use_zero",
+        "zero_stage",
+        "pipeline_schedule",
+        "num_microbatches",
+    }
+)
+
+
+class ConfigError(ValueError):
+    """A config key or value that is not valid; the message lists the valid ones."""
+
+
+@dataclass(frozen=True)
+class FSDPConfig:
+    use_fsdp: bool = True
+    fsdp_sharding_strategy: str = "full_shard"
+    fsdp_backward_prefetch: str = "backward_pre"
+    fsdp_forward_prefetch: bool = False
+    fsdp_auto_wrap_policy: str = "transformer_auto_wrap"
+    fsdp_min_num_params: int = 100_000_000
+    fsdp_transformer_layer_cls: tuple[str, ...] = ()  # class names; empty: ModuleList children
+    fsdp_state_dict_type: str = "full_state_dict"
+    fsdp_mixed_precision: bool = False
+    fsdp_param_dtype: str = "bfloat16"
+    fsdp_reduce_dtype: str = "float32"
+    fsdp_buffer_dtype: str = "float32"
+    fsdp_cpu_offload: bool = False
+    gradient_checkpointing: bool = False
+    sync_module_states: bool = False
+    # hybrid_shard: [[replicas, shards], ["dp", "fsdp"]] (seed 000's form); default: shard
+    # within a host (LOCAL_WORLD_SIZE), replicate across hosts.
+    mesh_shape: tuple | None = None
+    extra: dict = field(default_factory=dict, compare=False)
+
+    @classmethod
+    def from_mapping(cls, config: Mapping) -> FSDPConfig:
+        """Validates a ``distributed:`` mapping and returns the FSDP part of it."""
+        if not isinstance(config, Mapping):
+            raise ConfigError(f"the FSDP config must be a mapping, got {type(config).__name__}")
+        known = {f.name for f in fields(cls)} - {"extra"}
+        values, extra = {}, {}
+        for key, value in config.items():
+            if key in known:
+                values[key] = value
+            elif key in OTHER_DISTRIBUTED_KEYS:
+                extra[key] = value
+            else:
+                close = difflib.get_close_matches(key, sorted(known | OTHER_DISTRIBUTED_KEYS), 1)
+                hint = f" (did you mean {close[0]!r}?)" if close else ""
+                raise ConfigError(
+                    f"unknown key {key!r} in the distributed config{hint}; valid FSDP keys: "
+                    f"{', '.join(sorted(known))}"
+                )
+        if "fsdp_transformer_layer_cls" in values:
+            layer_cls = values["fsdp_transformer_layer_cls"]
+            values["fsdp_transformer_layer_cls"] = (
+                (layer_cls,) if isinstance(layer_cls, str) else tuple(layer_cls)
+            )
+        if values.get("mesh_shape") is not None:
+            values["mesh_shape"] = tuple(tuple(axis) for axis in values["mesh_shape"])
+        result = cls(**values, extra=extra)
+        result.validate()
+        return result
+
+    def validate(self) -> None:
+        _choice("fsdp_sharding_strategy", self.fsdp_sharding_strategy, STRATEGIES)
+        _choice(
+            "fsdp_backward_prefetch", str(self.fsdp_backward_prefetch).lower(), BACKWARD_PREFETCH
+        )
+        _choice("fsdp_auto_wrap_policy", str(self.fsdp_auto_wrap_policy).lower(), AUTO_WRAP)
+        _choice("fsdp_state_dict_type", self.fsdp_state_dict_type, STATE_DICT_TYPES)
+        for key in ("fsdp_param_dtype", "fsdp_reduce_dtype", "fsdp_buffer_dtype"):
+            dtype_of(key, getattr(self, key))
+        for key in (
+            "use_fsdp",
+            "fsdp_forward_prefetch",
+            "fsdp_mixed_precision",
+            "fsdp_cpu_offload",
+            "gradient_checkpointing",
+            "sync_module_states",
+        ):
+            if not isinstance(getattr(self, key), bool):
+                raise ConfigError(f"{key} must be true or false, got {getattr(self, key)!r}")
+        if not isinstance(self.fsdp_min_num_params, int) or self.fsdp_min_num_params < 0:
+            value = self.fsdp_min_num_params
+            raise ConfigError(f"fsdp_min_num_params must be a non-negative integer, got {value!r}")
+        if self.mesh_shape is not None:
+            mesh_axes(self.mesh_shape)
+
+
+def _choice(key: str, value, valid) -> None:
+    if value not in valid:
+        raise ConfigError(f"{key}: {value!r} is not valid; valid values: {', '.join(valid)}")
+
+
+def dtype_of(key: str, name) -> torch.dtype:
+    if isinstance(name, torch.dtype) and name in DTYPES.values():
+        return name
+    text = DTYPE_ALIASES.get(str(name), str(name))
+    if text not in DTYPES:
+        raise ConfigError(f"{key}: {name!r} is not valid; valid values: {', '.join(DTYPES)}")
+    return DTYPES[text]
+
+
+REPLICATE_AXES = ("dp", "replicate", "ddp")
+SHARD_AXES = ("fsdp", "shard")
+
+
+def mesh_axes(mesh_shape) -> tuple[int, int]:
+    """(replicas, shards) from a 2-D mesh such as [[2, 2], ["dp", "fsdp"]]."""
+    try:
+        sizes, names = mesh_shape
+        sizes, names = [int(s) for s in sizes], [str(n) for n in names]
+    except (TypeError, ValueError) as error:
+        raise ConfigError(
+            f"mesh_shape {mesh_shape!r} must look like [[2, 2], ['dp', 'fsdp']]"
+        ) from error
+    if len(sizes) != len(names) or any(s < 1 for s in sizes):
+        raise ConfigError(f"mesh_shape {mesh_shape!r}: one positive size per axis name")
+    replicas = shards = 1
+    for size, name in zip(sizes, names, strict=True):
+        if name in REPLICATE_AXES:
+            replicas *= size
+        elif name in SHARD_AXES:
+            shards *= size
+        elif size != 1:
+            raise ConfigError(
+                f"mesh_shape axis {name!r} of size {size}: FSDP uses only the axes "
+                f"{REPLICATE_AXES + SHARD_AXES}; other axes must have size 1"
+            )
+    return replicas, shards

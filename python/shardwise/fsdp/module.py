@@ -1,0 +1,321 @@
+"""``shardwise.FullyShardedDataParallel``: the nn.Module face of the C++ FSDP engine.
+
+This file only adapts: it picks the units (auto-wrap), creates the process groups of the
+strategy, registers module hooks that call the engine (``csrc/fsdp/fsdp_engine.h``) and maps
+state dicts to parameter names. Sharding, collectives, prefetch, gradient reduction and clipping
+all happen in C++.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.utils._pytree as pytree
+from torch import nn
+from torch.utils.checkpoint import checkpoint
+
+from .. import _C
+from . import auto_wrap
+from .config import FSDPConfig, dtype_of, mesh_axes
+
+ROOT = "<root>"
+
+
+def _dtype_name(dtype: torch.dtype | None) -> str | None:
+    return None if dtype is None else str(dtype).removeprefix("torch.")
+
+
+class FullyShardedDataParallel(nn.Module):
+    """Shards ``module``'s parameters over the data-parallel ranks (see the README).
+
+    Args:
+        module: the model; every rank must build it identically (or pass sync_module_states).
+        sharding_strategy: full_shard, shard_grad_op, no_shard or hybrid_shard.
+        param_dtype / reduce_dtype / buffer_dtype: mixed precision (None: keep the parameters').
+        wrap: names of submodules that become units (children first); the rest is the root unit.
+        backward_prefetch: backward_pre, backward_post or none. forward_prefetch: bool.
+        cpu_offload: keep shards and gradient shards in CPU memory.
+        activation_checkpointing: recompute each unit's activations in backward.
+        sync_module_states: broadcast parameters and buffers from rank 0 first.
+        state_dict_type: full_state_dict, sharded_state_dict or local_state_dict.
+        process_group: the data-parallel ranks (default: the world).
+        mesh: (replicas, shards) for hybrid_shard (default: shard within the host).
+    """
+
+    def __init__(
+        self,
+        module: nn.Module,
+        *,
+        sharding_strategy: str = "full_shard",
+        param_dtype: torch.dtype | None = None,
+        reduce_dtype: torch.dtype | None = None,
+        buffer_dtype: torch.dtype | None = None,
+        wrap: list[str] | None = None,
+        backward_prefetch: str = "backward_pre",
+        forward_prefetch: bool = False,
+        cpu_offload: bool = False,
+        activation_checkpointing: bool = False,
+        sync_module_states: bool = False,
+        state_dict_type: str = "full_state_dict",
+        process_group: dist.ProcessGroup | None = None,
+        mesh: tuple[int, int] | None = None,
+    ):
+        super().__init__()
+        FSDPConfig(
+            fsdp_sharding_strategy=sharding_strategy,
+            fsdp_backward_prefetch=backward_prefetch,
+            fsdp_state_dict_type=state_dict_type,
+        ).validate()
+        if not dist.is_initialized():
+            raise RuntimeError(
+                "FullyShardedDataParallel needs torch.distributed: call "
+                "dist.init_process_group('shardwise') (or launch with torchrun) first"
+            )
+        self.module = module
+        self.state_dict_type = state_dict_type
+        self.param_dtype = param_dtype
+        world = process_group or dist.group.WORLD
+        self._world = world
+        shard_group, replicate_group = _groups(sharding_strategy, world, mesh)
+        if sync_module_states:
+            _broadcast_from_rank0(module, world)
+        self._names = _parameter_names(module)
+        units = _plan_units(module, wrap or [])
+        self._engine = _C.FsdpEngine(forward_prefetch, backward_prefetch, world)
+        self._unit_params: list[list[nn.Parameter]] = []
+        reshard = sharding_strategy in ("full_shard", "hybrid_shard")
+        for name, params in units:
+            index = self._engine.add_unit(
+                params,
+                name,
+                shard_group,
+                replicate_group,
+                _dtype_name(param_dtype),
+                _dtype_name(reduce_dtype or param_dtype),
+                reshard and name != ROOT,
+                cpu_offload,
+            )
+            self._unit_params.append(params)
+            if name == ROOT:
+                self._engine.set_root(index)
+                self._root = index
+            else:
+                self._hook_unit(module.get_submodule(name), index, activation_checkpointing)
+        if buffer_dtype is not None:
+            for buffer in module.buffers():
+                if buffer.is_floating_point():
+                    buffer.data = buffer.data.to(buffer_dtype)
+
+    # --- forward / backward -------------------------------------------------------------
+
+    def _hook_unit(self, module: nn.Module, index: int, checkpointed: bool) -> None:
+        engine = self._engine
+        module.register_forward_pre_hook(lambda _m, _args: engine.pre_forward(index))
+        module.register_forward_hook(
+            lambda _m, _args, out: engine.post_forward(index, _tensors(out))
+        )
+        if checkpointed:
+            module.forward = functools.partial(_checkpointed, module.forward)
+
+    def forward(self, *args, **kwargs):
+        if self.param_dtype is not None:  # inputs in the compute dtype, like torch FSDP
+            args, kwargs = pytree.tree_map_only(
+                torch.Tensor,
+                lambda t: t.to(self.param_dtype) if t.is_floating_point() else t,
+                (args, kwargs),
+            )
+        self._engine.pre_forward(self._root)
+        out = self.module(*args, **kwargs)
+        self._engine.post_forward(self._root, _tensors(out))
+        return out
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """Backward passes inside accumulate unsharded gradients without communication; the
+        first backward after it reduces them all."""
+        previous = self._engine.requires_gradient_sync()
+        self._engine.set_requires_gradient_sync(False)
+        try:
+            yield
+        finally:
+            self._engine.set_requires_gradient_sync(previous)
+
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clips the sharded gradients by their global norm (computed across the shards)."""
+        return torch.tensor(self._engine.clip_grad_norm_(float(max_norm), float(norm_type)))
+
+    @contextlib.contextmanager
+    def summon_full_params(self):
+        """Every parameter full (in the compute dtype) inside the block; sharded again after."""
+        for index in range(self._engine.num_units()):
+            self._engine.unshard(index)
+        try:
+            yield
+        finally:
+            self._engine.reshard_all()
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes held by this rank's parameter and gradient storages, counted from storages."""
+        units = range(self._engine.num_units())
+        return {
+            "parameters": sum(self._engine.param_bytes(u) for u in units),
+            "gradients": sum(self._engine.grad_bytes(u) for u in units),
+        }
+
+    # --- state dicts ----------------------------------------------------------------------
+
+    def state_dict(self, *args, **kwargs):  # noqa: D102 (documented in the README)
+        from . import state_dict
+
+        return state_dict.get(self, self.state_dict_type)
+
+    def load_state_dict(self, state, strict: bool = True, assign: bool = False):  # noqa: D102
+        from . import state_dict
+
+        return state_dict.load(self, state, self.state_dict_type, strict)
+
+
+def wrap(module: nn.Module, config, *, process_group=None) -> nn.Module:
+    """Wraps ``module`` as the ``distributed:`` section of a config says (seed-002 keys).
+    Returns the module unchanged when ``use_fsdp`` is false."""
+    cfg = config if isinstance(config, FSDPConfig) else FSDPConfig.from_mapping(config)
+    if not cfg.use_fsdp:
+        return module
+    policy = str(cfg.fsdp_auto_wrap_policy).lower()
+    if policy == "transformer_auto_wrap":
+        units = auto_wrap.transformer_blocks(module, cfg.fsdp_transformer_layer_cls)
+    elif policy == "size_based_auto_wrap":
+        units = auto_wrap.size_based(module, cfg.fsdp_min_num_params)
+    else:
+        units = []
+    mixed = cfg.fsdp_mixed_precision
+    return FullyShardedDataParallel(
+        module,
+        sharding_strategy=cfg.fsdp_sharding_strategy,
+        param_dtype=dtype_of("fsdp_param_dtype", cfg.fsdp_param_dtype) if mixed else None,
+        reduce_dtype=dtype_of("fsdp_reduce_dtype", cfg.fsdp_reduce_dtype) if mixed else None,
+        buffer_dtype=dtype_of("fsdp_buffer_dtype", cfg.fsdp_buffer_dtype) if mixed else None,
+        wrap=units,
+        backward_prefetch=str(cfg.fsdp_backward_prefetch).lower(),
+        forward_prefetch=cfg.fsdp_forward_prefetch,
+        cpu_offload=cfg.fsdp_cpu_offload,
+        activation_checkpointing=cfg.gradient_checkpointing,
+        sync_module_states=cfg.sync_module_states,
+        state_dict_type=cfg.fsdp_state_dict_type,
+        process_group=process_group,
+        mesh=mesh_axes(cfg.mesh_shape) if cfg.mesh_shape is not None else None,
+    )
+
+
+# --- helpers --------------------------------------------------------------------------------
+
+
+def _tensors(out) -> list[torch.Tensor]:
+    return [t for t in pytree.tree_leaves(out) if isinstance(t, torch.Tensor)]
+
+
+def _checkpointed(forward: Callable, *args, **kwargs):
+    return checkpoint(forward, *args, use_reentrant=False, **kwargs)
+
+
+def _parameter_names(module: nn.Module) -> dict[int, list[str]]:
+    """Every name of every parameter (tied parameters have several)."""
+    names: dict[int, list[str]] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        names.setdefault(id(p), []).append(name)
+    return names
+
+
+def _plan_units(module: nn.Module, wrap: list[str]) -> list[tuple[str, list[nn.Parameter]]]:
+    """(unit name, its parameters), children first, the root (the rest) last. A parameter
+    shared by two units is an error naming both (see FsdpEngine::add_unit)."""
+    order = {name: i for i, (name, _) in enumerate(module.named_modules())}
+    for name in wrap:
+        if name not in order:
+            raise ValueError(f"wrap: no submodule named {name!r}")
+    taken: dict[int, str] = {}
+    units = []
+    for name in sorted(set(wrap), key=lambda n: -order[n]):
+        params = []
+        for p in module.get_submodule(name).parameters():
+            if id(p) in taken:
+                if not taken[id(p)].startswith(name + "."):
+                    raise ValueError(
+                        f"a parameter of {name!r} is shared with unit {taken[id(p)]!r}; a "
+                        "shared (tied) parameter must live in one unit: wrap their common "
+                        "parent instead, or leave both modules in the root unit"
+                    )
+                continue
+            taken[id(p)] = name
+            params.append(p)
+        units.append((name, params))
+    seen: set[int] = set()
+    rest = []
+    for p in module.parameters():
+        if id(p) not in taken and id(p) not in seen:
+            seen.add(id(p))
+            rest.append(p)
+    units.append((ROOT, rest))
+    _check_shared_with_root(module, wrap, taken)
+    return units
+
+
+def _check_shared_with_root(module: nn.Module, wrap: list[str], taken: dict[int, str]) -> None:
+    """A parameter owned by a unit but also used by a module outside every unit (e.g. a head
+    tied to an embedding that was wrapped alone) would be used while sharded."""
+    wrapped = set(wrap)
+    for name, sub in module.named_modules():
+        if any(name == w or name.startswith(w + ".") for w in wrapped):
+            continue
+        for p in sub.parameters(recurse=False):
+            if id(p) in taken:
+                raise ValueError(
+                    f"parameter of {name or ROOT!r} is tied to one in unit {taken[id(p)]!r}; "
+                    "a shared (tied) parameter must live in one unit: do not wrap "
+                    f"{taken[id(p)]!r} separately (leave it in the root unit)"
+                )
+
+
+def _groups(strategy: str, world, mesh):
+    """(shard group, replicate group) of this rank for the strategy."""
+    size = dist.get_world_size(world)
+    if strategy in ("full_shard", "shard_grad_op"):
+        return world, None
+    if strategy == "no_shard":
+        return None, world
+    replicas, shards = mesh or (size // _local_world_size(size), _local_world_size(size))
+    if replicas * shards != size:
+        raise ValueError(
+            f"hybrid_shard: the mesh ({replicas} replicas x {shards} shards) does not match the "
+            f"world size {size}; give mesh_shape [[replicas, shards], ['dp', 'fsdp']] with "
+            "replicas * shards == world size"
+        )
+    ranks = dist.get_process_group_ranks(world)
+    me = dist.get_rank(world)
+    shard_group = replicate_group = None
+    for r in range(replicas):  # every rank creates every group, in the same order
+        group = dist.new_group([ranks[r * shards + s] for s in range(shards)])
+        if me // shards == r:
+            shard_group = group
+    for s in range(shards):
+        group = dist.new_group([ranks[r * shards + s] for r in range(replicas)])
+        if me % shards == s:
+            replicate_group = group
+    return shard_group, replicate_group
+
+
+def _local_world_size(size: int) -> int:
+    local = int(os.environ.get("LOCAL_WORLD_SIZE", size))
+    return local if size % local == 0 else size
+
+
+def _broadcast_from_rank0(module: nn.Module, world) -> None:
+    source = dist.get_global_rank(world, 0)
+    with torch.no_grad():
+        for tensor in list(module.parameters()) + list(module.buffers()):
+            dist.broadcast(tensor.data, src=source, group=world)

@@ -1,0 +1,401 @@
+"""FSDP checks run inside a world of worker processes (see worker.py): shardwise FSDP against
+single-process training of the same model on the same global batch, against torch FSDP2, and
+its error paths. Every rank also trains the reference locally, so no results travel."""
+
+import copy
+import math
+
+import shardwise
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+STEPS = 20
+VOCAB, DIM, SEQ, BATCH_PER_RANK = 64, 32, 12, 2
+
+
+class Block(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.norm = nn.LayerNorm(DIM)
+        self.up = nn.Linear(DIM, 4 * DIM)
+        self.down = nn.Linear(4 * DIM, DIM)
+
+    def forward(self, x):
+        return x + self.down(F.gelu(self.up(self.norm(x))))
+
+
+class TinyGPT(nn.Module):
+    """Embedding, blocks in a ModuleList, a head tied to the embedding, uneven sizes."""
+
+    def __init__(self, layers=3):
+        super().__init__()
+        self.embed = nn.Embedding(VOCAB, DIM)
+        self.pos = nn.Parameter(torch.randn(SEQ, DIM) * 0.02)
+        self.layers = nn.ModuleList(Block() for _ in range(layers))
+        self.norm = nn.LayerNorm(DIM)
+        self.head = nn.Linear(DIM, VOCAB, bias=False)
+        self.head.weight = self.embed.weight  # tied
+
+    def forward(self, tokens):
+        x = self.embed(tokens) + self.pos
+        for layer in self.layers:
+            x = layer(x)
+        return self.head(self.norm(x))
+
+
+def make_model(seed=0):
+    torch.manual_seed(seed)
+    return TinyGPT()
+
+
+def global_batch(step, world):
+    g = torch.Generator().manual_seed(1000 + step)
+    tokens = torch.randint(0, VOCAB, (BATCH_PER_RANK * world, SEQ + 1), generator=g)
+    return tokens[:, :-1], tokens[:, 1:]
+
+
+def local(batch, rank):
+    return tuple(t[rank * BATCH_PER_RANK : (rank + 1) * BATCH_PER_RANK] for t in batch)
+
+
+def loss_of(model, inputs, targets):
+    logits = model(inputs)
+    return F.cross_entropy(logits.float().reshape(-1, VOCAB), targets.reshape(-1))
+
+
+def optimizer_for(model):
+    return torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+
+
+def train_reference(world, steps=STEPS, param_dtype=None):
+    """Single process, global batch; with param_dtype, forward/backward in that dtype from an
+    fp32 master copy (what FSDP mixed precision computes), the optimizer in fp32."""
+    model = make_model()
+    opt = optimizer_for(model)
+    losses = []
+    for step in range(steps):
+        inputs, targets = global_batch(step, world)
+        if param_dtype is None:
+            loss = loss_of(model, inputs, targets)
+            loss.backward()
+        else:
+            low = copy.deepcopy(model).to(param_dtype)
+            loss = loss_of(low, inputs, targets)
+            loss.backward()
+            for p, q in zip(model.parameters(), low.parameters(), strict=True):
+                p.grad = q.grad.float()
+        losses.append(loss.item())
+        opt.step()
+        opt.zero_grad()
+    return losses, model
+
+
+def train_fsdp(rank, world, steps=STEPS, **kwargs):
+    wrap = kwargs.pop("wrap", None) or [f"layers.{i}" for i in range(3)]
+    model = shardwise.FullyShardedDataParallel(make_model(), wrap=wrap, **kwargs)
+    opt = optimizer_for(model)
+    losses = []
+    for step in range(steps):
+        loss = loss_of(model, *local(global_batch(step, world), rank))
+        loss.backward()
+        losses.append(_global_mean(loss.detach()))
+        opt.step()
+        opt.zero_grad()
+    return losses, model
+
+
+def _global_mean(loss):
+    total = loss.clone().float()
+    dist.all_reduce(total)
+    return total.item() / dist.get_world_size()
+
+
+def assert_close_rel(ours, ref, rel, what):
+    """Relative error of a loss curve (per element) or a tensor (as a whole: the norm of the
+    difference over the norm of the reference, so elements near zero do not dominate)."""
+    ours, ref = torch.as_tensor(ours).double(), torch.as_tensor(ref).double()
+    if ours.dim() == 1 and what.startswith("losses"):
+        err = ((ours - ref).abs() / ref.abs()).max().item()
+    else:
+        err = ((ours - ref).norm() / ref.norm().clamp_min(1e-12)).item()
+    assert err <= rel, f"{what}: relative error {err:.3e} > {rel:.1e}"
+
+
+def compare_params(fsdp_model, reference, rel, what):
+    full = fsdp_model.state_dict()
+    ref = reference.state_dict()
+    assert set(full) == set(ref), f"{what}: keys {sorted(set(full) ^ set(ref))} differ"
+    for name, tensor in ref.items():
+        assert full[name].shape == tensor.shape, f"{what}: {name} shape"
+        assert_close_rel(full[name], tensor, rel, f"{what}: {name}")
+
+
+def _parity(rank, world, **kwargs):
+    ref_losses, ref_model = train_reference(world)
+    losses, model = train_fsdp(rank, world, **kwargs)
+    assert_close_rel(losses, ref_losses, 1e-5, "losses")
+    compare_params(model, ref_model, 1e-5, "parameters")
+
+
+def fsdp_full_shard_matches_single_process(rank, world, gloo):
+    """Sharding layout, all-gather/reduce-scatter, gradient divide factors, tied weights:
+    any mistake shows as a loss or parameter that drifts from single-process training."""
+    _parity(rank, world, sharding_strategy="full_shard")
+
+
+def fsdp_shard_grad_op_matches_single_process(rank, world, gloo):
+    """Keeping units unsharded between forward and backward (no re-gather) stays exact."""
+    _parity(rank, world, sharding_strategy="shard_grad_op")
+
+
+def fsdp_no_shard_matches_single_process(rank, world, gloo):
+    """no_shard = replicate + all-reduce: exact against single-process training."""
+    _parity(rank, world, sharding_strategy="no_shard")
+
+
+def fsdp_hybrid_shard_matches_single_process(rank, world, gloo):
+    """hybrid_shard: reduce-scatter in the shard group then all-reduce across replicas."""
+    mesh = (2, world // 2) if world % 2 == 0 and world > 2 else (1, world)
+    _parity(rank, world, sharding_strategy="hybrid_shard", mesh=mesh)
+
+
+def fsdp_prefetch_offload_checkpointing_match(rank, world, gloo):
+    """Forward prefetch, BACKWARD_POST, CPU offload of shards and activation checkpointing
+    change when things happen, never the numbers."""
+    _parity(
+        rank,
+        world,
+        forward_prefetch=True,
+        backward_prefetch="backward_post",
+        cpu_offload=True,
+        activation_checkpointing=True,
+    )
+
+
+def fsdp_over_gloo_matches_single_process(rank, world, gloo):
+    """The engine only uses c10d collectives: gloo works too (its reduce-scatter included)."""
+    _parity(rank, world, process_group=gloo)
+
+
+def fsdp_bf16_within_derived_tolerance(rank, world, gloo):
+    """bf16 compute with fp32 master shards and fp32 reduction: the error against fp32 training
+    is at most 2x (plus 1e-3 of slack) that of the same bf16 recipe run in one process."""
+    ref_losses, ref_model = train_reference(world)
+    bf_losses, bf_model = train_reference(world, param_dtype=torch.bfloat16)
+    losses, model = train_fsdp(rank, world, param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+    torch_err = max(abs(a - b) for a, b in zip(bf_losses, ref_losses, strict=True))
+    our_err = max(abs(a - b) for a, b in zip(losses, ref_losses, strict=True))
+    assert our_err <= 2 * torch_err + 1e-3, f"loss error {our_err:.3e} vs torch {torch_err:.3e}"
+    full, ref, bf = model.state_dict(), ref_model.state_dict(), bf_model.state_dict()
+    for name in ref:
+        torch_perr = (bf[name] - ref[name]).abs().max().item()
+        our_perr = (full[name] - ref[name]).abs().max().item()
+        assert our_perr <= 2 * torch_perr + 1e-3, f"{name}: {our_perr:.3e} vs {torch_perr:.3e}"
+
+
+def fsdp_matches_torch_fsdp2(rank, world, gloo):
+    """Same model, same data, torch's fully_shard over gloo: the same losses and parameters."""
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    torch_model = make_model()
+    mesh = init_device_mesh("cpu", (world,))
+    for layer in torch_model.layers:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(torch_model, mesh=mesh)
+    opt = optimizer_for(torch_model)
+    torch_losses = []
+    for step in range(STEPS):
+        loss = loss_of(torch_model, *local(global_batch(step, world), rank))
+        loss.backward()
+        torch_losses.append(_global_mean(loss.detach()))
+        opt.step()
+        opt.zero_grad()
+    losses, model = train_fsdp(rank, world)
+    assert_close_rel(losses, torch_losses, 1e-5, "losses vs FSDP2")
+    ours = model.state_dict()
+    for name, tensor in torch_model.state_dict().items():
+        full = tensor.full_tensor() if hasattr(tensor, "full_tensor") else tensor
+        assert_close_rel(ours[name], full, 1e-5, f"{name} vs FSDP2")
+
+
+def fsdp_memory_scales_as_one_over_n(rank, world, gloo):
+    """Parameters, gradients and AdamW state per rank, counted from tensor storages: 1/N of the
+    model for full_shard (plus at most the alignment padding), the whole model for no_shard."""
+    total = sum(p.numel() for p in make_model().parameters()) * 4
+    for strategy, share in (("full_shard", 1 / world), ("no_shard", 1.0)):
+        losses, model = train_fsdp(rank, world, steps=1, sharding_strategy=strategy)
+        mem = model.memory_bytes()
+        params_in_units = sum(1 for _ in model.parameters())
+        padding = params_in_units * 16 * 4 if share < 1 else 0
+        opt = optimizer_for(model)
+        loss_of(model, *local(global_batch(0, world), rank)).backward()
+        opt.step()
+        state = sum(
+            t.untyped_storage().nbytes()
+            for s in opt.state.values()
+            for t in s.values()
+            if torch.is_tensor(t) and t.dim() > 0
+        )
+        for what, got, factor in (
+            ("parameters", mem["parameters"], 1),
+            ("gradients", mem["gradients"], 1),
+            ("AdamW state", state, 2),
+        ):
+            low, high = factor * total * share, factor * (total * share + padding)
+            assert low <= got <= high, f"{strategy} {what}: {got} bytes, expected [{low}, {high}]"
+
+
+def fsdp_no_sync_accumulates_like_one_big_batch(rank, world, gloo):
+    """Two micro-batches under no_sync then one synced equal one step on all three batches."""
+    ref = make_model()
+    ref_opt = optimizer_for(ref)
+    model = shardwise.FullyShardedDataParallel(make_model(), wrap=["layers.0", "layers.2"])
+    opt = optimizer_for(model)
+    for micro in range(3):
+        batch = global_batch(micro, world)
+        (loss_of(ref, *batch) / 3).backward()
+        if micro < 2:
+            with model.no_sync():
+                (loss_of(model, *local(batch, rank)) / 3).backward()
+        else:
+            (loss_of(model, *local(batch, rank)) / 3).backward()
+    ref_opt.step()
+    opt.step()
+    compare_params(model, ref, 1e-5, "after accumulation")
+
+
+def fsdp_clip_grad_norm_matches_torch(rank, world, gloo):
+    """The global norm over shards equals torch's clip_grad_norm_ on the whole model."""
+    ref = make_model()
+    model = shardwise.FullyShardedDataParallel(make_model(), wrap=["layers.1"])
+    batch = global_batch(0, world)
+    loss_of(ref, *batch).backward()
+    loss_of(model, *local(batch, rank)).backward()
+    for norm_type in (2.0, math.inf):
+        expected = torch.nn.utils.clip_grad_norm_(ref.parameters(), 0.05, norm_type)
+        got = model.clip_grad_norm_(0.05, norm_type)
+        assert_close_rel(got, expected, 1e-5, f"norm {norm_type}")
+    for p in model.parameters():  # the clipped gradients themselves, through an update
+        p.data.sub_(p.grad)
+    for p in ref.parameters():
+        p.data.sub_(p.grad)
+    compare_params(model, ref, 1e-5, "after clipped update")
+
+
+def fsdp_state_dicts_round_trip_and_reshard(rank, world, gloo):
+    """full_state_dict loads into the plain model and into a model sharded over a group of a
+    different size; sharded and local state dicts restore a model exactly at the same size."""
+    losses, model = train_fsdp(rank, world, steps=2)
+    full = model.state_dict()
+    plain = make_model(seed=5)
+    plain.load_state_dict(full)
+    groups = [dist.new_group([r]) for r in range(world)]  # every rank creates every group
+    alone = groups[rank]
+    solo = shardwise.FullyShardedDataParallel(make_model(seed=7), process_group=alone)
+    solo.load_state_dict(full)
+    for name, tensor in solo.state_dict().items():
+        assert torch.equal(tensor, full[name]), f"world-1 reload: {name}"
+    for kind in ("sharded_state_dict", "local_state_dict"):
+        model.state_dict_type = kind
+        saved = model.state_dict()
+        other = shardwise.FullyShardedDataParallel(
+            make_model(seed=9), wrap=[f"layers.{i}" for i in range(3)], state_dict_type=kind
+        )
+        other.load_state_dict(saved)
+        other.state_dict_type = "full_state_dict"
+        for name, tensor in other.state_dict().items():
+            assert torch.equal(tensor, full[name]), f"{kind}: {name}"
+    model.state_dict_type = "full_state_dict"
+
+
+def fsdp_bad_configs_fail_before_any_collective(rank, world, gloo):
+    """Unknown keys/values, a tied parameter split across units and a mesh that does not match
+    the world size are rejected with messages naming the fix, before communicating."""
+    import pytest_like as check
+
+    base = {"use_fsdp": True, "fsdp_sharding_strategy": "full_shard"}
+    check.raises(
+        shardwise.fsdp.ConfigError,
+        "did you mean 'fsdp_sharding_strategy'",
+        lambda: shardwise.wrap(make_model(), {**base, "fsdp_sharding_stratgy": "full_shard"}),
+    )
+    check.raises(
+        shardwise.fsdp.ConfigError,
+        "valid values: full_shard, shard_grad_op, no_shard, hybrid_shard",
+        lambda: shardwise.wrap(make_model(), {**base, "fsdp_sharding_strategy": "zero3"}),
+    )
+    check.raises(
+        ValueError,
+        "shared (tied) parameter must live in one unit",
+        lambda: shardwise.FullyShardedDataParallel(make_model(), wrap=["embed"]),
+    )
+    check.raises(
+        ValueError,
+        "does not match the world size",
+        lambda: shardwise.FullyShardedDataParallel(
+            make_model(), sharding_strategy="hybrid_shard", mesh=(3, world)
+        ),
+    )
+
+
+def fsdp_seed_config_block_trains(rank, world, gloo):
+    """The distributed: block of the FSDP guide, verbatim (bf16 mixed precision,
+    transformer_auto_wrap), wraps and trains: the loss falls."""
+    config = {
+        "use_fsdp": True,
+        "fsdp_sharding_strategy": "full_shard",
+        "fsdp_backward_prefetch": "backward_pre",
+        "fsdp_forward_prefetch": False,
+        "fsdp_auto_wrap_policy": "transformer_auto_wrap",
+        "fsdp_min_num_params": 1000000,
+        "fsdp_state_dict_type": "full_state_dict",
+        "fsdp_mixed_precision": True,
+        "fsdp_param_dtype": "bfloat16",
+        "fsdp_reduce_dtype": "float32",
+        "fsdp_buffer_dtype": "float32",
+    }
+    model = shardwise.wrap(make_model(), config)
+    assert len(model._unit_params) == 4, "three blocks and the root"
+    opt = optimizer_for(model)
+    inputs, targets = global_batch(0, world)
+    losses = []
+    for _ in range(10):
+        loss = loss_of(model, *local((inputs, targets), rank))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        losses.append(_global_mean(loss.detach()))
+    assert losses[-1] < 0.8 * losses[0], f"loss did not fall: {losses}"
+
+
+def fsdp_forward_order_mismatch_is_reported(rank, world, gloo):
+    """Ranks that run the units in different orders get an error naming the first differing
+    unit after the first iteration (equal-size units, so the collectives themselves match)."""
+    model = shardwise.FullyShardedDataParallel(make_model(), wrap=["layers.0", "layers.1"])
+    inner = model.module
+    order = [0, 1] if rank == 0 else [1, 0]
+    original = TinyGPT.forward
+
+    def swapped(self, tokens):
+        x = self.embed(tokens) + self.pos
+        for i in order:
+            x = self.layers[i](x)
+        x = self.layers[2](x)
+        return self.head(self.norm(x))
+
+    inner.forward = swapped.__get__(inner)
+    try:
+        loss_of(model, *local(global_batch(0, world), rank)).backward()
+    except RuntimeError as error:
+        assert "forward order differs across ranks" in str(error), str(error)
+        assert "layers.0" in str(error) or "layers.1" in str(error), str(error)
+    else:
+        raise AssertionError("no error for a rank-dependent forward order")
+    finally:
+        inner.forward = original.__get__(inner)
+
+
+CHECKS = [f for n, f in sorted(globals().items()) if n.startswith("fsdp_")]
