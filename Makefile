@@ -71,6 +71,9 @@ bench: build ## benchmarks (with OpenMPI as an anchor); results land in benchmar
 	$(PY) benchmarks/bench_cast.py --output benchmarks/results/$$(date +%Y-%m-%d)-cast-cpu.md
 	$(PY) benchmarks/bench_collectives.py \
 		--output benchmarks/results/$$(date +%Y-%m-%d)-collectives-cpu.md
+	$(PY) benchmarks/bench_shard_copies.py \
+		--output benchmarks/results/$$(date +%Y-%m-%d)-shard-copies-cpu.md
+	$(PY) benchmarks/bench_fsdp.py --output benchmarks/results/$$(date +%Y-%m-%d)-fsdp-cpu.md
 
 format: venv ## clang-format and ruff format, in place
 	$(VENV)/bin/clang-format -i $$(git ls-files 'csrc/*.h' 'csrc/*.cc' 'csrc/*.cpp' 'csrc/*.cu' 'tests/cpp/*.cc' 'examples/cpp/*.cc')

@@ -42,6 +42,8 @@ set(SHARDWISE_TORCH_SOURCES
   csrc/sharding/shard_ops.cpp
   csrc/fsdp/fsdp_unit.cpp
   csrc/fsdp/fsdp_engine.cpp
+  csrc/fsdp/storage.cpp
+  csrc/fsdp/storage_stub.cpp
 )
 set(SHARDWISE_TORCH_TEST_SOURCES
   tests/cpp/torch/test_cast_ops_libtorch.cc

@@ -74,7 +74,9 @@ int FsdpEngine::forward_position(int unit) const {
 }
 
 void FsdpEngine::prefetch(int unit) {
-  if (unit >= 0 && unit < num_units()) units_[unit]->unshard_async();
+  // In backward, a unit already reduced needs no parameters again this iteration.
+  if (unit < 0 || unit >= num_units() || (in_backward_ && post_backward_done_[unit])) return;
+  units_[unit]->unshard_async();
 }
 
 void FsdpEngine::pre_forward(int index) {
@@ -124,6 +126,11 @@ void FsdpEngine::pre_backward(int index) {
 
 void FsdpEngine::on_grad_ready(int index) {
   if (!in_backward_ || post_backward_done_[index]) return;
+  // A unit with frozen parameters may still need them after its last gradient arrives (a frozen
+  // norm weight for the input gradient): it reduces at the end of backward instead.
+  if (units_[index]->requires_grad_count() < static_cast<int>(units_[index]->params().size())) {
+    return;
+  }
   if (++grads_ready_[index] >= units_[index]->requires_grad_count()) post_backward(index);
 }
 
@@ -149,7 +156,10 @@ void FsdpEngine::finalize_backward() {
   }
   for (int index : reduce_queue_) units_[index]->finish_reduce();
   reduce_queue_.clear();
-  for (auto& u : units_) u->reshard();
+  for (auto& u : units_) {
+    u->discard_gather();  // a prefetch that was not used: its data predates the optimizer step
+    u->reshard();
+  }
   std::fill(pre_backward_done_.begin(), pre_backward_done_.end(), false);
   std::fill(post_backward_done_.begin(), post_backward_done_.end(), false);
   std::fill(grads_ready_.begin(), grads_ready_.end(), 0);
@@ -211,6 +221,7 @@ double FsdpEngine::clip_grad_norm_(double max_norm, double norm_type) {
   at::Device device = grads.empty() ? at::Device(at::kCPU) : grads[0].device();
   at::Tensor total = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device));
   for (const auto& g : grads) {
+    if (g.numel() == 0) continue;  // a rank may hold no element of a small parameter
     const at::Tensor local = g.to(at::kFloat);
     total = infinite ? at::maximum(total, local.abs().max().reshape({1}))
                      : total + local.pow(2).sum().reshape({1});

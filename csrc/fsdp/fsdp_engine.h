@@ -10,7 +10,9 @@
 // all-gather of the unit that runs backward next (the previous one in forward order). When
 // autograd has accumulated the gradient of every parameter of u that requires one (a
 // post-accumulate-grad hook per parameter counts them), post_backward(u) starts u's gradient
-// reduce-scatter, reshards u and (BACKWARD_POST) prefetches the next unit. A callback queued on
+// reduce-scatter, reshards u and (BACKWARD_POST) prefetches the next unit. (A unit that also
+// holds frozen parameters reduces at the end of backward: a frozen parameter may still be needed
+// for an input gradient after the last trainable gradient arrived.) A callback queued on
 // the autograd engine runs finalize_backward() after the whole backward: units whose hooks did
 // not fire are reduced, every reduction is waited for and copied into the gradient shards,
 // every unit is resharded, and after the first iteration the forward order is compared across

@@ -32,6 +32,9 @@ BackwardPrefetch prefetch_of(const std::string& name) {
 }
 
 using Group = c10::intrusive_ptr<c10d::ProcessGroup>;
+// Methods that may wait for a collective release the GIL: a backend's worker thread may need it
+// (gloo's Work destructor drops Python objects), and other Python threads should run meanwhile.
+using Release = py::call_guard<py::gil_scoped_release>;
 
 }  // namespace
 
@@ -68,17 +71,21 @@ void bind_fsdp(py::module& m) {
           py::arg("offload_to_cpu"))
       .def("set_root", &FsdpEngine::set_root)
       .def("num_units", &FsdpEngine::num_units)
-      .def("pre_forward", &FsdpEngine::pre_forward)
-      .def("post_forward", &FsdpEngine::post_forward)
+      .def("pre_forward", &FsdpEngine::pre_forward, Release())
+      .def("post_forward", &FsdpEngine::post_forward, Release())
       .def("set_requires_gradient_sync", &FsdpEngine::set_requires_gradient_sync)
       .def("requires_gradient_sync", &FsdpEngine::requires_gradient_sync)
       .def("clip_grad_norm_", &FsdpEngine::clip_grad_norm_, py::arg("max_norm"),
-           py::arg("norm_type") = 2.0)
-      .def("reshard_all", &FsdpEngine::reshard_all)
+           py::arg("norm_type") = 2.0, Release())
+      .def("reshard_all", &FsdpEngine::reshard_all, Release())
       .def("forward_order", &FsdpEngine::forward_order)
-      .def("unshard", [](FsdpEngine& e, int u) { e.unit(u).unshard(); })
-      .def("reshard", [](FsdpEngine& e, int u) { e.unit(u).reshard(); })
-      .def("full_parameters", [](FsdpEngine& e, int u) { return e.unit(u).full_parameters(); })
+      .def(
+          "unshard", [](FsdpEngine& e, int u) { e.unit(u).unshard(); }, Release())
+      .def(
+          "reshard", [](FsdpEngine& e, int u) { e.unit(u).reshard(); }, Release())
+      .def(
+          "full_parameters", [](FsdpEngine& e, int u) { return e.unit(u).full_parameters(); },
+          Release())
       .def("load_full_parameters",
            [](FsdpEngine& e, int u, const std::vector<at::Tensor>& full) {
              e.unit(u).load_full_parameters(full);

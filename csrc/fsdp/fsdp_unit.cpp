@@ -1,9 +1,9 @@
 #include "fsdp/fsdp_unit.h"
 
 #include <ATen/ATen.h>
-#include <ATen/core/dispatch/Dispatcher.h>
 #include <c10/util/Exception.h>
 
+#include "fsdp/storage.h"
 #include "sharding/shard_ops.h"
 
 namespace shardwise::fsdp {
@@ -23,12 +23,8 @@ std::vector<int64_t> numels_of(const std::vector<at::Tensor>& params) {
   return numels;
 }
 
-// Frees or re-allocates a tensor's storage in place (views of it stay valid), on any device.
 void resize_storage(const at::Tensor& tensor, int64_t bytes) {
-  static auto op = c10::Dispatcher::singleton()
-                       .findSchemaOrThrow("inductor::resize_storage_bytes_", "")
-                       .typed<void(const at::Tensor&, c10::SymInt)>();
-  op.call(tensor, c10::SymInt(bytes));
+  resize_storage_bytes(tensor, bytes);
 }
 
 }  // namespace
@@ -67,7 +63,6 @@ FsdpUnit::FsdpUnit(std::vector<at::Tensor> params, UnitOptions options)
   const at::Device home = options_.offload_to_cpu ? at::Device(at::kCPU) : device_;
   const auto shard_options = at::TensorOptions().dtype(dtype_).device(home);
   shard_ = at::zeros({layout_.shard_numel()}, shard_options);
-  grad_shard_ = at::zeros({layout_.shard_numel()}, shard_options);
   full_ =
       at::empty({layout_.param_numel()}, at::TensorOptions().dtype(param_dtype_).device(device_));
   int64_t full_offset = 0;
@@ -75,8 +70,10 @@ FsdpUnit::FsdpUnit(std::vector<at::Tensor> params, UnitOptions options)
     const int64_t valid = layout_.valid(i, shard_rank_);
     at::Tensor flat = params_[i].detach().reshape(-1);
     shard_views_.push_back(shard_.narrow(0, layout_.offset(i), valid));
-    shard_views_.back().copy_(flat.narrow(0, layout_.start(i, shard_rank_), valid));
-    grad_views_.push_back(grad_shard_.narrow(0, layout_.offset(i), valid));
+    if (valid > 0) shard_views_.back().copy_(flat.narrow(0, layout_.start(i, shard_rank_), valid));
+    // Separate tensors, not views of one buffer: LibTorch's zero_grad detaches gradients in
+    // place, which views do not allow.
+    grad_views_.push_back(at::zeros({valid}, shard_options));
     full_views_.push_back(full_.narrow(0, full_offset, numels_[i]));
     full_offset += numels_[i];
     params_[i].mutable_grad() = at::Tensor();
@@ -130,6 +127,17 @@ void FsdpUnit::reshard() {
   restore_gradients();
   resize_storage(full_, 0);
   unsharded_ = false;
+}
+
+void FsdpUnit::discard_gather() {
+  if (!pending_gather_) return;
+  if (gather_work_) {
+    gather_work_->wait();
+    gather_work_.reset();
+  }
+  gathered_ = at::Tensor();
+  gather_input_ = at::Tensor();
+  pending_gather_ = false;
 }
 
 void FsdpUnit::stash_gradients() {
@@ -207,9 +215,9 @@ void FsdpUnit::finish_reduce() {
     reduce.reduceOp = c10d::ReduceOp::SUM;
     options_.replicate_group->allreduce(tensors, reduce)->wait();
   }
-  const at::Tensor reduced = reduce_output_.device() == grad_shard_.device()
+  const at::Tensor reduced = reduce_output_.device() == grad_views_[0].device()
                                  ? reduce_output_
-                                 : reduce_output_.to(grad_shard_.device());
+                                 : reduce_output_.to(grad_views_[0].device());
   for (size_t i = 0; i < params_.size(); ++i) {
     if (!has_grad_[i]) grad_views_[i].zero_();
   }
@@ -252,7 +260,8 @@ void FsdpUnit::load_full_parameters(const std::vector<at::Tensor>& full) {
     TORCH_CHECK_VALUE(full[i].numel() == numels_[i], "FSDP unit '", options_.name, "': tensor ", i,
                       " has ", full[i].numel(), " elements, the parameter ", numels_[i]);
     const at::Tensor flat = full[i].detach().reshape(-1);
-    shard_views_[i].copy_(flat.narrow(0, layout_.start(i, shard_rank_), shard_views_[i].numel()));
+    const int64_t valid = shard_views_[i].numel();
+    if (valid > 0) shard_views_[i].copy_(flat.narrow(0, layout_.start(i, shard_rank_), valid));
   }
 }
 
@@ -261,7 +270,8 @@ int64_t FsdpUnit::sharded_param_bytes() const {
 }
 
 int64_t FsdpUnit::sharded_grad_bytes() const {
-  int64_t bytes = static_cast<int64_t>(grad_shard_.storage().nbytes());
+  int64_t bytes = 0;
+  for (const auto& grad : grad_views_) bytes += static_cast<int64_t>(grad.storage().nbytes());
   for (const auto& unsynced : unsynced_grads_) {
     if (unsynced.defined()) bytes += static_cast<int64_t>(unsynced.storage().nbytes());
   }

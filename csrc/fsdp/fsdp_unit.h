@@ -2,7 +2,7 @@
 //
 // States. Sharded: each parameter's `.data` is this rank's piece of it (1-D, the layout's
 // valid(i, rank) elements, a view into one flat shard in the parameters' own dtype: the fp32
-// "master" shard), and `.grad`, when set, is a view into one flat gradient shard. Unsharded:
+// "master" shard), and `.grad`, when set, is this rank's piece of the gradient. Unsharded:
 // `.data` is the full parameter in `param_dtype`, a view into one flat buffer that is allocated on
 // unshard and whose storage is freed (resized to 0 bytes) on reshard, so tensors saved for
 // backward that view it keep pointing at the right memory once it is filled again.
@@ -60,6 +60,9 @@ class FsdpUnit {
   void unshard_async();  // starts the all-gather (nothing if unsharded or already started)
   void unshard();        // finishes it: every parameter is full, in param_dtype
   void reshard();        // back to shards; frees the full buffer
+  // Waits for a started all-gather nobody used and drops it (its data would be stale after an
+  // optimizer step).
+  void discard_gather();
 
   // Post-backward: takes the full gradients out of `.grad`; with `sync`, starts their
   // reduce-scatter, else adds them to an unsharded accumulator kept for the next synced backward.
@@ -102,8 +105,7 @@ class FsdpUnit {
 
   at::Tensor shard_;  // flat master shard (shard_numel elements)
   std::vector<at::Tensor> shard_views_;
-  at::Tensor grad_shard_;  // flat gradient shard
-  std::vector<at::Tensor> grad_views_;
+  std::vector<at::Tensor> grad_views_;  // gradient shards, one tensor per parameter
   std::vector<bool> has_grad_;
   at::Tensor full_;  // flat unsharded buffer in param_dtype (storage freed while sharded)
   std::vector<at::Tensor> full_views_;

@@ -1,10 +1,13 @@
 // The FSDP engine from LibTorch, no Python: two ranks (threads) train a torch::nn model sharded
-// over the shardwise backend and end with the parameters of single-process training.
+// over the shardwise backend and end with the parameters of single-process training. The root
+// unit here finishes its backward first, so a backward prefetch of it would fetch parameters
+// that the optimizer step then changes: this test caught the engine using such stale data.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
 #include <thread>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <vector>
 
@@ -35,6 +38,7 @@ void copy_params(Net& from, Net& to) {
 c10::intrusive_ptr<c10d::ProcessGroup> make_group(const c10::intrusive_ptr<c10d::Store>& store,
                                                   int rank) {
   shardwise::backend::ShardwiseOptions options;
+  options.timeout = std::chrono::seconds(30);  // a failing rank fails the other fast
   auto backend = c10::make_intrusive<shardwise::backend::ShardwiseBackend>(
       c10::make_intrusive<c10d::PrefixStore>("fsdp", store), rank, kWorld, options);
   auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, kWorld);

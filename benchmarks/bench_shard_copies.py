@@ -1,0 +1,150 @@
+"""The fused sharding copies (csrc/sharding/) beside the torch code they replace, on the
+parameter list of the bundled GPT, in GB/s (bytes read + written per second), same run.
+
+  all-gather copy-in   fp32 pieces -> bf16 shard   torch: torch.cat of the padded pieces, .to(bf16)
+  all-gather copy-out  bf16 gathered -> params     torch: split_with_sizes_copy (FSDP2's copy-out)
+  reduce-scatter in    bf16 grads -> fp32 buffer   torch: torch._chunk_cat (FSDP2's copy-in), *scale
+  reduce-scatter out   fp32 shard -> grads +=      torch: torch._foreach_add_ with alpha=scale
+
+Each result is checked against the torch reference before it is timed.
+
+Run: python benchmarks/bench_shard_copies.py --output benchmarks/results/DATE-shard-copies-cpu.md
+"""
+
+import argparse
+import datetime
+import os
+import platform
+import sys
+import time
+from pathlib import Path
+
+import shardwise
+import torch
+import torch.nn.functional as F
+from shardwise.models import GPT, PRESETS
+from shardwise.ops import sharding as ops
+
+
+def timed(fn, repeat: int) -> float:
+    fn()
+    best = float("inf")
+    for _ in range(repeat):
+        start = time.perf_counter()
+        fn()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def cases(numels, world, rank):
+    full32 = [torch.randn(n) for n in numels]
+    chunks = [ops.chunk(n, world) for n in numels]
+    pieces = [
+        F.pad(p, (0, c * world - p.numel()))[
+            rank * c : rank * c + ops.valid(p.numel(), world, rank)
+        ]
+        for p, c in zip(full32, chunks, strict=True)
+    ]
+    shard_n = sum(chunks)
+    gathered = torch.randn(shard_n * world).to(torch.bfloat16)
+    grads16 = [torch.randn(n).to(torch.bfloat16) for n in numels]
+    reduced = torch.randn(shard_n)
+    shard_grads = [torch.zeros(p.numel()) for p in pieces]
+    scale = 0.5
+
+    def ag_in_torch():
+        padded = [F.pad(p, (0, c - p.numel())) for p, c in zip(pieces, chunks, strict=True)]
+        return torch.cat(padded).to(torch.bfloat16)
+
+    def ag_in_ours():
+        return ops.all_gather_copy_in(pieces, numels, world, rank, torch.bfloat16)
+
+    outs_torch = [torch.empty(world, c, dtype=torch.bfloat16) for c in chunks]
+    outs_ours = [torch.empty(n, dtype=torch.bfloat16) for n in numels]
+
+    def ag_out_torch():
+        torch.split_with_sizes_copy(gathered.view(world, -1), chunks, dim=1, out=outs_torch)
+        return outs_torch
+
+    def ag_out_ours():
+        ops.all_gather_copy_out_(gathered, numels, world, outs_ours)
+        return outs_ours
+
+    def rs_in_torch():
+        padded = [
+            F.pad(g, (0, c * world - g.numel())) for g, c in zip(grads16, chunks, strict=True)
+        ]
+        out = torch.empty(world, shard_n, dtype=torch.float32)
+        torch._chunk_cat(padded, dim=0, num_chunks=world, out=out)
+        return out.view(-1).mul_(scale)
+
+    def rs_in_ours():
+        return ops.reduce_scatter_copy_in(grads16, numels, world, torch.float32, scale)
+
+    offsets = [sum(chunks[:i]) for i in range(len(chunks))]
+    views = [reduced[o : o + g.numel()] for o, g in zip(offsets, shard_grads, strict=True)]
+
+    def rs_out_torch():
+        torch._foreach_add_(shard_grads, views, alpha=scale)
+
+    def rs_out_ours():
+        ops.reduce_scatter_copy_out_(reduced, numels, world, rank, scale, shard_grads)
+
+    valid_total = sum(p.numel() for p in pieces)
+    total = sum(numels)
+    return [
+        ("all-gather copy-in", ag_in_torch, ag_in_ours, valid_total * 4 + shard_n * 2),
+        ("all-gather copy-out", ag_out_torch, ag_out_ours, total * 2 * 2),
+        ("reduce-scatter copy-in", rs_in_torch, rs_in_ours, total * 2 + shard_n * world * 4),
+        ("reduce-scatter copy-out", rs_out_torch, rs_out_ours, valid_total * 4 * 3),
+    ], (ag_in_torch, ag_in_ours, rs_in_torch, rs_in_ours, ag_out_torch, ag_out_ours, numels)
+
+
+def check(refs) -> None:
+    ag_in_torch, ag_in_ours, rs_in_torch, rs_in_ours, ag_out_torch, ag_out_ours, numels = refs
+    assert torch.equal(ag_in_torch(), ag_in_ours()), "all-gather copy-in differs from torch"
+    assert torch.equal(rs_in_torch(), rs_in_ours()), "reduce-scatter copy-in differs from torch"
+    for t, o, n in zip(ag_out_torch(), ag_out_ours(), numels, strict=True):
+        assert torch.equal(t.view(-1)[:n], o), "all-gather copy-out differs from torch"
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--model", default="small")
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--repeat", type=int, default=20)
+    parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--output", type=Path)
+    args = parser.parse_args()
+    torch.set_num_threads(args.threads)
+    numels = [p.numel() for p in GPT(PRESETS[args.model]).parameters()]
+    rows, refs = cases(numels, args.world, rank=0)
+    check(refs)
+    lines = [
+        f"# Fused sharding copies vs torch on CPU ({datetime.date.today()})",
+        "",
+        f"- machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"{args.threads} thread(s); torch {torch.__version__}; shardwise CPU ISA "
+        f"{shardwise.active_cpu_isa()}",
+        f"- command: `python benchmarks/bench_shard_copies.py {' '.join(sys.argv[1:])}`",
+        f"- parameters of GPT `{args.model}` ({len(numels)} tensors, {sum(numels) / 1e6:.1f}M "
+        f"elements), world {args.world}, rank 0; best of {args.repeat}",
+        "",
+        "| copy | torch ms | torch GB/s | shardwise ms | shardwise GB/s | speed-up |",
+        "|---|---:|---:|---:|---:|---:|",
+    ]
+    for name, torch_fn, ours_fn, nbytes in rows:
+        t, o = timed(torch_fn, args.repeat), timed(ours_fn, args.repeat)
+        lines.append(
+            f"| {name} | {t * 1e3:.2f} | {nbytes / t / 1e9:.2f} | {o * 1e3:.2f} | "
+            f"{nbytes / o / 1e9:.2f} | {t / o:.2f}x |"
+        )
+    text = "\n".join(lines) + "\n"
+    print(text)
+    if args.output:
+        args.output.write_text(text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
