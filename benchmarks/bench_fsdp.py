@@ -94,7 +94,7 @@ def run_rank(framework: str, args) -> None:
         tokens = tokens[rank * args.batch : (rank + 1) * args.batch]
         dist.barrier()
         start = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=not mixed):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=not mixed and not args.fp32):
             logits = model(tokens[:, :-1])
         loss = F.cross_entropy(
             logits.float().reshape(-1, cfg.vocab_size), tokens[:, 1:].reshape(-1)
@@ -160,8 +160,10 @@ def table(results: list[dict], args) -> list[str]:
         f"- model: GPT `{args.model}` ({PRESETS[args.model].num_parameters() / 1e6:.1f}M "
         f"parameters, sequence {PRESETS[args.model].seq_len}), batch {args.batch} per rank, "
         f"world {args.world}, AdamW, {args.steps} timed steps after {args.warmup} warm-up",
-        "- rows without -mp: bf16 autocast, fp32 parameters; -mp rows: the FSDP's own mixed "
-        "precision (bf16 parameters, fp32 gradient reduction), no autocast",
+        "- rows without -mp: "
+        + ("fp32 compute (no autocast)" if args.fp32 else "bf16 autocast, fp32 parameters")
+        + "; -mp rows: the FSDP's own mixed precision (bf16 parameters, fp32 gradient "
+        "reduction), no autocast",
         "- peak RSS includes the ~0.4 GB Python/torch baseline of each process",
         "",
         "| framework | step s | tokens/s | tokens/s vs fsdp2 | tokens/s vs ddp | peak RSS MB/rank "
@@ -169,11 +171,11 @@ def table(results: list[dict], args) -> list[str]:
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
-        anchor = base["fsdp2-mp" if r["framework"].endswith("-mp") else "fsdp2"]
+        anchor = base.get("fsdp2-mp" if r["framework"].endswith("-mp") else "fsdp2", r)
         lines.append(
             f"| {r['framework']} | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | "
             f"{r['tokens_per_s'] / anchor['tokens_per_s']:.2f}x | "
-            f"{r['tokens_per_s'] / base['ddp']['tokens_per_s']:.2f}x | "
+            f"{r['tokens_per_s'] / base.get('ddp', r)['tokens_per_s']:.2f}x | "
             f"{r['peak_rss'] / 2**20:.0f} | {r['state_bytes'] / 2**20:.1f} | {r['loss']:.4f} |"
         )
     return lines
@@ -187,6 +189,7 @@ def main() -> int:
     parser.add_argument("--steps", type=int, default=6)
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--frameworks", default=",".join(FRAMEWORKS))
+    parser.add_argument("--fp32", action="store_true", help="no autocast: fp32 compute")
     parser.add_argument("--output", type=Path)
     parser.add_argument("--rank-of", help=argparse.SUPPRESS)
     args = parser.parse_args()

@@ -94,7 +94,8 @@ def train_reference(world, steps=STEPS, param_dtype=None):
 
 def train_fsdp(rank, world, steps=STEPS, **kwargs):
     wrap = kwargs.pop("wrap", None) or [f"layers.{i}" for i in range(3)]
-    model = shardwise.FullyShardedDataParallel(make_model(), wrap=wrap, **kwargs)
+    seed = kwargs.pop("model_seed", 0)
+    model = shardwise.FullyShardedDataParallel(make_model(seed), wrap=wrap, **kwargs)
     opt = optimizer_for(model)
     losses = []
     for step in range(steps):
@@ -163,10 +164,13 @@ def fsdp_hybrid_shard_matches_single_process(rank, world, gloo):
 
 def fsdp_prefetch_offload_checkpointing_match(rank, world, gloo):
     """Forward prefetch, BACKWARD_POST, CPU offload of shards and activation checkpointing
-    change when things happen, never the numbers."""
+    change when things happen, never the numbers; sync_module_states makes ranks that built
+    different models start from rank 0's."""
     _parity(
         rank,
         world,
+        model_seed=rank,
+        sync_module_states=True,
         forward_prefetch=True,
         backward_prefetch="backward_post",
         cpu_offload=True,
