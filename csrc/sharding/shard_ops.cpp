@@ -249,35 +249,7 @@ std::vector<at::Tensor> reduce_scatter_copy_out_impl(const at::Tensor& reduced,
 
 namespace {
 
-TORCH_LIBRARY_IMPL(shardwise, CPU, m) {
-  m.impl("all_gather_copy_in", [](at::TensorList shards, at::IntArrayRef numels, int64_t world,
-                                  int64_t rank, at::ScalarType dtype) {
-    return all_gather_copy_in_impl(shards, numels, world, rank, dtype, execute_cpu);
-  });
-  m.impl("all_gather_copy_out",
-         [](const at::Tensor& gathered, at::IntArrayRef numels, int64_t world) {
-           return all_gather_copy_out_impl(gathered, numels, world, execute_cpu);
-         });
-  m.impl("all_gather_copy_out_", [](const at::Tensor& gathered, at::IntArrayRef numels,
-                                    int64_t world, at::TensorList params) {
-    all_gather_copy_out_into_impl(gathered, numels, world, params, execute_cpu);
-  });
-  m.impl("reduce_scatter_copy_in",
-         [](const c10::List<std::optional<at::Tensor>>& grads, at::IntArrayRef numels,
-            int64_t world, at::ScalarType dtype, double scale) {
-           return reduce_scatter_copy_in_impl(grads, numels, world, dtype, scale, execute_cpu);
-         });
-  m.impl("reduce_scatter_copy_out", [](const at::Tensor& reduced, at::IntArrayRef numels,
-                                       int64_t world, int64_t rank, at::ScalarType dtype,
-                                       double scale) {
-    return reduce_scatter_copy_out_impl(reduced, numels, world, rank, dtype, scale, execute_cpu);
-  });
-  m.impl("reduce_scatter_copy_out_", [](const at::Tensor& reduced, at::IntArrayRef numels,
-                                        int64_t world, int64_t rank, double scale,
-                                        at::TensorList grads) {
-    reduce_scatter_copy_out_acc_impl(reduced, numels, world, rank, scale, grads, execute_cpu);
-  });
-}
+TORCH_LIBRARY_IMPL(shardwise, CPU, m) { register_sharding_impls<execute_cpu>(m); }
 
 }  // namespace
 }  // namespace shardwise::sharding

@@ -3,6 +3,7 @@
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <torch/library.h>
 
 #include <functional>
 #include <optional>
@@ -56,5 +57,42 @@ void reduce_scatter_copy_out_acc_impl(const at::Tensor& reduced,
                                       double scale,
                                       at::TensorList shard_grads,
                                       const Executor& execute);
+
+using ExecutorFn = void (*)(const std::vector<CopyRun>& runs,
+                            const CopyRunsOptions& options,
+                            const at::Tensor& on_device_of);
+
+// Registers every sharding op for one device, with that device's executor (shard_ops.cpp: CPU,
+// shard_ops_cuda.cpp: CUDA).
+template <ExecutorFn kExecute>
+void register_sharding_impls(torch::Library& m) {
+  m.impl("all_gather_copy_in", [](at::TensorList shards, at::IntArrayRef numels, int64_t world,
+                                  int64_t rank, at::ScalarType dtype) {
+    return all_gather_copy_in_impl(shards, numels, world, rank, dtype, kExecute);
+  });
+  m.impl("all_gather_copy_out",
+         [](const at::Tensor& gathered, at::IntArrayRef numels, int64_t world) {
+           return all_gather_copy_out_impl(gathered, numels, world, kExecute);
+         });
+  m.impl("all_gather_copy_out_", [](const at::Tensor& gathered, at::IntArrayRef numels,
+                                    int64_t world, at::TensorList params) {
+    all_gather_copy_out_into_impl(gathered, numels, world, params, kExecute);
+  });
+  m.impl("reduce_scatter_copy_in",
+         [](const c10::List<std::optional<at::Tensor>>& grads, at::IntArrayRef numels,
+            int64_t world, at::ScalarType dtype, double scale) {
+           return reduce_scatter_copy_in_impl(grads, numels, world, dtype, scale, kExecute);
+         });
+  m.impl("reduce_scatter_copy_out", [](const at::Tensor& reduced, at::IntArrayRef numels,
+                                       int64_t world, int64_t rank, at::ScalarType dtype,
+                                       double scale) {
+    return reduce_scatter_copy_out_impl(reduced, numels, world, rank, dtype, scale, kExecute);
+  });
+  m.impl("reduce_scatter_copy_out_",
+         [](const at::Tensor& reduced, at::IntArrayRef numels, int64_t world, int64_t rank,
+            double scale, at::TensorList grads) {
+           reduce_scatter_copy_out_acc_impl(reduced, numels, world, rank, scale, grads, kExecute);
+         });
+}
 
 }  // namespace shardwise::sharding
