@@ -1,12 +1,18 @@
 """The fused sharding copies (csrc/sharding/) beside the torch code they replace, on the
 parameter list of the bundled GPT, in GB/s (bytes read + written per second), same run.
 
-  all-gather copy-in   fp32 pieces -> bf16 shard   torch: torch.cat of the padded pieces, .to(bf16)
-  all-gather copy-out  bf16 gathered -> params     torch: split_with_sizes_copy (FSDP2's copy-out)
-  reduce-scatter in    bf16 grads -> fp32 buffer   torch: torch._chunk_cat (FSDP2's copy-in), *scale
-  reduce-scatter out   fp32 shard -> grads +=      torch: torch._foreach_add_ with alpha=scale
+  all-gather copy-in   fp32 pieces -> bf16 shard   torch (FSDP2): per-piece .to(bf16), then
+                                                   _foreach_copy_ into a fresh buffer
+  all-gather copy-out  bf16 gathered -> params     torch (FSDP2): split_with_sizes_copy
+  reduce-scatter in    bf16 grads -> fp32 buffer   torch (FSDP2): _chunk_cat into a fresh buffer
+                                                   (it pads and widens; FSDP2 then reduces with
+                                                   AVG, so no scale pass; ours pre-divides)
+  reduce-scatter out   fp32 shard -> grads +=      torch: _foreach_add_ with alpha=scale
 
-Each result is checked against the torch reference before it is timed.
+The torch columns run the calls FSDP2 makes (torch/distributed/fsdp/_fully_shard/
+_fsdp_collectives.py), whose layout pads to a multiple of the world size instead of 16
+elements; each shardwise result is first checked bit for bit against a torch reference of our
+own layout (pad + cat + .to()).
 
 Run: python benchmarks/bench_shard_copies.py --output benchmarks/results/DATE-shard-copies-cpu.md
 """
@@ -52,9 +58,15 @@ def cases(numels, world, rank):
     shard_grads = [torch.zeros(p.numel()) for p in pieces]
     scale = 0.5
 
-    def ag_in_torch():
+    def ag_in_reference():
         padded = [F.pad(p, (0, c - p.numel())) for p, c in zip(pieces, chunks, strict=True)]
         return torch.cat(padded).to(torch.bfloat16)
+
+    def ag_in_torch():
+        inputs = [p.to(torch.bfloat16) for p in pieces]
+        out = torch.empty(sum(p.numel() for p in pieces), dtype=torch.bfloat16)
+        torch._foreach_copy_(list(torch.split(out, [p.numel() for p in pieces])), inputs)
+        return out
 
     def ag_in_ours():
         return ops.all_gather_copy_in(pieces, numels, world, rank, torch.bfloat16)
@@ -70,13 +82,20 @@ def cases(numels, world, rank):
         ops.all_gather_copy_out_(gathered, numels, world, outs_ours)
         return outs_ours
 
-    def rs_in_torch():
+    def rs_in_reference():
         padded = [
             F.pad(g, (0, c * world - g.numel())) for g, c in zip(grads16, chunks, strict=True)
         ]
         out = torch.empty(world, shard_n, dtype=torch.float32)
         torch._chunk_cat(padded, dim=0, num_chunks=world, out=out)
         return out.view(-1).mul_(scale)
+
+    fsdp2_row = sum(-(-g.numel() // world) for g in grads16)
+
+    def rs_in_torch():
+        out = torch.empty(world, fsdp2_row, dtype=torch.float32)
+        torch._chunk_cat(grads16, dim=0, num_chunks=world, out=out)
+        return out
 
     def rs_in_ours():
         return ops.reduce_scatter_copy_in(grads16, numels, world, torch.float32, scale)
@@ -97,7 +116,7 @@ def cases(numels, world, rank):
         ("all-gather copy-out", ag_out_torch, ag_out_ours, total * 2 * 2),
         ("reduce-scatter copy-in", rs_in_torch, rs_in_ours, total * 2 + shard_n * world * 4),
         ("reduce-scatter copy-out", rs_out_torch, rs_out_ours, valid_total * 4 * 3),
-    ], (ag_in_torch, ag_in_ours, rs_in_torch, rs_in_ours, ag_out_torch, ag_out_ours, numels)
+    ], (ag_in_reference, ag_in_ours, rs_in_reference, rs_in_ours, ag_out_torch, ag_out_ours, numels)
 
 
 def check(refs) -> None:
