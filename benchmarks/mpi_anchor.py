@@ -7,10 +7,13 @@ Run by bench_collectives.py as: mpirun -np N python benchmarks/mpi_anchor.py OP 
 import functools
 import json
 import sys
-import time
+from pathlib import Path
 
 import numpy as np
 from mpi4py import MPI
+
+sys.path.insert(0, str(Path(__file__).parent))
+from bench_collectives import iterations, median_batch_time  # noqa: E402
 
 
 def main() -> None:
@@ -35,16 +38,12 @@ def main() -> None:
             call = functools.partial(comm.Reduce_scatter_block, data, out, op=MPI.SUM)
             block = count // world
             want = total[rank * block : (rank + 1) * block]
-        timed = max(3, min(200, (256 << 20) // max(nbytes, 1)))
+        warmup, per_batch = iterations(nbytes)
         call()
         wrong = int((out != want).sum())
-        for _ in range(max(1, timed // 10)):
+        for _ in range(warmup):
             call()
-        comm.Barrier()
-        start = time.perf_counter()
-        for _ in range(timed):
-            call()
-        elapsed = comm.allreduce((time.perf_counter() - start) / timed, op=MPI.MAX)
+        elapsed = comm.allreduce(median_batch_time(call, comm.Barrier, per_batch), op=MPI.MAX)
         wrong = comm.allreduce(wrong, op=MPI.SUM)
         if rank == 0:
             size = count * 4 * (world if op == "all_gather" else 1)

@@ -15,6 +15,7 @@ set(SHARDWISE_CORE_SOURCES
   csrc/collectives/tcp_transport.cc
   csrc/collectives/transport.cc
   csrc/common/cpu_features.cc
+  csrc/common/stream_copy.cc
   csrc/precision/cast_cpu.cc
   csrc/precision/cast_cpu_avx512.cc
   csrc/sharding/copy_runs_cpu.cc

@@ -41,16 +41,19 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "_create_backend",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-         std::chrono::milliseconds timeout,
-         size_t ring_bytes) -> c10::intrusive_ptr<c10d::Backend> {
+         std::chrono::milliseconds timeout, size_t ring_bytes, int64_t spin_us,
+         size_t single_copy_bytes) -> c10::intrusive_ptr<c10d::Backend> {
         shardwise::backend::ShardwiseOptions options;
         options.timeout = timeout;
         if (ring_bytes > 0) options.ring_bytes = ring_bytes;
+        options.spin = std::chrono::microseconds(spin_us);
+        options.single_copy_bytes = single_copy_bytes;
         return c10::make_intrusive<shardwise::backend::ShardwiseBackend>(store, rank, size,
                                                                          options);
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
-      py::arg("ring_bytes") = 0, py::call_guard<py::gil_scoped_release>(),
+      py::arg("ring_bytes") = 0, py::arg("spin_us") = -1, py::arg("single_copy_bytes") = 0,
+      py::call_guard<py::gil_scoped_release>(),
       "Creates the shardwise c10d backend (used by torch.distributed's backend registry).");
 
   shardwise::fsdp::bind_fsdp(m);

@@ -16,6 +16,7 @@
 #include "collectives/inprocess_transport.h"
 #include "collectives/shm_transport.h"
 #include "collectives/tcp_transport.h"
+#include "common/spin_wait.h"
 
 namespace shardwise::backend {
 namespace {
@@ -98,8 +99,8 @@ std::unique_ptr<collectives::Transport> connect_tcp(const c10::intrusive_ptr<c10
 std::unique_ptr<collectives::Transport> connect_shm(const c10::intrusive_ptr<c10d::Store>& store,
                                                     int rank,
                                                     int size,
+                                                    const ShardwiseOptions& shardwise,
                                                     size_t ring_bytes,
-                                                    std::chrono::milliseconds timeout,
                                                     const std::string& purpose) {
   const std::string key = "shardwise/shm/" + purpose;
   std::string name;
@@ -114,7 +115,9 @@ std::unique_ptr<collectives::Transport> connect_shm(const c10::intrusive_ptr<c10
   options.rank = rank;
   options.size = size;
   options.ring_bytes = ring_bytes;
-  options.connect_timeout = timeout;
+  options.connect_timeout = shardwise.timeout;
+  options.spin = shardwise.spin;
+  options.single_copy_bytes = shardwise.single_copy_bytes;
   return std::make_unique<collectives::ShmTransport>(options);
 }
 
@@ -123,18 +126,18 @@ std::unique_ptr<collectives::Transport> connect_shm(const c10::intrusive_ptr<c10
 std::unique_ptr<collectives::Transport> connect(const c10::intrusive_ptr<c10d::Store>& store,
                                                 const std::vector<int>& host_of,
                                                 int rank,
+                                                const ShardwiseOptions& shardwise,
                                                 size_t ring_bytes,
-                                                std::chrono::milliseconds timeout,
                                                 const std::string& purpose) {
   using collectives::HybridTransport;
   const int size = static_cast<int>(host_of.size());
   const int local_size = HybridTransport::local_size_of(host_of, rank);
-  if (local_size == size) return connect_shm(store, rank, size, ring_bytes, timeout, purpose);
-  auto remote = connect_tcp(store, rank, size, timeout, purpose);
+  if (local_size == size) return connect_shm(store, rank, size, shardwise, ring_bytes, purpose);
+  auto remote = connect_tcp(store, rank, size, shardwise.timeout, purpose);
   if (local_size == 1) return remote;
   const int host = host_of[rank];
   auto local = connect_shm(store, HybridTransport::local_rank_of(host_of, rank), local_size,
-                           ring_bytes, timeout, purpose + "/host" + std::to_string(host));
+                           shardwise, ring_bytes, purpose + "/host" + std::to_string(host));
   return std::make_unique<HybridTransport>(collectives::HybridTransportOptions{rank, host_of},
                                            std::move(local), std::move(remote));
 }
@@ -149,13 +152,14 @@ ShardwiseBackend::ShardwiseBackend(const c10::intrusive_ptr<c10d::Store>& store,
       options_(options),
       store_(store),
       sends_to_(size, 0),
-      receives_from_(size, 0) {
+      receives_from_(size, 0),
+      // A lane's thread and a caller that waits on it poll only when every rank's two threads can
+      // have a core each: else the poller takes the core the other needs.
+      spin_(options.spin.count() >= 0 ? options.spin : shardwise::default_spin(2 * size)) {
   if (size > 1) {
     const std::vector<int> host_of = transport_hosts(store, rank, size);
-    transport_ =
-        connect(store, host_of, rank, options_.ring_bytes, options_.timeout, "collectives");
-    p2p_transport_ =
-        connect(store, host_of, rank, options_.p2p_ring_bytes, options_.timeout, "p2p");
+    transport_ = connect(store, host_of, rank, options_, options_.ring_bytes, "collectives");
+    p2p_transport_ = connect(store, host_of, rank, options_, options_.p2p_ring_bytes, "p2p");
   } else {  // a group of one: every collective is local
     auto hub = std::make_shared<collectives::InProcessHub>(1);
     transport_ = std::make_unique<collectives::InProcessTransport>(hub, 0);
@@ -193,36 +197,40 @@ ShardwiseBackend::Work ShardwiseBackend::enqueue(Lane& lane,
                                                  std::chrono::milliseconds timeout,
                                                  Body body,
                                                  bool allow_inline) {
-  auto work = c10::make_intrusive<ShardwiseWork>(rank_, type, sequence, std::move(outputs));
+  auto work = c10::make_intrusive<ShardwiseWork>(rank_, type, sequence, std::move(outputs), spin_);
   Job job{work, collectives::make_tag(kind, sequence), timeout_or_default(timeout),
           std::move(body)};
   {
     std::lock_guard<std::mutex> lock(lane.mutex);
     if (!allow_inline || !lane.jobs.empty() || lane.busy) {  // keep issue order: queue it
       lane.jobs.push_back(std::move(job));
-      lane.ready.notify_one();
+      changed(lane);
       return work;
     }
     lane.busy = true;
   }
   run_job(lane, job);
-  {
-    std::lock_guard<std::mutex> lock(lane.mutex);
-    lane.busy = false;
-  }
-  lane.ready.notify_one();
+  std::lock_guard<std::mutex> lock(lane.mutex);
+  lane.busy = false;
+  if (!lane.jobs.empty()) changed(lane);  // queued behind this one: the lane may take them now
   return work;
+}
+
+void ShardwiseBackend::changed(Lane& lane) {
+  lane.changes.fetch_add(1, std::memory_order_release);
+  if (lane.sleeping) lane.ready.notify_one();
 }
 
 ShardwiseBackend::Work ShardwiseBackend::collective(c10d::OpType type,
                                                     collectives::Kind kind,
                                                     Tensors outputs,
                                                     std::chrono::milliseconds timeout,
+                                                    bool async_op,
                                                     Body body) {
   size_t bytes = 0;
   for (const auto& t : outputs) bytes += t.numel() * t.element_size();
   return enqueue(collective_lane_, type, kind, sequence_++, std::move(outputs), timeout,
-                 std::move(body), bytes <= options_.inline_bytes);
+                 std::move(body), !async_op || bytes <= options_.inline_bytes);
 }
 
 ShardwiseBackend::Work ShardwiseBackend::nccl(c10d::OpType type,
@@ -237,12 +245,25 @@ ShardwiseBackend::Work ShardwiseBackend::nccl(c10d::OpType type,
   return work;
 }
 
+// The lane's thread: takes jobs in order. Between jobs it polls for spin_ (a job often follows
+// soon, and a futex wake-up costs more than a small collective), then blocks on `ready`.
 void ShardwiseBackend::run_lane(Lane& lane) {
+  auto runnable = [&] { return stopping_ || (!lane.jobs.empty() && !lane.busy); };
   for (;;) {
     Job job;
     {
       std::unique_lock<std::mutex> lock(lane.mutex);
-      lane.ready.wait(lock, [&] { return stopping_ || (!lane.jobs.empty() && !lane.busy); });
+      if (!runnable()) {
+        const uint64_t seen = lane.changes.load(std::memory_order_acquire);
+        lock.unlock();
+        spin_until(
+            [&] { return stopping_ || lane.changes.load(std::memory_order_acquire) != seen; },
+            spin_);
+        lock.lock();
+      }
+      lane.sleeping = true;
+      lane.ready.wait(lock, runnable);
+      lane.sleeping = false;
       if (lane.jobs.empty()) return;  // stopping, nothing left
       if (lane.busy) continue;        // stopping, but an inline job still runs: wait for it
       job = std::move(lane.jobs.front());
@@ -265,8 +286,6 @@ void ShardwiseBackend::run_job(Lane& lane, Job& job) {
     job.work->finish(earlier);
     return;
   }
-  const std::string what =
-      std::string(collectives::kind_name(job.tag.kind)) + " #" + std::to_string(job.tag.sequence);
   try {
     collectives::CollectiveOptions options;
     options.tag = job.tag;
@@ -276,6 +295,8 @@ void ShardwiseBackend::run_job(Lane& lane, Job& job) {
     job.body(*lane.transport, options);
     job.work->finish(nullptr);
   } catch (const std::exception& e) {
+    const std::string what =
+        std::string(collectives::kind_name(job.tag.kind)) + " #" + std::to_string(job.tag.sequence);
     const std::string message =
         "shardwise backend: rank " + std::to_string(rank_) + ": " + what + " failed: " + e.what();
     if (lane.transport != nullptr) lane.transport->abort(message);

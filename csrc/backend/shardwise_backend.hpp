@@ -36,6 +36,12 @@ struct ShardwiseOptions {
   size_t ring_bytes = size_t{1} << 20;      // per ordered pair, collectives (L2-sized wins)
   size_t p2p_ring_bytes = size_t{1} << 20;  // per ordered pair, send/recv
   size_t max_segment_bytes = size_t{1} << 20;
+  // How long a rank waiting on shared memory polls before it sleeps (negative: the transport's
+  // default, which polls only when this host's ranks do not outnumber its cores).
+  std::chrono::microseconds spin{-1};
+  // Shared-memory messages of at least this many bytes are read straight from the sender's
+  // memory (see ShmTransportOptions::single_copy_bytes); 0: never.
+  size_t single_copy_bytes = 0;
   size_t small_message_bytes = size_t{16} << 10;
   // Collectives whose outputs total at most this many bytes run in the caller's thread when
   // nothing is queued before them: two thread hand-offs cost more than such a message moves.
@@ -105,7 +111,9 @@ class ShardwiseBackend : public c10d::Backend {
     std::mutex mutex;
     std::condition_variable ready;
     std::deque<Job> jobs;
-    bool busy = false;  // a job is running (on the lane's thread or inline in a caller's)
+    bool busy = false;      // a job is running (on the lane's thread or inline in a caller's)
+    bool sleeping = false;  // the lane's thread blocks on `ready` (else it polls `changes`)
+    std::atomic<uint64_t> changes{0};  // bumped when a job is queued or an inline job ends
     std::thread thread;
   };
 
@@ -117,12 +125,25 @@ class ShardwiseBackend : public c10d::Backend {
                std::chrono::milliseconds timeout,
                Body body,
                bool allow_inline = false);
+  // A collective in issue order. It runs in the caller's thread when nothing is queued before it
+  // and either the caller waits at once (async_op=False: torch sets opts.asyncOp) or its outputs
+  // are at most options_.inline_bytes; else on the lane's thread.
+  template <typename Options>
+  Work collective(c10d::OpType type,
+                  collectives::Kind kind,
+                  Tensors outputs,
+                  const Options& opts,
+                  Body body) {
+    return collective(type, kind, std::move(outputs), opts.timeout, opts.asyncOp, std::move(body));
+  }
   Work collective(c10d::OpType type,
                   collectives::Kind kind,
                   Tensors outputs,
                   std::chrono::milliseconds timeout,
+                  bool async_op,
                   Body body);
   void run_lane(Lane& lane);
+  static void changed(Lane& lane);  // with lane.mutex held
   void run_job(Lane& lane, Job& job);
   std::chrono::milliseconds timeout_or_default(std::chrono::milliseconds timeout) const;
   // CUDA tensors: runs body on the NCCL communicator (created on first use, collectively) in
@@ -144,6 +165,7 @@ class ShardwiseBackend : public c10d::Backend {
   std::mutex failure_mutex_;
   std::exception_ptr failure_;
   std::atomic<bool> stopping_{false};
+  std::chrono::microseconds spin_;  // how long idle lanes and waiters poll before they block
   Lane collective_lane_, send_lane_, recv_lane_;
 };
 

@@ -58,7 +58,7 @@ ShardwiseBackend::Work ShardwiseBackend::allreduce(Tensors& tensors,
   for (const auto& t : tensors) {
     types.emplace_back(datatype_of(t, "all_reduce"), reduce_op_of(opts.reduceOp, t, "all_reduce"));
   }
-  return collective(c10d::OpType::ALLREDUCE, Kind::kAllreduce, tensors, opts.timeout,
+  return collective(c10d::OpType::ALLREDUCE, Kind::kAllreduce, tensors, opts,
                     [tensors, types](Transport& t, const CollectiveOptions& base) mutable {
                       for (size_t i = 0; i < tensors.size(); ++i) {
                         with_contiguous(tensors[i], [&](at::Tensor& c) {
@@ -89,7 +89,7 @@ ShardwiseBackend::Work ShardwiseBackend::broadcast(Tensors& tensors,
       for (auto& t : tensors) comm.broadcast(t, root);
     });
   }
-  return collective(c10d::OpType::BROADCAST, Kind::kBroadcast, tensors, opts.timeout,
+  return collective(c10d::OpType::BROADCAST, Kind::kBroadcast, tensors, opts,
                     [tensors, root](Transport& t, const CollectiveOptions& base) mutable {
                       for (auto& tensor : tensors) {
                         with_contiguous(tensor, [&](at::Tensor& c) {
@@ -106,7 +106,7 @@ ShardwiseBackend::Work ShardwiseBackend::reduce(Tensors& tensors, const c10d::Re
   const auto op = reduce_op_of(opts.reduceOp, tensors[0], "reduce");
   const bool root = opts.rootRank == rank_;
   return collective(
-      c10d::OpType::REDUCE, Kind::kReduce, tensors, opts.timeout,
+      c10d::OpType::REDUCE, Kind::kReduce, tensors, opts,
       [tensors, dtype, op, root](Transport& t, const CollectiveOptions& base) mutable {
         at::Tensor work = tensors[0].contiguous().clone();
         collectives::allreduce(t, work.data_ptr(), work.numel(), with(base, dtype, op));
@@ -128,7 +128,7 @@ ShardwiseBackend::Work ShardwiseBackend::_allgather_base(at::Tensor& output,
     return nccl(c10d::OpType::_ALLGATHER_BASE, input, {output},
                 [&](NcclComm& comm) { comm.all_gather(output, input.contiguous()); });
   }
-  return collective(c10d::OpType::_ALLGATHER_BASE, Kind::kAllGather, {output}, opts.timeout,
+  return collective(c10d::OpType::_ALLGATHER_BASE, Kind::kAllGather, {output}, opts,
                     [output, input, dtype](Transport& t, const CollectiveOptions& base) mutable {
                       const at::Tensor in = input.contiguous();
                       with_contiguous(output, [&](at::Tensor& out) {
@@ -164,7 +164,7 @@ ShardwiseBackend::Work ShardwiseBackend::allgather(std::vector<Tensors>& outputs
   const at::Tensor input = inputs[0];
   Tensors list = outputs[0];
   return collective(
-      c10d::OpType::ALLGATHER, Kind::kAllGather, list, opts.timeout,
+      c10d::OpType::ALLGATHER, Kind::kAllGather, list, opts,
       [input, list, dtype, this](Transport& t, const CollectiveOptions& base) mutable {
         const at::Tensor in = input.contiguous();
         at::Tensor flat = at::empty({size_ * in.numel()}, in.options());
@@ -188,7 +188,7 @@ ShardwiseBackend::Work ShardwiseBackend::gather(std::vector<Tensors>& outputs,
   const at::Tensor input = inputs[0];
   Tensors list = root ? outputs[0] : Tensors{};
   return collective(
-      c10d::OpType::GATHER, Kind::kGather, list, opts.timeout,
+      c10d::OpType::GATHER, Kind::kGather, list, opts,
       [input, list, dtype, this](Transport& t, const CollectiveOptions& base) mutable {
         const at::Tensor in = input.contiguous();
         at::Tensor flat = at::empty({size_ * in.numel()}, in.options());
@@ -211,7 +211,7 @@ ShardwiseBackend::Work ShardwiseBackend::scatter(Tensors& outputs,
   at::Tensor output = outputs[0];
   Tensors list = root == rank_ ? inputs[0] : Tensors{};
   return collective(
-      c10d::OpType::SCATTER, Kind::kScatter, outputs, opts.timeout,
+      c10d::OpType::SCATTER, Kind::kScatter, outputs, opts,
       [output, list, root, this](Transport& t, const CollectiveOptions& base) mutable {
         // The root's inputs travel as one broadcast; each rank keeps its block.
         at::Tensor flat = list.empty() ? at::empty({size_ * output.numel()}, output.options())
@@ -240,7 +240,7 @@ ShardwiseBackend::Work ShardwiseBackend::_reduce_scatter_base(
                 [&](NcclComm& comm) { comm.reduce_scatter(output, input.contiguous(), op); });
   }
   return collective(
-      c10d::OpType::_REDUCE_SCATTER_BASE, Kind::kReduceScatter, {output}, opts.timeout,
+      c10d::OpType::_REDUCE_SCATTER_BASE, Kind::kReduceScatter, {output}, opts,
       [output, input, dtype, op](Transport& t, const CollectiveOptions& base) mutable {
         const at::Tensor in = input.contiguous();
         with_contiguous(output, [&](at::Tensor& out) {
@@ -312,7 +312,7 @@ ShardwiseBackend::Work ShardwiseBackend::alltoall_base(at::Tensor& output,
       comm.alltoall(output, input.contiguous(), send_offsets, send_bytes, recv_offsets, recv_bytes);
     });
   }
-  return collective(c10d::OpType::ALLTOALL_BASE, Kind::kAlltoall, {output}, opts.timeout,
+  return collective(c10d::OpType::ALLTOALL_BASE, Kind::kAlltoall, {output}, opts,
                     [=](Transport& t, const CollectiveOptions& base) mutable {
                       const at::Tensor in = input.contiguous();
                       with_contiguous(output, [&](at::Tensor& out) {
@@ -351,7 +351,7 @@ ShardwiseBackend::Work ShardwiseBackend::alltoall(Tensors& outputs,
 
 ShardwiseBackend::Work ShardwiseBackend::barrier(const c10d::BarrierOptions& opts) {
   return collective(
-      c10d::OpType::BARRIER, Kind::kBarrier, {}, opts.timeout,
+      c10d::OpType::BARRIER, Kind::kBarrier, {}, opts,
       [](Transport& t, const CollectiveOptions& base) { collectives::barrier(t, base); });
 }
 

@@ -2,18 +2,16 @@
 
 #include <c10/util/Exception.h>
 
+#include "common/spin_wait.h"
+
 namespace shardwise::backend {
 
 ShardwiseWork::ShardwiseWork(int rank,
                              c10d::OpType type,
                              uint64_t sequence,
-                             std::vector<at::Tensor> outputs)
-    : c10d::Work(rank, type),
-      sequence_(sequence),
-      outputs_(std::move(outputs)),
-      future_(
-          c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()))) {
-}
+                             std::vector<at::Tensor> outputs,
+                             std::chrono::microseconds spin)
+    : c10d::Work(rank, type), spin_(spin), sequence_(sequence), outputs_(std::move(outputs)) {}
 
 bool ShardwiseWork::isCompleted() {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -33,6 +31,8 @@ std::exception_ptr ShardwiseWork::exception() const {
 std::vector<at::Tensor> ShardwiseWork::result() { return outputs_; }
 
 bool ShardwiseWork::wait(std::chrono::milliseconds timeout) {
+  spin_until([this] { return done_flag_.load(std::memory_order_acquire); },
+             timeout == kNoTimeout ? spin_ : std::min<std::chrono::microseconds>(spin_, timeout));
   std::unique_lock<std::mutex> lock(mutex_);
   if (timeout == kNoTimeout) {
     done_.wait(lock, [this] { return completed_; });
@@ -44,20 +44,40 @@ bool ShardwiseWork::wait(std::chrono::milliseconds timeout) {
   return true;
 }
 
-c10::intrusive_ptr<c10::ivalue::Future> ShardwiseWork::getFuture() { return future_; }
+// The future is made on first request (most callers only wait()); one made after completion is
+// completed at once, one made before is completed by finish().
+c10::intrusive_ptr<c10::ivalue::Future> ShardwiseWork::getFuture() {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!future_) {
+    future_ =
+        c10::make_intrusive<c10::ivalue::Future>(c10::ListType::create(c10::TensorType::get()));
+    if (completed_) {
+      lock.unlock();
+      complete_future(future_);
+    }
+  }
+  return future_;
+}
+
+void ShardwiseWork::complete_future(const c10::intrusive_ptr<c10::ivalue::Future>& future) {
+  if (error_) {
+    future->setError(error_);
+  } else {
+    future->markCompleted(c10::IValue(outputs_));
+  }
+}
 
 void ShardwiseWork::finish(std::exception_ptr error) {
+  c10::intrusive_ptr<c10::ivalue::Future> future;
   {
     std::lock_guard<std::mutex> lock(mutex_);
     completed_ = true;
     error_ = error;
+    future = future_;
+    done_flag_.store(true, std::memory_order_release);
   }
   done_.notify_all();
-  if (error) {
-    future_->setError(error);
-  } else {
-    future_->markCompleted(c10::IValue(outputs_));
-  }
+  if (future) complete_future(future);
 }
 
 }  // namespace shardwise::backend

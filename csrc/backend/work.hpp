@@ -5,6 +5,8 @@
 
 #include <ATen/core/ivalue.h>
 
+#include <atomic>
+#include <chrono>
 #include <condition_variable>
 #include <exception>
 #include <mutex>
@@ -16,7 +18,12 @@ namespace shardwise::backend {
 
 class ShardwiseWork : public c10d::Work {
  public:
-  ShardwiseWork(int rank, c10d::OpType type, uint64_t sequence, std::vector<at::Tensor> outputs);
+  // `spin`: how long wait() polls for completion before it blocks.
+  ShardwiseWork(int rank,
+                c10d::OpType type,
+                uint64_t sequence,
+                std::vector<at::Tensor> outputs,
+                std::chrono::microseconds spin = {});
 
   bool isCompleted() override;
   bool isSuccess() const override;
@@ -30,9 +37,13 @@ class ShardwiseWork : public c10d::Work {
   void finish(std::exception_ptr error);
 
  private:
+  void complete_future(const c10::intrusive_ptr<c10::ivalue::Future>& future);
+
   mutable std::mutex mutex_;
   std::condition_variable done_;
   bool completed_ = false;
+  std::atomic<bool> done_flag_{false};  // completed_, readable without the mutex
+  std::chrono::microseconds spin_;
   std::exception_ptr error_;
   uint64_t sequence_;
   std::vector<at::Tensor> outputs_;

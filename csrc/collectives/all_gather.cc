@@ -1,9 +1,13 @@
 // Ring all-gather: rank r's input goes to block r of everyone's output. In segments of at most
 // max_segment_bytes, step s = 0 .. size-2: rank r sends block (r - s) to rank r + 1 and receives
 // block (r - s - 1) from rank r - 1 into place, so every block travels once around the ring.
+// Step 0 sends the segment of this rank's own block straight from `input`, right after copying it
+// into `output` (so it is read from memory once). Outputs of streaming_bytes or more are written
+// with streaming stores.
 #include <cstring>
 
 #include "collectives/collectives.h"
+#include "common/stream_copy.h"
 
 namespace shardwise::collectives {
 
@@ -16,16 +20,27 @@ void all_gather(Transport& transport,
   const int rank = transport.rank();
   const size_t bytes = count * element_size(options.dtype);
   char* out = static_cast<char*>(output);
-  if (out + rank * bytes != input && bytes > 0) std::memmove(out + rank * bytes, input, bytes);
+  const char* in = static_cast<const char*>(input);
+  const bool streaming = bytes * size >= options.streaming_bytes;
+  auto copy = [streaming](char* to, const char* from, size_t n) {
+    streaming ? stream_copy(to, from, n) : (void)std::memmove(to, from, n);
+  };
+  const bool aliased = out + rank * bytes == in;
   const size_t segment = std::max<size_t>(1, options.max_segment_bytes);
-  for (size_t first = 0; first < bytes && size > 1; first += segment) {
+  for (size_t first = 0; first < bytes; first += segment) {
     const size_t n = std::min(segment, bytes - first);
+    if (!aliased) copy(out + rank * bytes + first, in + first, n);
     for (int step = 0; step < size - 1; ++step) {
       const size_t send_block = detail::wrap(rank - step, size);
-      const size_t recv_block = detail::wrap(rank - step - 1, size);
-      transport.sendrecv(detail::wrap(rank + 1, size), {out + send_block * bytes + first, n},
-                         detail::wrap(rank - 1, size), {out + recv_block * bytes + first, n},
-                         options.tag, options.deadline);
+      char* target = out + detail::wrap(rank - step - 1, size) * bytes + first;
+      transport.sendrecv(
+          detail::wrap(rank + 1, size),
+          {step == 0 ? in + first : out + send_block * bytes + first, n},
+          detail::wrap(rank - 1, size), n,
+          [&](size_t offset, const void* piece, size_t piece_bytes) {
+            copy(target + offset, static_cast<const char*>(piece), piece_bytes);
+          },
+          options.tag, options.deadline);
     }
   }
 }

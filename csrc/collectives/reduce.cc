@@ -121,6 +121,22 @@ void reduce_into(void* destination, const void* source, size_t count, Datatype d
   throw std::logic_error("reduce_into: 16-bit floats are reduced in float32");
 }
 
+void reduce_from(
+    void* destination, const void* a, const void* b, size_t count, Datatype dtype, ReduceOp op) {
+  // In chunks that stay in L1: copy a, then reduce b into it while both are hot.
+  constexpr size_t kChunkBytes = 16 << 10;
+  const size_t element = element_size(dtype);
+  const size_t chunk = kChunkBytes / element;
+  char* out = static_cast<char*>(destination);
+  const char* left = static_cast<const char*>(a);
+  const char* right = static_cast<const char*>(b);
+  for (size_t first = 0; first < count; first += chunk) {
+    const size_t n = std::min(chunk, count - first);
+    if (out != left) std::memcpy(out + first * element, left + first * element, n * element);
+    reduce_into(out + first * element, right + first * element, n, dtype, op);
+  }
+}
+
 void finish_average(void* data, size_t count, Datatype dtype, int divisor) {
   if (dtype == Datatype::kFloat64) {
     double* values = static_cast<double*>(data);

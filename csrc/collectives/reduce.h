@@ -14,6 +14,10 @@ Datatype accumulation_type(Datatype dtype);
 // own accumulation type. MIN/MAX propagate NaN. AVG reduces as SUM (see finish_average).
 void reduce_into(void* destination, const void* source, size_t count, Datatype dtype, ReduceOp op);
 
+// destination[i] = a[i] op b[i]: reduce_into without first copying `a` into `destination`.
+void reduce_from(
+    void* destination, const void* a, const void* b, size_t count, Datatype dtype, ReduceOp op);
+
 // Divides `count` elements by `divisor` (float types only): the last step of AVG.
 void finish_average(void* data, size_t count, Datatype dtype, int divisor);
 

@@ -6,9 +6,10 @@
 // adds its own input of that block into `next`; `next` is what it sends at step s + 1. After
 // size - 1 steps the received block is r, summed over every rank: averaged (AVG) and narrowed
 // into `output`. Only two segment-sized buffers are needed, in the accumulation type (float32 for
-// 16-bit floats), whatever the input size.
+// 16-bit floats), whatever the input size. Types reduced as they are (no widening) skip them at
+// both ends: step 0 sends straight from `input`, and the last step sums into `output`.
 #include <cstring>
-#include <vector>
+#include <memory>
 
 #include "collectives/collectives.h"
 #include "collectives/reduce.h"
@@ -32,32 +33,53 @@ void reduce_scatter(Transport& transport,
   }
   const Datatype wide = accumulation_type(dtype);
   const size_t element = element_size(wide);
+  const bool widened = wide != dtype;
   const char* in = static_cast<const char*>(input);
   const size_t segment = std::max<size_t>(1, options.max_segment_bytes / element);
-  std::vector<char> partial(std::min(segment, count) * element);
-  std::vector<char> next(partial.size());
+  const size_t buffer_bytes = std::min(segment, count) * element;
+  std::unique_ptr<char[]> partial(new char[buffer_bytes]);  // left uninitialised: always written
+  std::unique_ptr<char[]> next(new char[buffer_bytes]);
   for (size_t first = 0; first < count; first += segment) {
     const size_t n = std::min(segment, count - first);
     auto block = [&](int b) { return in + (static_cast<size_t>(b) * count + first) * in_element; };
-    widen(block(detail::wrap(rank - 1, size)), partial.data(), n, dtype);
+    // What step 0 sends: this rank's block (r - 1), straight from `input` unless it needs widening.
+    const char* send = block(detail::wrap(rank - 1, size));
+    if (widened) {
+      widen(send, partial.get(), n, dtype);
+      send = partial.get();
+    }
+    char* out = static_cast<char*>(output) + first * in_element;
     for (int step = 0; step < size - 1; ++step) {
       const char* own = block(detail::wrap(rank - step - 2, size));
+      // The last step's sum is this rank's result: written straight into `output` when no
+      // narrowing follows.
+      const bool last = step == size - 2;
+      char* target_base = last && !widened ? out : next.get();
       transport.sendrecv(
-          detail::wrap(rank + 1, size), {partial.data(), n * element}, detail::wrap(rank - 1, size),
+          detail::wrap(rank + 1, size), {send, n * element}, detail::wrap(rank - 1, size),
           n * element,
           [&](size_t offset, const void* piece, size_t bytes) {
             const size_t k = bytes / element;
-            char* target = next.data() + offset;
-            widen(own + offset / element * in_element, target, k, dtype);
-            reduce_into(target, piece, k, wide, options.op);
+            char* target = target_base + offset;
+            if (widened) {
+              widen(own + offset / element * in_element, target, k, dtype);
+              reduce_into(target, piece, k, wide, options.op);
+            } else {
+              reduce_from(target, own + offset, piece, k, wide, options.op);
+            }
           },
           options.tag, options.deadline);
       partial.swap(next);
+      send = partial.get();
     }
-    // `partial` now holds this segment of block `rank`, reduced over every rank.
-    if (options.op == ReduceOp::kAvg) finish_average(partial.data(), n, wide, size);
-    char* out = static_cast<char*>(output) + first * in_element;
-    narrow(partial.data(), out, n, dtype);
+    // `send` now holds this segment of block `rank`, reduced over every rank (in `out` already
+    // when no narrowing was needed).
+    if (widened) {
+      if (options.op == ReduceOp::kAvg) finish_average(partial.get(), n, wide, size);
+      narrow(partial.get(), out, n, dtype);
+    } else if (options.op == ReduceOp::kAvg) {
+      finish_average(out, n, wide, size);
+    }
   }
 }
 

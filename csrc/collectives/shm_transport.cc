@@ -6,6 +6,7 @@
 #include <sys/mman.h>
 #include <sys/stat.h>
 #include <sys/syscall.h>
+#include <sys/uio.h>
 #include <unistd.h>
 
 #include <algorithm>
@@ -14,8 +15,10 @@
 #include <cstring>
 #include <fstream>
 #include <thread>
+#include <vector>
 
 #include "collectives/transport_errors.h"
+#include "common/spin_wait.h"
 
 namespace shardwise::collectives {
 namespace {
@@ -40,20 +43,47 @@ struct alignas(kLine) RankSlot {
   std::atomic<int32_t> pid;
   std::atomic<uint32_t> doorbell;
   std::atomic<uint32_t> sleepers;
+  std::atomic<int32_t> single_copy;     // 0 not probed yet, 1 reads every peer, 2 cannot
+  std::atomic<uint64_t> probe_address;  // where this rank's probe token lives
 };
 
 struct alignas(kLine) RingCounters {
   std::atomic<uint64_t> head;  // bytes written by the source
   char pad_head[kLine - sizeof(std::atomic<uint64_t>)];
-  std::atomic<uint64_t> tail;  // bytes read by the destination
-  char pad_tail[kLine - sizeof(std::atomic<uint64_t>)];
+  std::atomic<uint64_t> tail;    // bytes read by the destination
+  std::atomic<uint64_t> copied;  // single-copy messages the destination has finished reading
+  char pad_tail[kLine - 2 * sizeof(std::atomic<uint64_t>)];
 };
+
+enum class Mode : uint32_t { kInline = 0, kSingleCopy = 1 };
 
 struct alignas(kLine) MessageHeader {
   uint64_t sequence;
   uint64_t bytes;
   uint32_t kind;
+  Mode mode;
+  uint64_t address;  // kSingleCopy: where the payload lies in the sender's memory
 };
+
+constexpr size_t kBounceBytes = size_t{64} << 10;  // single-copy reads for a RecvConsumer
+
+uint64_t probe_token(int rank, int word) {
+  return kReady ^ (0x9e3779b97f4a7c15ull * static_cast<uint64_t>(rank + 1)) ^
+         static_cast<uint64_t>(word);
+}
+
+// Reads `bytes` at `address` of process `pid` into `into` (process_vm_readv); false on failure.
+bool read_remote(int32_t pid, uint64_t address, void* into, size_t bytes) {
+  size_t done = 0;
+  while (done < bytes) {
+    iovec local{static_cast<char*>(into) + done, bytes - done};
+    iovec remote{reinterpret_cast<void*>(address + done), bytes - done};
+    const ssize_t got = ::process_vm_readv(pid, &local, 1, &remote, 1, 0);
+    if (got <= 0) return false;
+    done += static_cast<size_t>(got);
+  }
+  return true;
+}
 
 std::string errno_text(const char* what, const std::string& name) {
   return std::string(what) + "(" + name + ") failed: " + std::strerror(errno);
@@ -97,7 +127,10 @@ ShmTransport::ShmTransport(const ShmTransportOptions& options)
     : rank_(options.rank),
       size_(options.size),
       ring_bytes_(options.ring_bytes),
+      spin_(options.spin.count() < 0 ? shardwise::default_spin(options.size) : options.spin),
+      single_copy_bytes_(options.single_copy_bytes),
       name_(options.name) {
+  for (int word = 0; word < 8; ++word) probe_[word] = probe_token(rank_, word);
   if (size_ < 1 || rank_ < 0 || rank_ >= size_) {
     throw std::invalid_argument("ShmTransport: rank " + std::to_string(rank_) + " is outside [0, " +
                                 std::to_string(size_) + ")");
@@ -111,6 +144,7 @@ ShmTransport::ShmTransport(const ShmTransportOptions& options)
   try {
     attach(options);
     wait_for_attach(deadline);
+    probe_single_copy(deadline);
   } catch (...) {
     if (rank_ == 0) ::shm_unlink(name_.c_str());
     if (base_ != nullptr) ::munmap(base_, mapped_bytes_);
@@ -184,6 +218,7 @@ void ShmTransport::attach(const ShmTransportOptions& options) {
     }
   }
   layout_->slots[rank_].pid.store(static_cast<int32_t>(::getpid()));
+  layout_->slots[rank_].probe_address.store(reinterpret_cast<uint64_t>(probe_));
   header.attached.fetch_add(1);
 }
 
@@ -202,6 +237,36 @@ void ShmTransport::wait_for_attach(Clock::time_point deadline) {
   }
 }
 
+// Whether every rank can read every peer's memory (process_vm_readv: same user, and no seccomp
+// filter or Yama ptrace scope forbidding it): each rank reads every peer's probe token and
+// publishes the verdict; single-copy messages are used only if all ranks succeeded.
+void ShmTransport::probe_single_copy(Clock::time_point deadline) {
+  bool readable = single_copy_bytes_ > 0;
+  for (int peer = 0; readable && peer < size_; ++peer) {
+    if (peer == rank_) continue;
+    uint64_t got[8] = {};
+    readable = read_remote(layout_->slots[peer].pid.load(),
+                           layout_->slots[peer].probe_address.load(), got, sizeof(got));
+    for (int word = 0; readable && word < 8; ++word) {
+      readable = got[word] == probe_token(peer, word);
+    }
+  }
+  layout_->slots[rank_].single_copy.store(readable ? 1 : 2);
+  bool all = true;
+  for (int peer = 0; peer < size_; ++peer) {
+    int32_t verdict;
+    while ((verdict = layout_->slots[peer].single_copy.load()) == 0) {
+      if (Clock::now() > deadline) {
+        throw TransportError("rank " + std::to_string(rank_) + ": rank " + std::to_string(peer) +
+                             " never finished set-up before the connect timeout");
+      }
+      std::this_thread::sleep_for(std::chrono::microseconds(100));
+    }
+    all = all && verdict == 1;
+  }
+  single_copy_ = all;
+}
+
 void ShmTransport::ring_doorbell(int rank) {
   RankSlot& slot = layout_->slots[rank];
   slot.doorbell.fetch_add(1);
@@ -210,14 +275,12 @@ void ShmTransport::ring_doorbell(int rank) {
   }
 }
 
-void ShmTransport::sleep_until_rung(uint32_t seen,
-                                    Clock::time_point deadline,
-                                    int peer_a,
-                                    int peer_b) {
+void ShmTransport::wait_until_rung(uint32_t seen, Clock::time_point deadline) {
   RankSlot& slot = layout_->slots[rank_];
-  for (int spin = 0; spin < 64; ++spin) {  // a short spin catches a peer that is nearly done
-    if (slot.doorbell.load() != seen) return;
-    std::this_thread::yield();
+  const auto budget = std::chrono::duration_cast<std::chrono::microseconds>(
+      std::min<Clock::duration>(spin_, std::max<Clock::duration>(deadline - Clock::now(), {})));
+  if (spin_until([&] { return slot.doorbell.load(std::memory_order_acquire) != seen; }, budget)) {
+    return;
   }
   const auto wait = std::min<Clock::duration>(kPollInterval, deadline - Clock::now());
   if (wait <= Clock::duration::zero()) return;
@@ -226,11 +289,9 @@ void ShmTransport::sleep_until_rung(uint32_t seen,
   slot.sleepers.fetch_add(1);
   ::syscall(SYS_futex, &slot.doorbell, FUTEX_WAIT, seen, &timeout, nullptr, 0);
   slot.sleepers.fetch_sub(1);
-  (void)peer_a;
-  (void)peer_b;
 }
 
-void ShmTransport::check_peers(int peer_a, int peer_b, Tag tag) {
+void ShmTransport::check_peers(int peer_a, int peer_b, Tag tag, bool liveness) {
   SegmentHeader& header = *layout_->header;
   const int failed = header.failed_rank.load();
   if (failed >= 0) {
@@ -238,6 +299,7 @@ void ShmTransport::check_peers(int peer_a, int peer_b, Tag tag) {
         "rank " + std::to_string(rank_) + ": group failed in " + tag_text(tag) + ": " +
         std::string(header.failure, strnlen(header.failure, sizeof(header.failure))));
   }
+  if (!liveness) return;
   for (int peer : {peer_a, peer_b}) {
     if (peer >= 0 && !process_alive(layout_->slots[peer].pid.load())) {
       throw TransportError("rank " + std::to_string(rank_) + ": peer rank " + std::to_string(peer) +
@@ -247,9 +309,11 @@ void ShmTransport::check_peers(int peer_a, int peer_b, Tag tag) {
   }
 }
 
-// One direction of a sendrecv in progress. A message is a stream of 64 + round_up(bytes, 64)
-// bytes: its header line, then the payload padded to whole lines. Counters only ever move by
-// whole lines, so every piece is line-aligned.
+// One direction of a sendrecv in progress. An inline message is a stream of 64 +
+// round_up(bytes, 64) bytes: its header line, then the payload padded to whole lines. Counters
+// only ever move by whole lines, so every piece is line-aligned. A single-copy message is its
+// header line alone, naming where the payload lies in the sender's memory: the receiver reads it
+// from there (process_vm_readv), then counts it in `copied`, and only then may the sender return.
 class ShmTransport::Progress {
  public:
   Progress(Layout& layout, int source, int destination)
@@ -257,12 +321,20 @@ class ShmTransport::Progress {
         ring_(layout.ring(source, destination)),
         ring_bytes_(layout.ring_bytes) {}
 
+  static size_t stream_bytes(Mode mode, size_t bytes) {
+    return kLine + (mode == Mode::kInline ? round_up(bytes, kLine) : 0);
+  }
+
   // Writes what fits of `header` + `payload`; returns whether anything moved.
-  bool push(const MessageHeader& header, const char* payload, size_t bytes) {
-    const size_t total = kLine + round_up(bytes, kLine);
+  bool push(const MessageHeader& header, const char* payload) {
+    const size_t bytes = header.bytes;
+    if (done_ == 0) {
+      total_ = stream_bytes(header.mode, bytes);
+      copied_target_ = counters_.copied.load(std::memory_order_relaxed) + 1;
+    }
     const uint64_t head = counters_.head.load(std::memory_order_relaxed);
     const uint64_t tail = counters_.tail.load(std::memory_order_acquire);
-    const size_t amount = std::min<size_t>(ring_bytes_ - (head - tail), total - done_);
+    const size_t amount = std::min<size_t>(ring_bytes_ - (head - tail), total_ - done_);
     if (amount == 0) return false;
     for (size_t moved = 0; moved < amount;) {  // line by line regions: header, payload, padding
       const size_t position = done_ + moved;
@@ -284,12 +356,23 @@ class ShmTransport::Progress {
     return true;
   }
 
+  // The send is over once its stream is written and, for a single-copy message, read.
+  bool sent(Mode mode) const {
+    return done_ == total_ && (mode == Mode::kInline ||
+                               counters_.copied.load(std::memory_order_acquire) >= copied_target_);
+  }
+
   // Consumes what has arrived; returns whether anything moved. Checks the header first.
-  bool pull(int rank, int peer, Tag tag, size_t bytes, const RecvConsumer& consume) {
-    const size_t total = kLine + round_up(bytes, kLine);
+  bool pull(ShmTransport& transport,
+            int peer,
+            Tag tag,
+            size_t bytes,
+            const RecvConsumer& consume,
+            char* into) {
+    if (done_ == 0) total_ = stream_bytes(Mode::kInline, bytes);  // until the header says else
     const uint64_t tail = counters_.tail.load(std::memory_order_relaxed);
     const uint64_t head = counters_.head.load(std::memory_order_acquire);
-    const size_t amount = std::min<size_t>(head - tail, total - done_);
+    const size_t amount = std::min<size_t>(head - tail, total_ - done_);
     if (amount == 0) return false;
     for (size_t moved = 0; moved < amount;) {
       const size_t position = done_ + moved;
@@ -297,10 +380,17 @@ class ShmTransport::Progress {
       const size_t room = std::min(amount - moved, ring_bytes_ - offset);
       size_t step;
       if (position < kLine) {  // the header is one line and lines never wrap
-        step = kLine;
         MessageHeader got;
         std::memcpy(&got, ring_ + offset, sizeof(got));
-        check_header(rank, peer, tag, bytes, Tag{got.sequence, got.kind}, got.bytes);
+        check_header(transport.rank_, peer, tag, bytes, Tag{got.sequence, got.kind}, got.bytes);
+        if (got.mode == Mode::kSingleCopy) {
+          transport.read_single_copy(peer, got.address, bytes, consume, into, tag);
+          total_ = done_ = kLine;
+          counters_.tail.store(tail + kLine, std::memory_order_release);
+          counters_.copied.fetch_add(1, std::memory_order_acq_rel);
+          return true;
+        }
+        step = kLine;
       } else {
         const size_t at = position - kLine;
         step = std::min(room, (at < bytes ? bytes : round_up(bytes, kLine)) - at);
@@ -313,14 +403,37 @@ class ShmTransport::Progress {
     return true;
   }
 
-  bool finished(size_t bytes) const { return done_ == kLine + round_up(bytes, kLine); }
+  bool received() const { return done_ == total_ && total_ != 0; }
 
  private:
   RingCounters& counters_;
   char* ring_;
   size_t ring_bytes_;
   size_t done_ = 0;
+  size_t total_ = 0;
+  uint64_t copied_target_ = 0;
 };
+
+void ShmTransport::read_single_copy(
+    int peer, uint64_t address, size_t bytes, const RecvConsumer& consume, char* into, Tag tag) {
+  const int32_t pid = layout_->slots[peer].pid.load();
+  auto fail = [&] {
+    throw TransportError("rank " + std::to_string(rank_) + ": reading " + std::to_string(bytes) +
+                         " bytes from rank " + std::to_string(peer) + " (pid " +
+                         std::to_string(pid) + ") in " + tag_text(tag) +
+                         " failed: " + std::strerror(errno));
+  };
+  if (into != nullptr) {
+    if (!read_remote(pid, address, into, bytes)) fail();
+    return;
+  }
+  thread_local std::vector<char> bounce(kBounceBytes);
+  for (size_t done = 0; done < bytes; done += kBounceBytes) {
+    const size_t n = std::min(kBounceBytes, bytes - done);
+    if (!read_remote(pid, address + done, bounce.data(), n)) fail();
+    consume(done, bounce.data(), n);
+  }
+}
 
 void ShmTransport::sendrecv(int send_peer,
                             ConstBuffer send,
@@ -329,39 +442,78 @@ void ShmTransport::sendrecv(int send_peer,
                             const RecvConsumer& consume,
                             Tag tag,
                             Clock::time_point deadline) {
+  exchange(send_peer, send, recv_peer, recv_bytes, consume, nullptr, tag, deadline);
+}
+
+void ShmTransport::sendrecv(int send_peer,
+                            ConstBuffer send,
+                            int recv_peer,
+                            Buffer recv,
+                            Tag tag,
+                            Clock::time_point deadline) {
+  char* out = static_cast<char*>(recv.data);
+  exchange(
+      send_peer, send, recv_peer, recv.bytes,
+      [out](size_t offset, const void* data, size_t bytes) {
+        std::memcpy(out + offset, data, bytes);
+      },
+      out, tag, deadline);
+}
+
+void ShmTransport::exchange(int send_peer,
+                            ConstBuffer send,
+                            int recv_peer,
+                            size_t recv_bytes,
+                            const RecvConsumer& consume,
+                            char* recv_into,
+                            Tag tag,
+                            Clock::time_point deadline) {
   for (int peer : {send_peer, recv_peer}) {
     if (peer == rank_ || peer >= size_) {
       throw std::invalid_argument("ShmTransport::sendrecv: peer " + std::to_string(peer) +
                                   " is not another rank of this group of " + std::to_string(size_));
     }
   }
-  const MessageHeader header{tag.sequence, send.bytes, tag.kind};
+  const Mode mode = single_copy_ && send.bytes > 0 && send.bytes >= single_copy_bytes_
+                        ? Mode::kSingleCopy
+                        : Mode::kInline;
+  const MessageHeader header{tag.sequence, send.bytes, tag.kind, mode,
+                             reinterpret_cast<uint64_t>(send.data)};
   Progress out = send_peer >= 0 ? Progress(*layout_, rank_, send_peer) : Progress(*layout_, 0, 0);
   Progress in = recv_peer >= 0 ? Progress(*layout_, recv_peer, rank_) : Progress(*layout_, 0, 0);
   bool sending = send_peer >= 0;
   bool receiving = recv_peer >= 0;
   const char* payload = static_cast<const char*>(send.data);
+  // The failure flag is read at every wait; whether the peers' processes still exist (a system
+  // call and a /proc read) once per kPollInterval of waiting.
+  Clock::time_point next_liveness_check = Clock::now() + kPollInterval;
   while (sending || receiving) {
     const uint32_t seen = layout_->slots[rank_].doorbell.load();
     bool moved = false;
-    if (sending && out.push(header, payload, send.bytes)) {
+    if (sending && out.push(header, payload)) {
       moved = true;
       ring_doorbell(send_peer);
-      sending = !out.finished(send.bytes);
     }
-    if (receiving && in.pull(rank_, recv_peer, tag, recv_bytes, consume)) {
+    if (sending && out.sent(mode)) {
+      sending = false;
+      moved = true;
+    }
+    if (receiving && in.pull(*this, recv_peer, tag, recv_bytes, consume, recv_into)) {
       moved = true;
       ring_doorbell(recv_peer);
-      receiving = !in.finished(recv_bytes);
+      receiving = !in.received();
     }
     if (moved || (!sending && !receiving)) continue;
-    check_peers(sending ? send_peer : -1, receiving ? recv_peer : -1, tag);
-    if (Clock::now() >= deadline) {
+    const Clock::time_point now = Clock::now();
+    const bool liveness = now >= next_liveness_check;
+    if (liveness) next_liveness_check = now + kPollInterval;
+    check_peers(sending ? send_peer : -1, receiving ? recv_peer : -1, tag, liveness);
+    if (now >= deadline) {
       const int peer = receiving ? recv_peer : send_peer;
       throw TransportError(timeout_message(rank_, peer, receiving ? recv_bytes : send.bytes, tag) +
-                           (receiving ? "" : " (its receive buffer stayed full)"));
+                           (receiving ? "" : " (it has not taken the message)"));
     }
-    sleep_until_rung(seen, deadline, send_peer, recv_peer);
+    wait_until_rung(seen, deadline);
   }
 }
 

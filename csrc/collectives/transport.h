@@ -95,13 +95,14 @@ class Transport {
   // blocked on this rank fail fast instead of waiting for their deadline.
   virtual void abort(const std::string& reason) = 0;
 
-  // Convenience: receive into a buffer.
-  void sendrecv(int send_peer,
-                ConstBuffer send,
-                int recv_peer,
-                Buffer recv,
-                Tag tag,
-                Clock::time_point deadline);
+  // Receives into a buffer. The default hands `consume` a copy into it; a transport that can
+  // place a message there directly (a single copy) overrides this.
+  virtual void sendrecv(int send_peer,
+                        ConstBuffer send,
+                        int recv_peer,
+                        Buffer recv,
+                        Tag tag,
+                        Clock::time_point deadline);
 };
 
 }  // namespace shardwise::collectives

@@ -22,14 +22,20 @@
 
 namespace shardwise::collectives::testing {
 
-// kHybrid splits the ranks between two pretend hosts (the lower half and the upper half): shared
-// memory inside each, TCP between them, as a group spanning two machines runs.
-enum class TransportKind { kInProcess, kShm, kTcp, kHybrid };
+// kShm copies every message through its ring; kShmSingleCopy reads messages of 64 bytes or more
+// straight from the sender's memory. kHybrid splits the ranks between two pretend hosts (the lower
+// half and the upper half): shared memory (single copy) inside each, TCP between them, as a group
+// spanning two machines runs.
+enum class TransportKind { kInProcess, kShm, kShmSingleCopy, kTcp, kHybrid };
+
+constexpr size_t kTestSingleCopyBytes = 64;
 
 inline const char* kind_label(TransportKind kind) {
   switch (kind) {
     case TransportKind::kShm:
       return "shm";
+    case TransportKind::kShmSingleCopy:
+      return "shm1copy";
     case TransportKind::kTcp:
       return "tcp";
     case TransportKind::kHybrid:
@@ -74,12 +80,14 @@ inline std::unique_ptr<Transport> make_tcp(int rank, int world, MemoryRendezvous
 inline std::unique_ptr<Transport> make_shm(const std::string& name,
                                            int rank,
                                            int world,
-                                           size_t ring_bytes) {
+                                           size_t ring_bytes,
+                                           size_t single_copy_bytes) {
   ShmTransportOptions options;
   options.name = name;
   options.rank = rank;
   options.size = world;
   options.ring_bytes = ring_bytes;
+  options.single_copy_bytes = single_copy_bytes;
   options.connect_timeout = std::chrono::seconds(20);
   return std::make_unique<ShmTransport>(options);
 }
@@ -102,15 +110,17 @@ inline std::vector<std::exception_ptr> run_ranks(TransportKind kind,
           transport = std::make_unique<InProcessTransport>(hub, rank);
         } else if (kind == TransportKind::kTcp) {
           transport = make_tcp(rank, world, rendezvous);
-        } else if (kind == TransportKind::kShm) {
-          transport = make_shm(name, rank, world, ring_bytes);
+        } else if (kind == TransportKind::kShm || kind == TransportKind::kShmSingleCopy) {
+          transport = make_shm(name, rank, world, ring_bytes,
+                               kind == TransportKind::kShm ? 0 : kTestSingleCopyBytes);
         } else {
           std::vector<int> host_of(world);
           for (int r = 0; r < world; ++r) host_of[r] = r < (world + 1) / 2 ? 0 : 1;
           const int host = host_of[rank];
           auto local = make_shm(name + "-host" + std::to_string(host),
                                 HybridTransport::local_rank_of(host_of, rank),
-                                HybridTransport::local_size_of(host_of, rank), ring_bytes);
+                                HybridTransport::local_size_of(host_of, rank), ring_bytes,
+                                kTestSingleCopyBytes);
           transport = std::make_unique<HybridTransport>(HybridTransportOptions{rank, host_of},
                                                         std::move(local),
                                                         make_tcp(rank, world, rendezvous));

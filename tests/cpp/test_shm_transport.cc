@@ -97,5 +97,49 @@ TEST(ShmTransport, APeerProcessThatDiesIsReportedQuickly) {
       << text;
 }
 
+// Two processes with single-copy messages on: the probe finds that they can read each other's
+// memory, and collectives whose messages go by process_vm_readv (larger than the ring, so the
+// ring would otherwise wrap many times) give exact results on both sides.
+TEST(ShmTransport, SingleCopyBetweenProcessesIsExact) {
+  const std::string name = testing::unique_shm_name();
+  const size_t count = 300000;  // 1.2 MB per rank against a 4 KiB ring
+  auto run = [&](int rank) {
+    auto options = options_for(name, rank, 2);
+    options.single_copy_bytes = 4096;
+    ShmTransport transport(options);
+    std::vector<float> data(count), gathered(2 * count);
+    for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>(i % 1000 + rank);
+    CollectiveOptions collective;
+    collective.deadline = Clock::now() + std::chrono::seconds(60);
+    all_gather(transport, data.data(), gathered.data(), count, collective);
+    allreduce(transport, data.data(), count, collective);
+    bool exact = true;
+    for (size_t i = 0; i < count; ++i) {
+      exact = exact && data[i] == static_cast<float>(2 * (i % 1000) + 1) &&
+              gathered[i] == static_cast<float>(i % 1000) &&
+              gathered[count + i] == static_cast<float>(i % 1000 + 1);
+    }
+    return std::make_pair(transport.single_copy(), exact);
+  };
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {
+    int status = 3;
+    try {
+      const auto [single_copy, exact] = run(1);
+      status = exact ? 0 : 1;
+    } catch (...) {
+      status = 2;
+    }
+    ::_exit(status);
+  }
+  const auto [single_copy, exact] = run(0);
+  int status = -1;
+  ::waitpid(child, &status, 0);
+  EXPECT_TRUE(exact);
+  EXPECT_TRUE(WIFEXITED(status) && WEXITSTATUS(status) == 0) << "rank 1's status: " << status;
+  if (!single_copy) GTEST_SKIP() << "process_vm_readv between processes is not permitted here";
+}
+
 }  // namespace
 }  // namespace shardwise::collectives

@@ -196,6 +196,47 @@ def check_async_work_future_and_noncontiguous(rank, world, gloo):
     assert time.monotonic() - start >= 0.25 or rank == 0
 
 
+def check_large_sync_async_and_single_copy(rank, world, gloo):
+    """Catches: large synchronous calls run in the caller's thread and asynchronous ones on the
+    worker giving different results (or out of issue order), streaming-store all-gathers (output
+    >= 16 MiB) writing wrong bytes, and single-copy messages (SHARDWISE_SINGLE_COPY_BYTES, read
+    straight from the sender's memory) corrupting or reordering data."""
+
+    def run(group):
+        numel = (5 << 20) // 4 + 3  # 5 MiB + 12 bytes: several ring slabs, above inline size
+        x = rank_input(rank, numel, torch.float32, "SUM")
+        expected = x.clone()
+        dist.all_reduce(expected, group=gloo)
+        sync, pending = x.clone(), x.clone()
+        work = dist.all_reduce(pending, group=group, async_op=True)
+        dist.all_reduce(sync, group=group)  # queued behind the asynchronous one
+        work.wait()
+        assert torch.equal(sync, expected) and torch.equal(pending, expected)
+        piece = rank_input(rank, (17 << 20) // 4 // world + 5, torch.float32, "SUM")
+        gathered = torch.empty(piece.numel() * world)
+        dist.all_gather_into_tensor(gathered, piece, group=group)
+        want = torch.empty_like(gathered)
+        dist.all_gather_into_tensor(want, piece, group=gloo)
+        assert torch.equal(gathered, want)
+        block = torch.empty(numel // world)
+        whole = rank_input(rank, block.numel() * world, torch.float32, "SUM")
+        dist.reduce_scatter_tensor(block, whole, group=group)
+        whole_sum = whole.clone()
+        dist.all_reduce(whole_sum, group=gloo)
+        assert torch.equal(block, whole_sum.view(world, -1)[rank])
+        b = x.clone() if rank == world - 1 else torch.zeros(numel)
+        dist.broadcast(b, src=world - 1, group=group)
+        assert torch.equal(b, rank_input(world - 1, numel, torch.float32, "SUM"))
+
+    run(dist.group.WORLD)
+    os.environ["SHARDWISE_SINGLE_COPY_BYTES"] = "4096"
+    try:
+        single_copy = dist.new_group(backend="shardwise")
+    finally:
+        del os.environ["SHARDWISE_SINGLE_COPY_BYTES"]
+    run(single_copy)
+
+
 def check_subgroups(rank, world, gloo):
     """Catches: subgroup rank translation and shared-memory names clashing between groups."""
     evens = dist.new_group([r for r in range(world) if r % 2 == 0], backend="shardwise")
