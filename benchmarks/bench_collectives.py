@@ -90,6 +90,10 @@ def run_torch_rank(backend: str, op: str, nbytes_list: list[int]) -> None:
     import torch.distributed as dist
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # torch's renamed collectives
+    # The non-deprecated names where this torch has them (2.14: all_gather_single,
+    # reduce_scatter_single); the deprecated ones warn on every call, which costs microseconds.
+    all_gather = getattr(dist, "all_gather_single", dist.all_gather_into_tensor)
+    reduce_scatter = getattr(dist, "reduce_scatter_single", dist.reduce_scatter_tensor)
 
     dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
@@ -101,10 +105,10 @@ def run_torch_rank(backend: str, op: str, nbytes_list: list[int]) -> None:
             call = functools.partial(dist.all_reduce, out)
         elif op == "all_gather":
             out = torch.empty(count * world)
-            call = functools.partial(dist.all_gather_into_tensor, out, data)
+            call = functools.partial(all_gather, out, data)
         else:
             out = torch.empty(count // world)
-            call = functools.partial(dist.reduce_scatter_tensor, out, data)
+            call = functools.partial(reduce_scatter, out, data)
         warmup, per_batch = iterations(nbytes)
         call()
         wrong = int((out != expected(op, rank, world, count)).sum())
@@ -171,6 +175,20 @@ def run_mpi(op: str, world: int, nbytes_list: list[int]) -> list[dict] | None:
     return [json.loads(line) for line in out.splitlines() if line.startswith("{")]
 
 
+def median_rows(runs: list[list[dict]]) -> list[dict]:
+    """Per size: the median time over rounds, and the most wrong elements any round had."""
+    import statistics
+
+    return [
+        {
+            "bytes": rows[0]["bytes"],
+            "time": statistics.median(r["time"] for r in rows),
+            "wrong": max(r["wrong"] for r in rows),
+        }
+        for rows in zip(*runs, strict=True)
+    ]
+
+
 def table(op: str, world: int, results: dict[str, list[dict]]) -> list[str]:
     names = list(results)
     head = ["bytes"] + [f"{n} {c}" for n in names for c in ("us", "busbw GB/s", "wrong")]
@@ -206,6 +224,13 @@ def main() -> int:
     parser.add_argument("--factor", type=int, default=4)
     parser.add_argument("--no-mpi", action="store_true", help="skip the OpenMPI anchor")
     parser.add_argument("--backends", default="shardwise,gloo", help="torch backends to run")
+    parser.add_argument(
+        "--rounds",
+        type=int,
+        default=1,
+        help="sweeps per backend, interleaved (shardwise, gloo, openmpi, shardwise, ...); each "
+        "size reports the median over rounds, so drift of a shared machine hits all alike",
+    )
     parser.add_argument("--output")
     args = parser.parse_args()
     cpu = next(
@@ -225,7 +250,8 @@ def main() -> int:
         "",
         f"- machine: {cpu}, {os.cpu_count()} cores; torch {torch.__version__}",
         f"- command: `python benchmarks/bench_collectives.py {' '.join(sys.argv[1:])}`",
-        "- float32; busbw per nccl-tests; time = max over ranks of the mean; `wrong` = "
+        "- float32; busbw per nccl-tests; time = max over ranks of the median of 5 timed "
+        "batches, then the median over --rounds interleaved sweeps; `wrong` = "
         "mismatching elements against the exact expected result",
         "",
     ]
@@ -233,20 +259,22 @@ def main() -> int:
     for world in [int(w) for w in args.world_sizes.split(",")]:
         for op in args.ops.split(","):
             nbytes = sizes(args)
-            results = {}
-            for backend in args.backends.split(","):
-                argv = [
-                    sys.executable,
-                    __file__,
-                    "--worker",
-                    backend,
-                    op,
-                    ",".join(map(str, nbytes)),
-                ]
-                results[backend] = launch(argv, world, {})
-            mpi = None if args.no_mpi else run_mpi(op, world, nbytes)
-            if mpi is not None:
-                results["openmpi"] = mpi
+            rounds: dict[str, list[list[dict]]] = {}
+            for _ in range(args.rounds):
+                for backend in args.backends.split(","):
+                    argv = [
+                        sys.executable,
+                        __file__,
+                        "--worker",
+                        backend,
+                        op,
+                        ",".join(map(str, nbytes)),
+                    ]
+                    rounds.setdefault(backend, []).append(launch(argv, world, {}))
+                mpi = None if args.no_mpi else run_mpi(op, world, nbytes)
+                if mpi is not None:
+                    rounds.setdefault("openmpi", []).append(mpi)
+            results = {name: median_rows(runs) for name, runs in rounds.items()}
             block = table(op, world, results)
             print("\n".join(block), flush=True)
             lines += block

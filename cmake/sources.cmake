@@ -28,6 +28,7 @@ set(SHARDWISE_CORE_TEST_SOURCES
   tests/cpp/test_cast_math.cc
   tests/cpp/test_cast_cpu.cc
   tests/cpp/test_sharding.cc
+  tests/cpp/test_stream_copy.cc
 )
 set(SHARDWISE_TORCH_SOURCES
   csrc/backend/functional_ops.cpp

@@ -7,9 +7,10 @@
 // budget polls once; callers pick zero when ranks outnumber cores.
 #pragma once
 
+#include <unistd.h>
+
 #include <chrono>
 #include <thread>
-#include <unistd.h>
 #if defined(__x86_64__) || defined(__i386__)
 #include <immintrin.h>
 #endif
