@@ -451,13 +451,8 @@ void ShmTransport::sendrecv(int send_peer,
                             Buffer recv,
                             Tag tag,
                             Clock::time_point deadline) {
-  char* out = static_cast<char*>(recv.data);
-  exchange(
-      send_peer, send, recv_peer, recv.bytes,
-      [out](size_t offset, const void* data, size_t bytes) {
-        std::memcpy(out + offset, data, bytes);
-      },
-      out, tag, deadline);
+  exchange(send_peer, send, recv_peer, recv.bytes, copy_into(recv.data),
+           static_cast<char*>(recv.data), tag, deadline);
 }
 
 void ShmTransport::exchange(int send_peer,

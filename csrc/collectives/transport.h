@@ -73,6 +73,9 @@ inline Tag make_tag(Kind kind, uint64_t sequence) {
 // up to 64 bytes, so a collective can reduce from them without a staging copy.
 using RecvConsumer = std::function<void(size_t offset, const void* data, size_t bytes)>;
 
+// The consumer that copies each piece to `destination` + its offset.
+RecvConsumer copy_into(void* destination);
+
 class Transport {
  public:
   virtual ~Transport() = default;
