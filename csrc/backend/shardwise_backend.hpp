@@ -36,8 +36,9 @@ struct ShardwiseOptions {
   size_t ring_bytes = size_t{1} << 20;      // per ordered pair, collectives (L2-sized wins)
   size_t p2p_ring_bytes = size_t{1} << 20;  // per ordered pair, send/recv
   size_t max_segment_bytes = size_t{1} << 20;
-  // How long a rank waiting on shared memory polls before it sleeps (negative: the transport's
-  // default, which polls only when this host's ranks do not outnumber its cores).
+  // How long a waiting thread polls before it blocks: a rank on shared memory, an idle lane and
+  // a caller in Work::wait(). Negative: the defaults (common/spin_wait.h), which poll only when
+  // the ranks (for lanes and callers: twice the ranks) do not outnumber the cores.
   std::chrono::microseconds spin{-1};
   // Shared-memory messages of at least this many bytes are read straight from the sender's
   // memory (see ShmTransportOptions::single_copy_bytes); 0: never.

@@ -31,12 +31,12 @@ std::exception_ptr ShardwiseWork::exception() const {
 std::vector<at::Tensor> ShardwiseWork::result() { return outputs_; }
 
 bool ShardwiseWork::wait(std::chrono::milliseconds timeout) {
-  spin_until([this] { return done_flag_.load(std::memory_order_acquire); },
+  spin_until([this] { return completed_.load(std::memory_order_acquire); },
              timeout == kNoTimeout ? spin_ : std::min<std::chrono::microseconds>(spin_, timeout));
   std::unique_lock<std::mutex> lock(mutex_);
   if (timeout == kNoTimeout) {
-    done_.wait(lock, [this] { return completed_; });
-  } else if (!done_.wait_for(lock, timeout, [this] { return completed_; })) {
+    done_.wait(lock, [this] { return completed_.load(); });
+  } else if (!done_.wait_for(lock, timeout, [this] { return completed_.load(); })) {
     TORCH_CHECK(false, "shardwise: rank ", rank_, ": operation #", sequence_,
                 " did not complete within ", timeout.count(), " ms of wait()");
   }
@@ -71,10 +71,9 @@ void ShardwiseWork::finish(std::exception_ptr error) {
   c10::intrusive_ptr<c10::ivalue::Future> future;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    completed_ = true;
     error_ = error;
     future = future_;
-    done_flag_.store(true, std::memory_order_release);
+    completed_.store(true, std::memory_order_release);
   }
   done_.notify_all();
   if (future) complete_future(future);

@@ -41,8 +41,7 @@ class ShardwiseWork : public c10d::Work {
 
   mutable std::mutex mutex_;
   std::condition_variable done_;
-  bool completed_ = false;
-  std::atomic<bool> done_flag_{false};  // completed_, readable without the mutex
+  std::atomic<bool> completed_{false};  // set under mutex_; wait() first polls it without it
   std::chrono::microseconds spin_;
   std::exception_ptr error_;
   uint64_t sequence_;

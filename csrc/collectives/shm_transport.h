@@ -12,9 +12,8 @@
 // freeing space; see common/spin_wait.h), then sleeps on it (a futex). Polling is what makes
 // small messages fast (a futex wake-up costs more than moving 64 KiB); sleeping is what lets more
 // ranks than cores share the machine, so the default spin is zero when this host's ranks
-// outnumber its cores. While waiting
-// it checks every few milliseconds the deadline, the group's failure flag and whether its peers'
-// processes still exist.
+// outnumber its cores. While waiting it checks the deadline and the group's failure flag, and
+// every few milliseconds whether its peers' processes still exist.
 //
 // Lifetime: rank 0 creates the segment (mode 0600, O_EXCL) under a caller-chosen unique name; the
 // others attach; once all have attached, rank 0 unlinks the name, so the memory disappears with
