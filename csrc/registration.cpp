@@ -29,9 +29,12 @@ TORCH_LIBRARY(shardwise, m) {
       "reduce_scatter_copy_in(Tensor?[] grads, int[] numels, int world_size, ScalarType dtype, "
       "float scale=1.0) -> Tensor");
   m.def(
+      "reduce_scatter_copy_in_(Tensor?[] grads, int[] numels, int world_size, float scale, "
+      "Tensor(a!) buffer) -> ()");
+  m.def(
       "reduce_scatter_copy_out(Tensor reduced, int[] numels, int world_size, int rank, "
       "ScalarType dtype, float scale=1.0) -> Tensor[]");
   m.def(
       "reduce_scatter_copy_out_(Tensor reduced, int[] numels, int world_size, int rank, "
-      "float scale, Tensor(a!)[] shard_grads) -> ()");
+      "float scale, Tensor(a!)[] shard_grads, bool accumulate=True) -> ()");
 }

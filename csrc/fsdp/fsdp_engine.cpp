@@ -138,8 +138,17 @@ void FsdpEngine::post_backward(int index) {
   if (post_backward_done_[index]) return;
   post_backward_done_[index] = true;
   FsdpUnit& u = *units_[index];
-  u.reduce_gradients(sync_);
-  if (u.reduce_pending()) reduce_queue_.push_back(index);
+  if (sync_) {
+    while (reduce_queue_.size() >= kReduceBuffers) {  // frees the buffer this reduction reuses
+      units_[reduce_queue_.front()]->finish_reduce();
+      reduce_queue_.pop_front();
+    }
+  }
+  u.reduce_gradients(sync_, &reduce_buffers_[reduces_issued_ % kReduceBuffers]);
+  if (u.reduce_pending()) {
+    reduce_queue_.push_back(index);
+    ++reduces_issued_;
+  }
   u.reshard();
   if (options_.backward_prefetch == BackwardPrefetch::kBackwardPost) {
     const int position = forward_position(index);

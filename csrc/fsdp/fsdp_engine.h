@@ -21,6 +21,8 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <array>
+#include <deque>
 #include <memory>
 #include <string>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -86,7 +88,12 @@ class FsdpEngine : public std::enable_shared_from_this<FsdpEngine> {
   std::vector<bool> pre_backward_done_;
   std::vector<bool> post_backward_done_;
   std::vector<int> grads_ready_;
-  std::vector<int> reduce_queue_;  // units with a reduction in flight, in issue order
+  std::deque<int> reduce_queue_;  // units with a reduction in flight, in issue order
+  // Reduce-scatter inputs, reused round-robin: at most kReduceBuffers reductions are in flight
+  // (the oldest is finished before another starts), so the buffers are never allocated twice.
+  static constexpr size_t kReduceBuffers = 2;
+  std::array<at::Tensor, kReduceBuffers> reduce_buffers_;
+  size_t reduces_issued_ = 0;
 };
 
 }  // namespace shardwise::fsdp

@@ -161,7 +161,7 @@ void FsdpUnit::restore_gradients() {
   }
 }
 
-void FsdpUnit::reduce_gradients(bool sync) {
+void FsdpUnit::reduce_gradients(bool sync, at::Tensor* scratch) {
   if (params_.empty()) return;
   std::vector<std::optional<at::Tensor>> grads(params_.size());
   bool any = false;
@@ -188,8 +188,8 @@ void FsdpUnit::reduce_gradients(bool sync) {
   if (!any) {  // every rank must still join the collective
     grads[0] = at::zeros({numels_[0]}, at::TensorOptions().dtype(param_dtype_).device(device_));
   }
-  reduce_input_ = shardwise::reduce_scatter_copy_in(grads, numels_, shard_size_, reduce_dtype_,
-                                                    1.0 / pre_divide_);
+  reduce_input_ = reduce_buffer(scratch);
+  shardwise::reduce_scatter_copy_in_(grads, numels_, shard_size_, 1.0 / pre_divide_, reduce_input_);
   for (auto& unsynced : unsynced_grads_) unsynced = at::Tensor();
   if (shard_size_ == 1) {
     reduce_output_ = reduce_input_;
@@ -218,15 +218,35 @@ void FsdpUnit::finish_reduce() {
   const at::Tensor reduced = reduce_output_.device() == grad_views_[0].device()
                                  ? reduce_output_
                                  : reduce_output_.to(grad_views_[0].device());
+  // Gradient shards without a gradient yet are overwritten, the others accumulated: one pass.
+  std::vector<at::Tensor> fresh, accumulated;
   for (size_t i = 0; i < params_.size(); ++i) {
-    if (!has_grad_[i]) grad_views_[i].zero_();
+    (has_grad_[i] ? accumulated : fresh).push_back(grad_views_[i]);
   }
-  shardwise::reduce_scatter_copy_out_(reduced, numels_, shard_size_, shard_rank_,
-                                      1.0 / post_divide_, grad_views_);
+  if (accumulated.empty() || fresh.empty()) {
+    shardwise::reduce_scatter_copy_out_(reduced, numels_, shard_size_, shard_rank_,
+                                        1.0 / post_divide_, grad_views_,
+                                        /*accumulate=*/fresh.empty());
+  } else {  // a mix (a parameter unused in an earlier accumulation step): rare, two passes
+    for (auto& grad : fresh) grad.zero_();
+    shardwise::reduce_scatter_copy_out_(reduced, numels_, shard_size_, shard_rank_,
+                                        1.0 / post_divide_, grad_views_, /*accumulate=*/true);
+  }
   for (size_t i = 0; i < params_.size(); ++i) has_grad_[i] = params_[i].requires_grad();
   reduce_input_ = reduce_output_ = at::Tensor();
   pending_reduce_ = false;
   if (!unsharded_) restore_gradients();
+}
+
+at::Tensor FsdpUnit::reduce_buffer(at::Tensor* scratch) const {
+  const int64_t numel = layout_.total_numel();
+  const at::TensorOptions options = at::TensorOptions().dtype(reduce_dtype_).device(device_);
+  if (scratch == nullptr) return at::empty({numel}, options);
+  const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(reduce_dtype_));
+  if (!scratch->defined() || scratch->numel() < bytes || scratch->device() != device_) {
+    *scratch = at::empty({bytes}, options.dtype(at::kByte));
+  }
+  return scratch->narrow(0, 0, bytes).view(reduce_dtype_);
 }
 
 std::vector<at::Tensor> FsdpUnit::grad_shard_views() const {

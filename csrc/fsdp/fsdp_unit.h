@@ -66,7 +66,10 @@ class FsdpUnit {
 
   // Post-backward: takes the full gradients out of `.grad`; with `sync`, starts their
   // reduce-scatter, else adds them to an unsharded accumulator kept for the next synced backward.
-  void reduce_gradients(bool sync);
+  // `scratch` (bytes, grown as needed; null: a fresh buffer) holds the reduce-scatter input until
+  // finish_reduce(): the engine rotates a few of them, so large buffers are not allocated (and
+  // page-faulted in) every step.
+  void reduce_gradients(bool sync, at::Tensor* scratch = nullptr);
   bool reduce_pending() const { return pending_reduce_; }
   void finish_reduce();  // waits for the reduction and accumulates into the gradient shards
 
@@ -87,6 +90,7 @@ class FsdpUnit {
   void stash_gradients();
   void restore_gradients();
   at::Tensor to_compute_device(const at::Tensor& tensor) const;
+  at::Tensor reduce_buffer(at::Tensor* scratch) const;
 
   UnitOptions options_;
   std::vector<at::Tensor> params_;

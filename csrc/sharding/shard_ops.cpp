@@ -162,6 +162,48 @@ std::vector<at::Tensor> all_gather_copy_out_impl(const at::Tensor& gathered,
   return params;
 }
 
+namespace {
+
+// The gradients' data pointers (nullptr for a missing gradient: its pieces are zero-filled),
+// checked against the layout; returns the first gradient, which sets dtype and device.
+at::Tensor gradient_sources(const char* op,
+                            const c10::List<std::optional<at::Tensor>>& grads,
+                            const FlatLayout& layout,
+                            std::vector<const void*>& sources,
+                            std::vector<at::Tensor>& keep) {
+  check_count(op, "grads", grads.size(), static_cast<size_t>(layout.num_params()));
+  at::Tensor first;
+  for (size_t i = 0; i < grads.size(); ++i) {
+    const std::optional<at::Tensor> grad = grads.get(i);
+    if (!grad.has_value() || !grad->defined()) {
+      sources.push_back(nullptr);
+      continue;
+    }
+    if (!first.defined()) first = *grad;
+    check_same(op, "grads[" + std::to_string(i) + "]", *grad, first,
+               layout.numel(static_cast<int64_t>(i)));
+    sources.push_back(data_of(*grad, keep));
+  }
+  TORCH_CHECK_VALUE(first.defined(), op, ": every gradient is None; pass at least one tensor");
+  return first;
+}
+
+void copy_gradients_in(const char* op,
+                       const at::Tensor& first,
+                       const FlatLayout& layout,
+                       const std::vector<const void*>& sources,
+                       double scale,
+                       const at::Tensor& buffer,
+                       const Executor& execute) {
+  CopyRunsOptions options{element_of(op, "grads", first.scalar_type()),
+                          element_of(op, "buffer", buffer.scalar_type()), scale};
+  execute(plan_reduce_scatter_copy_in(layout, sources, buffer.mutable_data_ptr(),
+                                      {element_bytes(options.src), element_bytes(options.dst)}),
+          options, buffer);
+}
+
+}  // namespace
+
 at::Tensor reduce_scatter_copy_in_impl(const c10::List<std::optional<at::Tensor>>& grads,
                                        at::IntArrayRef numels,
                                        int64_t world_size,
@@ -170,28 +212,33 @@ at::Tensor reduce_scatter_copy_in_impl(const c10::List<std::optional<at::Tensor>
                                        const Executor& execute) {
   const char* op = "shardwise.reduce_scatter_copy_in";
   const FlatLayout layout = make_layout(op, numels, world_size);
-  check_count(op, "grads", grads.size(), numels.size());
-  std::optional<at::Tensor> first;
-  std::vector<at::Tensor> keep;
   std::vector<const void*> sources;
-  for (size_t i = 0; i < grads.size(); ++i) {
-    const std::optional<at::Tensor> grad = grads.get(i);
-    if (!grad.has_value() || !grad->defined()) {
-      sources.push_back(nullptr);
-      continue;
-    }
-    if (!first) first = *grad;
-    check_same(op, "grads[" + std::to_string(i) + "]", *grad, *first, numels[i]);
-    sources.push_back(data_of(*grad, keep));
-  }
-  TORCH_CHECK_VALUE(first.has_value(), op, ": every gradient is None; pass at least one tensor");
-  at::Tensor buffer = at::empty({layout.total_numel()}, first->options().dtype(dtype));
-  CopyRunsOptions options{element_of(op, "grads", first->scalar_type()),
-                          element_of(op, "dtype", dtype), scale};
-  execute(plan_reduce_scatter_copy_in(layout, sources, buffer.mutable_data_ptr(),
-                                      {element_bytes(options.src), element_bytes(options.dst)}),
-          options, buffer);
+  std::vector<at::Tensor> keep;
+  const at::Tensor first = gradient_sources(op, grads, layout, sources, keep);
+  element_of(op, "dtype", dtype);
+  at::Tensor buffer = at::empty({layout.total_numel()}, first.options().dtype(dtype));
+  copy_gradients_in(op, first, layout, sources, scale, buffer, execute);
   return buffer;
+}
+
+void reduce_scatter_copy_in_into_impl(const c10::List<std::optional<at::Tensor>>& grads,
+                                      at::IntArrayRef numels,
+                                      int64_t world_size,
+                                      double scale,
+                                      const at::Tensor& buffer,
+                                      const Executor& execute) {
+  const char* op = "shardwise.reduce_scatter_copy_in_";
+  const FlatLayout layout = make_layout(op, numels, world_size);
+  std::vector<const void*> sources;
+  std::vector<at::Tensor> keep;
+  const at::Tensor first = gradient_sources(op, grads, layout, sources, keep);
+  TORCH_CHECK_VALUE(buffer.numel() == layout.total_numel(), op, ": buffer has ", buffer.numel(),
+                    " elements, expected ", layout.total_numel(),
+                    " (world_size * shard_numel; see sharding/flat_layout.h)");
+  TORCH_CHECK_VALUE(buffer.is_contiguous(), op, ": buffer must be contiguous");
+  TORCH_CHECK_VALUE(buffer.device() == first.device(), op, ": buffer is on ", buffer.device(),
+                    " but the gradients are on ", first.device());
+  copy_gradients_in(op, first, layout, sources, scale, buffer, execute);
 }
 
 void reduce_scatter_copy_out_acc_impl(const at::Tensor& reduced,
@@ -200,6 +247,7 @@ void reduce_scatter_copy_out_acc_impl(const at::Tensor& reduced,
                                       int64_t rank,
                                       double scale,
                                       at::TensorList shard_grads,
+                                      bool accumulate,
                                       const Executor& execute) {
   const char* op = "shardwise.reduce_scatter_copy_out";
   const FlatLayout layout = make_layout(op, numels, world_size);
@@ -221,7 +269,7 @@ void reduce_scatter_copy_out_acc_impl(const at::Tensor& reduced,
   if (shard_grads.empty()) return;
   CopyRunsOptions options{element_of(op, "reduced", reduced.scalar_type()),
                           element_of(op, "shard_grads", shard_grads[0].scalar_type()), scale,
-                          /*accumulate=*/true};
+                          accumulate};
   execute(plan_reduce_scatter_copy_out(layout, static_cast<int>(rank), source, outputs,
                                        {element_bytes(options.src), element_bytes(options.dst)}),
           options, reduced);
@@ -241,9 +289,10 @@ std::vector<at::Tensor> reduce_scatter_copy_out_impl(const at::Tensor& reduced,
   std::vector<at::Tensor> grads;
   for (int64_t i = 0; i < layout.num_params(); ++i) {
     grads.push_back(
-        at::zeros({layout.valid(i, static_cast<int>(rank))}, reduced.options().dtype(dtype)));
+        at::empty({layout.valid(i, static_cast<int>(rank))}, reduced.options().dtype(dtype)));
   }
-  reduce_scatter_copy_out_acc_impl(reduced, numels, world_size, rank, scale, grads, execute);
+  reduce_scatter_copy_out_acc_impl(reduced, numels, world_size, rank, scale, grads,
+                                   /*accumulate=*/false, execute);
   return grads;
 }
 
@@ -308,6 +357,20 @@ at::Tensor reduce_scatter_copy_in(const std::vector<std::optional<at::Tensor>>& 
   return op.call(list, numels, world_size, dtype, scale);
 }
 
+void reduce_scatter_copy_in_(const std::vector<std::optional<at::Tensor>>& grads,
+                             at::IntArrayRef numels,
+                             int64_t world_size,
+                             double scale,
+                             const at::Tensor& buffer) {
+  static auto op = c10::Dispatcher::singleton()
+                       .findSchemaOrThrow("shardwise::reduce_scatter_copy_in_", "")
+                       .typed<void(const c10::List<std::optional<at::Tensor>>&, at::IntArrayRef,
+                                   int64_t, double, const at::Tensor&)>();
+  c10::List<std::optional<at::Tensor>> list;
+  for (const auto& grad : grads) list.push_back(grad);
+  op.call(list, numels, world_size, scale, buffer);
+}
+
 std::vector<at::Tensor> reduce_scatter_copy_out(const at::Tensor& reduced,
                                                 at::IntArrayRef numels,
                                                 int64_t world_size,
@@ -326,12 +389,13 @@ void reduce_scatter_copy_out_(const at::Tensor& reduced,
                               int64_t world_size,
                               int64_t rank,
                               double scale,
-                              at::TensorList shard_grads) {
+                              at::TensorList shard_grads,
+                              bool accumulate) {
   static auto op = c10::Dispatcher::singleton()
                        .findSchemaOrThrow("shardwise::reduce_scatter_copy_out_", "")
                        .typed<void(const at::Tensor&, at::IntArrayRef, int64_t, int64_t, double,
-                                   at::TensorList)>();
-  op.call(reduced, numels, world_size, rank, scale, shard_grads);
+                                   at::TensorList, bool)>();
+  op.call(reduced, numels, world_size, rank, scale, shard_grads, accumulate);
 }
 
 }  // namespace shardwise

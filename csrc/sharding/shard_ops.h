@@ -49,6 +49,15 @@ at::Tensor reduce_scatter_copy_in(const std::vector<std::optional<at::Tensor>>& 
                                   at::ScalarType dtype,
                                   double scale);
 
+// In-place form into a caller-owned `buffer` (contiguous, world_size * shard_numel elements, on
+// the gradients' device; its dtype is the reduce dtype), so a reused buffer skips the allocation
+// and, on CPU, the first-touch page faults of a fresh one.
+void reduce_scatter_copy_in_(const std::vector<std::optional<at::Tensor>>& grads,
+                             at::IntArrayRef numels,
+                             int64_t world_size,
+                             double scale,
+                             const at::Tensor& buffer);
+
 // New sharded gradients (1-D, valid(i, rank) elements, `dtype`) = reduced piece * scale.
 std::vector<at::Tensor> reduce_scatter_copy_out(const at::Tensor& reduced,
                                                 at::IntArrayRef numels,
@@ -57,12 +66,14 @@ std::vector<at::Tensor> reduce_scatter_copy_out(const at::Tensor& reduced,
                                                 at::ScalarType dtype,
                                                 double scale);
 
-// Accumulating form: shard_grads[i] += reduced piece * scale, rounded once per element.
+// In-place form: shard_grads[i] += reduced piece * scale, rounded once per element, or with
+// accumulate = false, shard_grads[i] = reduced piece * scale (no zero-fill pass needed).
 void reduce_scatter_copy_out_(const at::Tensor& reduced,
                               at::IntArrayRef numels,
                               int64_t world_size,
                               int64_t rank,
                               double scale,
-                              at::TensorList shard_grads);
+                              at::TensorList shard_grads,
+                              bool accumulate = true);
 
 }  // namespace shardwise

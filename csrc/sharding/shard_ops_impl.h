@@ -42,6 +42,13 @@ at::Tensor reduce_scatter_copy_in_impl(const c10::List<std::optional<at::Tensor>
                                        double scale,
                                        const Executor& execute);
 
+void reduce_scatter_copy_in_into_impl(const c10::List<std::optional<at::Tensor>>& grads,
+                                      at::IntArrayRef numels,
+                                      int64_t world_size,
+                                      double scale,
+                                      const at::Tensor& buffer,
+                                      const Executor& execute);
+
 std::vector<at::Tensor> reduce_scatter_copy_out_impl(const at::Tensor& reduced,
                                                      at::IntArrayRef numels,
                                                      int64_t world_size,
@@ -56,6 +63,7 @@ void reduce_scatter_copy_out_acc_impl(const at::Tensor& reduced,
                                       int64_t rank,
                                       double scale,
                                       at::TensorList shard_grads,
+                                      bool accumulate,
                                       const Executor& execute);
 
 using ExecutorFn = void (*)(const std::vector<CopyRun>& runs,
@@ -83,6 +91,11 @@ void register_sharding_impls(torch::Library& m) {
             int64_t world, at::ScalarType dtype, double scale) {
            return reduce_scatter_copy_in_impl(grads, numels, world, dtype, scale, kExecute);
          });
+  m.impl("reduce_scatter_copy_in_",
+         [](const c10::List<std::optional<at::Tensor>>& grads, at::IntArrayRef numels,
+            int64_t world, double scale, const at::Tensor& buffer) {
+           reduce_scatter_copy_in_into_impl(grads, numels, world, scale, buffer, kExecute);
+         });
   m.impl("reduce_scatter_copy_out", [](const at::Tensor& reduced, at::IntArrayRef numels,
                                        int64_t world, int64_t rank, at::ScalarType dtype,
                                        double scale) {
@@ -90,8 +103,9 @@ void register_sharding_impls(torch::Library& m) {
   });
   m.impl("reduce_scatter_copy_out_",
          [](const at::Tensor& reduced, at::IntArrayRef numels, int64_t world, int64_t rank,
-            double scale, at::TensorList grads) {
-           reduce_scatter_copy_out_acc_impl(reduced, numels, world, rank, scale, grads, kExecute);
+            double scale, at::TensorList grads, bool accumulate) {
+           reduce_scatter_copy_out_acc_impl(reduced, numels, world, rank, scale, grads,
+                                            accumulate, kExecute);
          });
 }
 

@@ -82,18 +82,24 @@ def test_reduce_scatter_copy_in_and_out(numels, world, grad_dtype, reduce_dtype,
         ]
     )
     assert_bits(buffer, expected)
+    reused = torch.full_like(buffer, float("nan"))  # every element, padding too, is written
+    ops.reduce_scatter_copy_in_(grads_or_none, numels, world, scale, reused)
+    assert_bits(reused, expected)
     block = buffer.numel() // world
     for rank in range(world):
         reduced = buffer[rank * block : (rank + 1) * block]
         fresh = ops.reduce_scatter_copy_out(reduced, numels, world, rank, torch.float32, 2.0)
         accumulated = [torch.full_like(f, 0.5) for f in fresh]
         ops.reduce_scatter_copy_out_(reduced, numels, world, rank, 2.0, accumulated)
+        overwritten = [torch.full_like(f, float("nan")) for f in fresh]
+        ops.reduce_scatter_copy_out_(reduced, numels, world, rank, 2.0, overwritten, False)
         offset = 0
-        for n, f, a in zip(numels, fresh, accumulated, strict=True):
+        for n, f, a, w in zip(numels, fresh, accumulated, overwritten, strict=True):
             v = ops.valid(n, world, rank)
             ref = reduced[offset : offset + v].to(torch.float32) * 2.0
             assert_bits(f, ref)
             assert_bits(a, 0.5 + ref)
+            assert_bits(w, ref)
             offset += ops.chunk(n, world)
 
 
@@ -109,6 +115,8 @@ def test_bad_arguments_name_the_argument_and_the_fix():
         ops.reduce_scatter_copy_in([torch.ones(10, dtype=torch.int32)], [10], 2, torch.float32)
     with pytest.raises(ValueError, match="every gradient is None"):
         ops.reduce_scatter_copy_in([None], [10], 2, torch.float32)
+    with pytest.raises(ValueError, match="buffer has 31 elements, expected 32"):
+        ops.reduce_scatter_copy_in_([params[0]], [10], 2, 1.0, torch.empty(31))
     with pytest.raises(ValueError, match="world_size must be >= 1"):
         ops.all_gather_copy_out(torch.ones(32), [10], 0)
 
@@ -136,12 +144,20 @@ def test_opcheck_every_sharding_op():
             ([params[0], None, params[2]], numels, world, torch.float32, 0.5),
         ),
         (
+            torch.ops.shardwise.reduce_scatter_copy_in_.default,
+            ([params[0], None, params[2]], numels, world, 0.5, torch.empty(shard.numel() * world)),
+        ),
+        (
             torch.ops.shardwise.reduce_scatter_copy_out.default,
             (reduced, numels, world, rank, torch.float32, 2.0),
         ),
         (
             torch.ops.shardwise.reduce_scatter_copy_out_.default,
             (reduced, numels, world, rank, 2.0, grads),
+        ),
+        (
+            torch.ops.shardwise.reduce_scatter_copy_out_.default,
+            (reduced, numels, world, rank, 2.0, [torch.empty_like(g) for g in grads], False),
         ),
     ]
     for op, args in cases:

@@ -54,6 +54,11 @@ def reduce_scatter_copy_in(grads, numels, world_size: int, dtype, scale: float =
     )
 
 
+def reduce_scatter_copy_in_(grads, numels, world_size: int, scale: float, buffer) -> None:
+    """In-place form into a reused ``buffer`` (its dtype is the reduce dtype)."""
+    torch.ops.shardwise.reduce_scatter_copy_in_.default(grads, numels, world_size, scale, buffer)
+
+
 def reduce_scatter_copy_out(reduced, numels, world_size: int, rank: int, dtype, scale=1.0):
     """New sharded gradients from this rank's reduced block, scaled."""
     return torch.ops.shardwise.reduce_scatter_copy_out.default(
@@ -61,10 +66,13 @@ def reduce_scatter_copy_out(reduced, numels, world_size: int, rank: int, dtype, 
     )
 
 
-def reduce_scatter_copy_out_(reduced, numels, world_size: int, rank: int, scale, shard_grads):
-    """Accumulates this rank's reduced block, scaled, into ``shard_grads`` in place."""
+def reduce_scatter_copy_out_(
+    reduced, numels, world_size: int, rank: int, scale, shard_grads, accumulate: bool = True
+):
+    """Adds this rank's reduced block, scaled, to ``shard_grads`` in place (or, with
+    ``accumulate=False``, overwrites them)."""
     torch.ops.shardwise.reduce_scatter_copy_out_.default(
-        reduced, numels, world_size, rank, scale, shard_grads
+        reduced, numels, world_size, rank, scale, shard_grads, accumulate
     )
 
 
@@ -89,11 +97,18 @@ def _reduce_scatter_copy_in_fake(grads, numels, world_size, dtype, scale=1.0):
     return first.new_empty((shard_numel(numels, world_size) * world_size,), dtype=dtype)
 
 
+@torch.library.register_fake("shardwise::reduce_scatter_copy_in_")
+def _reduce_scatter_copy_in_inplace_fake(grads, numels, world_size, scale, buffer):
+    return None
+
+
 @torch.library.register_fake("shardwise::reduce_scatter_copy_out")
 def _reduce_scatter_copy_out_fake(reduced, numels, world_size, rank, dtype, scale=1.0):
     return [reduced.new_empty((valid(n, world_size, rank),), dtype=dtype) for n in numels]
 
 
 @torch.library.register_fake("shardwise::reduce_scatter_copy_out_")
-def _reduce_scatter_copy_out_inplace_fake(reduced, numels, world_size, rank, scale, shard_grads):
+def _reduce_scatter_copy_out_inplace_fake(
+    reduced, numels, world_size, rank, scale, shard_grads, accumulate=True
+):
     return None
