@@ -21,6 +21,7 @@ set(SHARDWISE_CORE_SOURCES
   csrc/sharding/copy_runs_cpu.cc
   csrc/sharding/flat_layout.cc
   csrc/sharding/shard_plans.cc
+  csrc/zero/loss_scaler.cc
 )
 set(SHARDWISE_CORE_TEST_SOURCES
   tests/cpp/test_collectives.cc
@@ -29,6 +30,7 @@ set(SHARDWISE_CORE_TEST_SOURCES
   tests/cpp/test_cast_cpu.cc
   tests/cpp/test_sharding.cc
   tests/cpp/test_stream_copy.cc
+  tests/cpp/test_loss_scaler.cc
 )
 set(SHARDWISE_TORCH_SOURCES
   csrc/backend/functional_ops.cpp
@@ -46,8 +48,12 @@ set(SHARDWISE_TORCH_SOURCES
   csrc/fsdp/fsdp_engine.cpp
   csrc/fsdp/storage.cpp
   csrc/fsdp/storage_stub.cpp
+  csrc/zero/zero_optimizer.cpp
+  csrc/zero/zero_step.cpp
+  csrc/zero/zero_state.cpp
 )
 set(SHARDWISE_TORCH_TEST_SOURCES
   tests/cpp/torch/test_cast_ops_libtorch.cc
   tests/cpp/torch/test_fsdp_libtorch.cc
+  tests/cpp/torch/test_zero_libtorch.cc
 )

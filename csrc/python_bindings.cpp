@@ -11,6 +11,7 @@
 #include "backend/shardwise_backend.hpp"
 #include "common/cpu_features.h"
 #include "fsdp/fsdp_python.h"
+#include "zero/zero_python.h"
 
 namespace py = pybind11;
 
@@ -57,4 +58,5 @@ PYBIND11_MODULE(_C, m) {
       "Creates the shardwise c10d backend (used by torch.distributed's backend registry).");
 
   shardwise::fsdp::bind_fsdp(m);
+  shardwise::zero::bind_zero(m);
 }

@@ -12,6 +12,7 @@ import traceback
 from pathlib import Path
 
 import fsdp_checks
+import zero_checks
 import shardwise  # noqa: F401  (registers the backend)
 import torch
 import torch.distributed as dist
@@ -390,6 +391,7 @@ SCENARIOS = {
     "faults": [fault_mismatch, fault_timeout, fault_dead_peer],
     "cuda": [cuda_ops_match_cpu],
     "fsdp": fsdp_checks.CHECKS,
+    "zero": zero_checks.CHECKS,
 }
 
 

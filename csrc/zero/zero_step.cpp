@@ -1,0 +1,170 @@
+// ZeroOptimizer::step and what it needs: the stage 0/1 reduction at the accumulation boundary,
+// the overflow check and gradient norm over the group, the fused optimizer call and the
+// all-gather of the updated parameters.
+#include <ATen/ATen.h>
+#include <ATen/core/dispatch/Dispatcher.h>
+#include <c10/util/Exception.h>
+
+#include <cmath>
+
+#include "sharding/shard_ops.h"
+#include "zero/zero_optimizer.h"
+
+namespace shardwise::zero {
+namespace {
+
+void all_reduce_sum(const c10::intrusive_ptr<c10d::ProcessGroup>& group, at::Tensor& tensor) {
+  std::vector<at::Tensor> tensors{tensor};
+  group->allreduce(tensors)->wait();
+}
+
+}  // namespace
+
+at::Tensor ZeroOptimizer::reduce_all_now() {
+  grad_partition_ = at::zeros({partition_numel_}, params_[0].options());
+  for (size_t b = 0; b < buckets_.size(); ++b) launch_reduce(static_cast<int>(b));
+  while (!in_flight_.empty()) finish_oldest();
+  return grad_partition_;
+}
+
+std::vector<at::Tensor> ZeroOptimizer::local_grads() const {
+  std::vector<at::Tensor> grads;
+  for (const at::Tensor& master : masters_) {
+    at::Tensor grad = master.grad();
+    grads.push_back(grad.defined() ? grad.reshape(-1) : at::zeros_like(master).reshape(-1));
+  }
+  return grads;
+}
+
+bool ZeroOptimizer::any_overflow(const std::vector<at::Tensor>& grads) const {
+  at::Tensor flag = at::zeros({1}, grads[0].options().dtype(at::kFloat));
+  for (const at::Tensor& grad : grads) flag.add_(at::logical_not(at::isfinite(grad)).any());
+  if (dp_size_ > 1 && (local_ || world_ > 1)) all_reduce_sum(options_.group, flag);
+  return flag.item<float>() > 0;
+}
+
+// The 2-norm of the whole model's gradient: partitions are disjoint across ranks (padding is
+// zero), so the squares are summed over the group; stage 0 gradients are already complete.
+double ZeroOptimizer::global_norm(const std::vector<at::Tensor>& grads) const {
+  at::Tensor squares = at::zeros({1}, grads[0].options().dtype(at::kDouble));
+  for (const at::Tensor& grad : grads) {
+    squares.add_(at::linalg_vector_norm(grad, 2, {}, false, at::kFloat).to(at::kDouble).pow(2));
+  }
+  if (dp_size_ > 1 && (local_ || world_ > 1)) all_reduce_sum(options_.group, squares);
+  return std::sqrt(squares.item<double>());
+}
+
+void ZeroOptimizer::run_optimizer(const std::vector<at::Tensor>& masters,
+                                  const std::vector<at::Tensor>& grads,
+                                  const std::vector<at::Tensor>& low,
+                                  const std::vector<std::vector<at::Tensor>>& state,
+                                  double grad_scale) {
+  const OptimizerOptions& o = options_.optimizer;
+  std::vector<at::Tensor> first, second;
+  for (const auto& s : state) {
+    first.push_back(s[0]);
+    if (s.size() > 1) second.push_back(s[1]);
+  }
+  if (o.kind == OptimizerKind::kAdamW) {
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("shardwise::fused_adamw_", "")
+                         .typed<void(at::TensorList, at::TensorList, at::TensorList,
+                                     at::TensorList, at::TensorList, double, double, double,
+                                     double, double, int64_t, double)>();
+    op.call(masters, grads, first, second, low, o.lr, o.beta1, o.beta2, o.eps, o.weight_decay,
+            step_count_, grad_scale);
+  } else {
+    static auto op =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow("shardwise::fused_sgd_", "")
+            .typed<void(at::TensorList, at::TensorList, at::TensorList, at::TensorList, double,
+                        double, double, double, bool, bool, double)>();
+    op.call(masters, grads, first, low, o.lr, o.momentum, o.dampening, o.weight_decay,
+            o.nesterov, step_count_ == 1, grad_scale);
+  }
+}
+
+bool ZeroOptimizer::step() {
+  TORCH_CHECK(!in_backward_, "ZeRO: step() called while a backward is still running");
+  std::vector<at::Tensor> grads;
+  if (local_) {
+    grads = local_grads();
+  } else {
+    if (options_.stage < 2) reduce_all_now();
+    grads = {grad_partition_};
+  }
+  const double loss_scale = this->loss_scale();
+  const bool skip = scaler_ && scaler_->update(any_overflow(grads));
+  if (skip) {
+    zero_grad();
+    return false;
+  }
+  double grad_scale = 1.0 / loss_scale;
+  if (options_.gradient_clipping > 0) {
+    last_norm_ = global_norm(grads) * grad_scale;
+    const double coef = options_.gradient_clipping / (last_norm_ + 1e-6);
+    if (coef < 1.0) grad_scale *= coef;
+  }
+  ++step_count_;
+  if (local_) {
+    run_optimizer(masters_, grads, {}, state_, grad_scale);
+  } else {
+    step_partitioned(grads[0], grad_scale);
+  }
+  zero_grad();
+  return true;
+}
+
+void ZeroOptimizer::step_partitioned(const at::Tensor& grads, double grad_scale) {
+  const at::Tensor& master = masters_[0];
+  const at::Tensor grad = grads.to(master.device());
+  const at::ScalarType dtype = params_[0].scalar_type();
+  std::vector<at::Tensor> low;
+  if (dtype != at::kFloat) low.push_back(at::empty({partition_numel_}, master.options().dtype(dtype)));
+  run_optimizer({master}, {grad}, low, state_, grad_scale);
+  gather_parameters(low.empty() ? master : low[0]);
+}
+
+// Every bucket's updated shard (in the parameters' dtype) all-gathered and copied out into the
+// parameters; the all-gathers are all started before the first is waited for.
+void ZeroOptimizer::gather_parameters(const at::Tensor& partition) {
+  const at::TensorOptions options = params_[0].options();
+  std::vector<at::Tensor> gathered(buckets_.size());
+  std::vector<c10::intrusive_ptr<c10d::Work>> works(buckets_.size());
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    at::Tensor shard = bucket_view(partition, static_cast<int>(b)).to(options);
+    if (world_ == 1) {
+      gathered[b] = shard;
+      continue;
+    }
+    gathered[b] = at::empty({buckets_[b].layout.total_numel()}, options);
+    works[b] = options_.group->_allgather_base(gathered[b], shard);
+  }
+  at::NoGradGuard no_grad;
+  for (size_t b = 0; b < buckets_.size(); ++b) {
+    if (works[b]) works[b]->wait();
+    std::vector<at::Tensor> outputs;
+    std::vector<int64_t> numels;
+    for (int64_t i : buckets_[b].params) {
+      outputs.push_back(params_[i].detach().view(-1));
+      numels.push_back(params_[i].numel());
+    }
+    shardwise::all_gather_copy_out_(gathered[b], numels, world_, outputs);
+  }
+}
+
+void ZeroOptimizer::zero_grad() {
+  if (local_) {
+    for (at::Tensor& master : masters_) master.mutable_grad() = at::Tensor();
+    return;
+  }
+  for (at::Tensor& p : params_) p.mutable_grad() = at::Tensor();
+  if (options_.stage == 2) {
+    grad_partition_.zero_();
+  } else {
+    grad_partition_ = at::Tensor();
+  }
+  grads_pending_ = false;
+}
+
+}  // namespace shardwise::zero

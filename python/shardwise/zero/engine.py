@@ -1,0 +1,159 @@
+"""``shardwise.zero.initialize``: a DeepSpeed-style engine around the C++ ZeRO optimizer
+(``csrc/zero/``). It only adapts: casts the model for bf16/fp16, scales the loss, counts
+micro-steps, and saves/loads the optimizer's world-size-independent pieces."""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from collections.abc import Mapping
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+from .. import _C
+from ..fsdp import FullyShardedDataParallel
+from ..fsdp import auto_wrap
+from ..ops import sharding as layout
+from . import config as zero_config
+
+
+class ZeroEngine(nn.Module):
+    """The model plus its ZeRO optimizer. Use ``engine(batch)``, ``engine.backward(loss)``,
+    ``engine.step()`` (steps only at the accumulation boundary) like DeepSpeed's engine."""
+
+    def __init__(self, model: nn.Module, config: Mapping | str | Path, process_group=None):
+        super().__init__()
+        group = process_group or (dist.group.WORLD if dist.is_initialized() else None)
+        world = dist.get_world_size(group) if group is not None else 1
+        self.config = zero_config.load(config, world)
+        native = self.config["native"]
+        self.stage = native["stage"]
+        self.accumulation = self.config["gradient_accumulation_steps"]
+        self.dtype = (
+            torch.bfloat16
+            if self.config["bf16"]["enabled"]
+            else torch.float16
+            if self.config["fp16"]["enabled"]
+            else torch.float32
+        )
+        self.micro_steps = 0
+        if self.stage == 3:
+            self.module = self._shard(model, group)
+        else:
+            self.module = model.to(self.dtype)
+            params = [p for p in model.parameters() if p.requires_grad]
+            self.optimizer = _C.ZeroOptimizer(params, native, group)
+
+    def _shard(self, model: nn.Module, group) -> nn.Module:
+        ids = {id(p): i for i, p in enumerate(model.parameters())}
+        mixed = self.dtype != torch.float32
+        fsdp = FullyShardedDataParallel(
+            model,
+            param_dtype=self.dtype if mixed else None,
+            reduce_dtype=torch.float32 if mixed else None,
+            wrap=auto_wrap.transformer_blocks(model, ()),
+            process_group=group,
+        )
+        engine = fsdp._engine
+        shards, pieces = [], []
+        for unit, params in enumerate(fsdp._unit_params):
+            rank, size = engine.shard_rank(unit), engine.shard_size(unit)
+            for p, shard in zip(params, engine.shard_views(unit), strict=True):
+                if not p.requires_grad:
+                    continue
+                start = min(rank * layout.chunk(p.numel(), size), p.numel()) if size > 1 else 0
+                pieces.append((ids[id(p)], start, shard.numel(), p.numel()))
+                shards.append(p)
+        self.optimizer = _C.ZeroOptimizer.local(shards, pieces, self.config["native"], group)
+        return fsdp
+
+    def forward(self, *args, **kwargs):
+        return self.module(*args, **kwargs)
+
+    def backward(self, loss: torch.Tensor) -> None:
+        """Backward of ``loss`` scaled by the fp16 loss scale and 1 / gradient_accumulation_steps."""
+        (loss * (self.optimizer.loss_scale() / self.accumulation)).backward()
+        self.micro_steps += 1
+
+    def is_gradient_accumulation_boundary(self) -> bool:
+        return self.micro_steps % self.accumulation == 0
+
+    def step(self) -> bool:
+        """At the accumulation boundary: reduce, unscale, clip and step (False: an fp16 overflow
+        skipped it on every rank). Between boundaries: nothing."""
+        if not self.is_gradient_accumulation_boundary():
+            return False
+        return self.optimizer.step()
+
+    def set_lr(self, lr: float) -> None:
+        self.optimizer.set_lr(float(lr))
+
+    @property
+    def loss_scale(self) -> float:
+        return self.optimizer.loss_scale()
+
+    def memory_bytes(self) -> dict[str, int]:
+        """Bytes now held per rank by parameters, gradients and optimizer state (storages)."""
+        if self.stage == 3:
+            fsdp = self.module.memory_bytes()
+            params, grads = fsdp["parameters"], fsdp["gradients"]
+        else:
+            params = sum(p.untyped_storage().nbytes() for p in self.module.parameters())
+            grads = sum(
+                p.grad.untyped_storage().nbytes()
+                for p in self.module.parameters()
+                if p.grad is not None
+            )
+            grads += self.optimizer.grad_partition_bytes()
+        return {
+            "parameters": params,
+            "gradients": grads,
+            "optimizer": self.optimizer.master_bytes() + self.optimizer.state_bytes(),
+        }
+
+    # --- checkpoints ---------------------------------------------------------------------
+
+    def optimizer_state(self) -> dict:
+        """This rank's optimizer state as world-size-independent pieces."""
+        return {
+            "pieces": self.optimizer.state_pieces(),
+            "step": self.optimizer.step_count(),
+            "scaler": self.optimizer.scaler_state(),
+            "micro_steps": self.micro_steps,
+        }
+
+    def load_optimizer_states(self, states: list[dict]) -> None:
+        """Loads the states every rank of a run saved (any world size)."""
+        pieces = [piece for state in states for piece in state["pieces"]]
+        self.optimizer.load_state_pieces(pieces, int(states[0]["step"]))
+        if states[0]["scaler"] is not None:
+            self.optimizer.set_scaler_state(states[0]["scaler"])
+        self.micro_steps = int(states[0]["micro_steps"])
+
+    def save_optimizer_checkpoint(self, directory: str | Path) -> None:
+        """Each rank writes its pieces to ``directory/zero_rank{r}.pt`` atomically."""
+        directory = Path(directory)
+        directory.mkdir(parents=True, exist_ok=True)
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        target = directory / f"zero_rank{rank}.pt"
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".zero_rank{rank}.")
+        with os.fdopen(fd, "wb") as f:
+            torch.save(self.optimizer_state(), f)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, target)
+
+    def load_optimizer_checkpoint(self, directory: str | Path) -> None:
+        """Loads the pieces every saving rank wrote (any number of them)."""
+        files = sorted(Path(directory).glob("zero_rank*.pt"))
+        if not files:
+            raise FileNotFoundError(f"no zero_rank*.pt files in {directory}")
+        self.load_optimizer_states([torch.load(f, weights_only=True) for f in files])
+
+
+def initialize(model: nn.Module, config: Mapping | str | Path, process_group=None) -> ZeroEngine:
+    """Wraps ``model`` for ZeRO as ``config`` (DeepSpeed keys, a mapping or a JSON file) says."""
+    return ZeroEngine(model, config, process_group)

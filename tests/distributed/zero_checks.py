@@ -1,0 +1,268 @@
+"""ZeRO checks run inside a world of worker processes (see worker.py): every stage against
+single-process torch.optim.AdamW on the same global batch, stage 1 against torch's
+ZeroRedundancyOptimizer, the fp16 loss scaler, memory per rank against the ZeRO formulas, and
+optimizer checkpoints that load at another world size."""
+
+import os
+from pathlib import Path
+
+import shardwise.zero
+import torch
+import torch.distributed as dist
+from fsdp_checks import (
+    BATCH_PER_RANK,
+    _global_mean,
+    assert_close_rel,
+    global_batch,
+    local,
+    loss_of,
+    make_model,
+)
+from torch import nn
+
+STEPS = 20
+LR, WD = 1e-2, 0.1
+
+
+def zero_config(stage, world, accumulation=1, **extra):
+    return {
+        "train_micro_batch_size_per_gpu": BATCH_PER_RANK // accumulation,
+        "gradient_accumulation_steps": accumulation,
+        "zero_optimization": {"stage": stage, "reduce_bucket_size": 3000},
+        "optimizer": {"type": "AdamW", "params": {"lr": LR, "weight_decay": WD}},
+        **extra,
+    }
+
+
+def train_reference(world, steps=STEPS):
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=LR, weight_decay=WD)
+    losses = []
+    for step in range(steps):
+        loss = loss_of(model, *global_batch(step, world))
+        loss.backward()
+        losses.append(loss.item())
+        opt.step()
+        opt.zero_grad()
+    return losses, model
+
+
+def train_zero(engine, rank, world, steps, first=0):
+    accumulation = engine.accumulation
+    losses = []
+    for step in range(first, first + steps):
+        inputs, targets = local(global_batch(step, world), rank)
+        micro = inputs.shape[0] // accumulation
+        total = 0.0
+        for k in range(accumulation):
+            part = slice(k * micro, (k + 1) * micro)
+            loss = loss_of(engine, inputs[part], targets[part])
+            engine.backward(loss)
+            engine.step()
+            total += loss.detach()
+        losses.append(_global_mean(total / accumulation))
+    return losses
+
+
+def full_params(engine):
+    if engine.stage == 3:
+        return engine.module.state_dict()
+    return engine.module.state_dict()
+
+
+def _parity(rank, world, stage, accumulation=1):
+    ref_losses, ref_model = train_reference(world)
+    engine = shardwise.zero.initialize(make_model(), zero_config(stage, world, accumulation))
+    losses = train_zero(engine, rank, world, STEPS)
+    assert_close_rel(losses, ref_losses, 1e-6, f"stage {stage} losses")
+    ours = full_params(engine)
+    for name, tensor in ref_model.state_dict().items():
+        assert_close_rel(ours[name], tensor, 1e-6, f"stage {stage}: {name}")
+
+
+def zero_stage0_matches_single_process(rank, world, gloo):
+    """Stage 0 (all-reduce, unpartitioned state): gradient averaging and the fused AdamW."""
+    _parity(rank, world, 0)
+
+
+def zero_stage1_matches_single_process(rank, world, gloo):
+    """Stage 1: partition layout, reduce-scatter into partitions, all-gather of the updated
+    parameters; a wrong piece offset or divide factor drifts from the reference."""
+    _parity(rank, world, 1)
+
+
+def zero_stage2_matches_single_process(rank, world, gloo):
+    """Stage 2: bucketed reduce-scatter during backward (hooks, bucket order, release of .grad)."""
+    _parity(rank, world, 2)
+
+
+def zero_stage3_matches_single_process(rank, world, gloo):
+    """Stage 3: the FSDP engine's shards stepped in place by the fused AdamW."""
+    _parity(rank, world, 3)
+
+
+def zero_accumulation_matches_one_big_batch(rank, world, gloo):
+    """Accumulation: stage 1 reduces once at the boundary, stage 2 every micro-step into the
+    partition; both must equal one step on the whole batch (loss scaled by 1/accumulation)."""
+    for stage in (1, 2):
+        _parity(rank, world, stage, accumulation=2)
+
+
+def zero1_matches_zero_redundancy_optimizer(rank, world, gloo):
+    """Stage 1 against torch's ZeroRedundancyOptimizer (AdamW) under DDP, same data."""
+    from torch.distributed.optim import ZeroRedundancyOptimizer
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = DistributedDataParallel(make_model())
+    opt = ZeroRedundancyOptimizer(
+        model.parameters(), optimizer_class=torch.optim.AdamW, lr=LR, weight_decay=WD
+    )
+    engine = shardwise.zero.initialize(make_model(), zero_config(1, world))
+    ours = train_zero(engine, rank, world, STEPS)
+    theirs = []
+    for step in range(STEPS):
+        loss = loss_of(model, *local(global_batch(step, world), rank))
+        loss.backward()
+        opt.step()
+        opt.zero_grad()
+        theirs.append(_global_mean(loss.detach()))
+    assert_close_rel(ours, theirs, 1e-6, "losses vs ZeroRedundancyOptimizer")
+    for name, tensor in model.module.state_dict().items():
+        assert_close_rel(engine.module.state_dict()[name], tensor, 1e-6, name)
+
+
+def zero_fp16_overflow_skips_everywhere(rank, world, gloo):
+    """fp16: an inf gradient on rank 0 only must skip the step on every rank and halve the scale
+    (hysteresis 1); a rank deciding alone would desynchronize the replicas."""
+    fp16 = {"enabled": True, "initial_scale_power": 8, "hysteresis": 1, "loss_scale_window": 100}
+    engine = shardwise.zero.initialize(make_model(), zero_config(1, world, fp16=fp16))
+    train_zero(engine, rank, world, 2)
+    assert engine.loss_scale == 256.0, engine.loss_scale
+    before = {k: v.clone() for k, v in engine.module.state_dict().items()}
+    loss = loss_of(engine, *local(global_batch(2, world), rank))
+    engine.backward(loss)
+    if rank == 0:
+        next(engine.module.parameters()).grad.view(-1)[0] = float("inf")
+    assert engine.step() is False, "the step with an overflow was not skipped"
+    assert engine.loss_scale == 128.0, engine.loss_scale
+    for name, tensor in engine.module.state_dict().items():
+        assert torch.equal(tensor, before[name]), f"{name} changed in a skipped step"
+    losses = train_zero(engine, rank, world, 2, first=3)
+    assert all(torch.isfinite(torch.tensor(losses))), losses
+
+
+class Wide(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layers = nn.ModuleList(nn.Linear(256, 256) for _ in range(4))
+
+    def forward(self, x):
+        for layer in self.layers:
+            x = torch.relu(layer(x))
+        return x
+
+
+def zero_memory_matches_the_formulas(rank, world, gloo):
+    """Bytes per rank of parameters + gradients + optimizer state (from tensor storages, after
+    backward) within 5% of the ZeRO paper's mixed-precision Adam formulas."""
+    for stage, formula in (
+        (1, lambda n: 2 + 2 + 12 / world),
+        (2, lambda n: 2 + (2 + 12) / world),
+        (3, lambda n: 16 / world),
+    ):
+        torch.manual_seed(0)
+        model = Wide()
+        phi = sum(p.numel() for p in model.parameters())
+        config = zero_config(stage, world, bf16={"enabled": True})
+        config["zero_optimization"]["reduce_bucket_size"] = 100_000
+        engine = shardwise.zero.initialize(model, config)
+        x = torch.randn(4, 256)
+        engine.backward(engine(x).float().square().mean())
+        measured = sum(engine.memory_bytes().values())
+        expected = formula(phi) * phi
+        assert abs(measured - expected) <= 0.05 * expected, (
+            f"stage {stage}: {measured} bytes per rank, formula {expected:.0f}"
+        )
+        engine.step()
+
+
+def zero_checkpoint_loads_at_another_world_size(rank, world, gloo):
+    """Optimizer state saved at world 2 loads at world 1 (each rank alone) and at world 4 (when
+    4 ranks run) and the next steps equal the uninterrupted run: piece offsets and overlaps."""
+    directory = Path(f"/tmp/shardwise-zero-ckpt-{os.environ['MASTER_PORT']}")
+    pairs = [dist.new_group([2 * k, 2 * k + 1]) for k in range(world // 2)]
+    singles = [dist.new_group([r]) for r in range(world)]
+    pair = pairs[rank // 2]
+    for stage in (1, 2, 3):
+        saved = directory / f"stage{stage}"
+        engine = shardwise.zero.initialize(make_model(), zero_config(stage, 2), pair)
+        train_zero(engine, rank % 2, 2, 6)
+        if rank < 2:
+            engine.save_optimizer_checkpoint(saved)
+        dist.barrier()
+        expected = train_zero(engine, rank % 2, 2, 4, first=6)
+        # world 1: this rank alone, the whole global batch of 2 ranks.
+        alone = zero_config(stage, 1)
+        alone["train_micro_batch_size_per_gpu"] = 2 * BATCH_PER_RANK
+        engine1 = shardwise.zero.initialize(make_model(seed=5), alone, singles[rank])
+        engine1.load_optimizer_checkpoint(saved)
+        got = []
+        for step in range(6, 10):
+            loss = loss_of(engine1, *global_batch(step, 2))
+            engine1.backward(loss)
+            engine1.step()
+            got.append(loss.item())
+        assert_close_rel(got, expected, 1e-6, f"stage {stage} losses after loading at world 1")
+        if world == 4:  # every rank: world 4 with the same global batch of 2 ranks' data
+            four = zero_config(stage, 4)
+            four["train_micro_batch_size_per_gpu"] = BATCH_PER_RANK // 2
+            engine4 = shardwise.zero.initialize(make_model(seed=5), four)
+            engine4.load_optimizer_checkpoint(saved)
+            got4 = []
+            for step in range(6, 10):
+                inputs, targets = global_batch(step, 2)
+                part = slice(rank * BATCH_PER_RANK // 2, (rank + 1) * BATCH_PER_RANK // 2)
+                loss = loss_of(engine4, inputs[part], targets[part])
+                engine4.backward(loss)
+                engine4.step()
+                got4.append(_global_mean(loss.detach()))
+            assert_close_rel(got4, expected, 1e-6, f"stage {stage} losses after loading at 4")
+        dist.barrier()
+
+
+def zero_bad_configs_fail_before_any_collective(rank, world, gloo):
+    """Unknown keys (with a suggestion), inconsistent batch sizes and bad values are rejected
+    while building the config, before any process group traffic."""
+    cases = [
+        ({"zero_optimisation": {}}, "Did you mean 'zero_optimization'"),
+        ({"zero_optimization": {"stage": 4}}, "stage must be 0, 1, 2 or 3"),
+        (
+            {"train_batch_size": 7, "train_micro_batch_size_per_gpu": 2,
+             "gradient_accumulation_steps": 1},
+            "train_batch_size 7 !=",
+        ),
+        ({"zero_optimization": {"offload_optimizer": {"device": "nvme"}}}, "valid: none, cpu"),
+        ({"fp16": {"enabled": True}, "bf16": {"enabled": True}}, "enable one of them"),
+    ]
+    for config, message in cases:
+        config.setdefault("train_micro_batch_size_per_gpu", 2)
+        try:
+            shardwise.zero.initialize(make_model(), config)
+        except ValueError as e:
+            assert message in str(e), f"{message!r} not in {e}"
+        else:
+            raise AssertionError(f"{config} was accepted")
+
+
+CHECKS = [
+    zero_stage0_matches_single_process,
+    zero_stage1_matches_single_process,
+    zero_stage2_matches_single_process,
+    zero_stage3_matches_single_process,
+    zero_accumulation_matches_one_big_batch,
+    zero1_matches_zero_redundancy_optimizer,
+    zero_fp16_overflow_skips_everywhere,
+    zero_memory_matches_the_formulas,
+    zero_checkpoint_loads_at_another_world_size,
+    zero_bad_configs_fail_before_any_collective,
+]
