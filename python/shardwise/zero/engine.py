@@ -50,11 +50,15 @@ class ZeroEngine(nn.Module):
     def _shard(self, model: nn.Module, group) -> nn.Module:
         ids = {id(p): i for i, p in enumerate(model.parameters())}
         mixed = self.dtype != torch.float32
+        zero = self.config["zero_optimization"]
+        native = self.config["native"]
         fsdp = FullyShardedDataParallel(
             model,
             param_dtype=self.dtype if mixed else None,
             reduce_dtype=torch.float32 if mixed else None,
             wrap=auto_wrap.transformer_blocks(model, ()),
+            forward_prefetch=zero["stage3_prefetch_bucket_size"] > 0,
+            cpu_offload=native["offload_optimizer"],  # stage 3 offloads the shards themselves
             process_group=group,
         )
         engine = fsdp._engine
@@ -67,7 +71,9 @@ class ZeroEngine(nn.Module):
                 start = min(rank * layout.chunk(p.numel(), size), p.numel()) if size > 1 else 0
                 pieces.append((ids[id(p)], start, shard.numel(), p.numel()))
                 shards.append(p)
-        self.optimizer = _C.ZeroOptimizer.local(shards, pieces, self.config["native"], group)
+        self.optimizer = _C.ZeroOptimizer.local(
+            shards, pieces, {**native, "offload_optimizer": False}, group
+        )
         return fsdp
 
     def forward(self, *args, **kwargs):
