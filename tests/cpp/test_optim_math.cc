@@ -67,7 +67,8 @@ struct AdamWRun {
         exp_avg(random_floats(n, 2, 0.1f)),
         exp_avg_sq(n),
         low(with_low ? n : 0) {
-    for (int64_t i = 0; i < n; ++i) exp_avg_sq[i] = std::fabs(random_floats(n, 3)[i]) * 0.01f;
+    const std::vector<float> values = random_floats(n, 3);
+    for (int64_t i = 0; i < n; ++i) exp_avg_sq[i] = std::fabs(values[i]) * 0.01f;
   }
 
   void steps(const std::vector<uint8_t>& grad,
