@@ -16,6 +16,8 @@ set(SHARDWISE_CORE_SOURCES
   csrc/collectives/transport.cc
   csrc/common/cpu_features.cc
   csrc/common/stream_copy.cc
+  csrc/optim/fused_optim.cc
+  csrc/optim/fused_optim_avx512.cc
   csrc/precision/cast_cpu.cc
   csrc/precision/cast_cpu_avx512.cc
   csrc/sharding/copy_runs_cpu.cc
@@ -31,6 +33,7 @@ set(SHARDWISE_CORE_TEST_SOURCES
   tests/cpp/test_sharding.cc
   tests/cpp/test_stream_copy.cc
   tests/cpp/test_loss_scaler.cc
+  tests/cpp/test_optim_math.cc
 )
 set(SHARDWISE_TORCH_SOURCES
   csrc/backend/functional_ops.cpp
@@ -51,6 +54,8 @@ set(SHARDWISE_TORCH_SOURCES
   csrc/zero/zero_optimizer.cpp
   csrc/zero/zero_step.cpp
   csrc/zero/zero_state.cpp
+  csrc/optim/fused_optim_checks.cpp
+  csrc/optim/fused_optim_ops.cpp
 )
 set(SHARDWISE_TORCH_TEST_SOURCES
   tests/cpp/torch/test_cast_ops_libtorch.cc

@@ -37,4 +37,15 @@ TORCH_LIBRARY(shardwise, m) {
   m.def(
       "reduce_scatter_copy_out_(Tensor reduced, int[] numels, int world_size, int rank, "
       "float scale, Tensor(a!)[] shard_grads, bool accumulate=True) -> ()");
+
+  // optim/: fused multi-tensor AdamW and SGD steps on float32 parameters (optim/optim_math.h);
+  // low_precision is empty or one bfloat16/float16 copy per parameter, written in the same pass.
+  m.def(
+      "fused_adamw_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
+      "Tensor(c!)[] exp_avg_sqs, Tensor(d!)[] low_precision, float lr, float beta1, float beta2, "
+      "float eps, float weight_decay, int step, float grad_scale=1.0) -> ()");
+  m.def(
+      "fused_sgd_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, "
+      "Tensor(d!)[] low_precision, float lr, float momentum, float dampening, float weight_decay, "
+      "bool nesterov, bool first_step, float grad_scale=1.0) -> ()");
 }

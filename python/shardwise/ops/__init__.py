@@ -1,6 +1,6 @@
 """Typed Python wrappers of the ``torch.ops.shardwise`` ops, with their fake kernels."""
 
-from . import collectives, sharding
+from . import collectives, optim, sharding
 from .precision import cast, cast_check_finite, cast_stochastic_bf16, multi_cast_
 
 __all__ = [
@@ -10,4 +10,5 @@ __all__ = [
     "cast_check_finite",
     "cast_stochastic_bf16",
     "multi_cast_",
+    "optim",
 ]
