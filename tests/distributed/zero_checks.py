@@ -176,7 +176,7 @@ def zero_memory_matches_the_formulas(rank, world, gloo):
         config = zero_config(stage, world, bf16={"enabled": True})
         config["zero_optimization"]["reduce_bucket_size"] = 100_000
         engine = shardwise.zero.initialize(model, config)
-        x = torch.randn(4, 256)
+        x = torch.randn(4, 256, dtype=torch.bfloat16)
         engine.backward(engine(x).float().square().mean())
         measured = sum(engine.memory_bytes().values())
         expected = formula(phi) * phi

@@ -49,6 +49,7 @@ class ZeroEngine(nn.Module):
 
     def _shard(self, model: nn.Module, group) -> nn.Module:
         ids = {id(p): i for i, p in enumerate(model.parameters())}
+        numels = {id(p): p.numel() for p in model.parameters()}  # before sharding
         mixed = self.dtype != torch.float32
         zero = self.config["zero_optimization"]
         native = self.config["native"]
@@ -68,8 +69,9 @@ class ZeroEngine(nn.Module):
             for p, shard in zip(params, engine.shard_views(unit), strict=True):
                 if not p.requires_grad:
                     continue
-                start = min(rank * layout.chunk(p.numel(), size), p.numel()) if size > 1 else 0
-                pieces.append((ids[id(p)], start, shard.numel(), p.numel()))
+                full = numels[id(p)]
+                start = min(rank * layout.chunk(full, size), full) if size > 1 else 0
+                pieces.append((ids[id(p)], start, shard.numel(), full))
                 shards.append(p)
         self.optimizer = _C.ZeroOptimizer.local(
             shards, pieces, {**native, "offload_optimizer": False}, group
