@@ -83,13 +83,17 @@ def run_rank(framework: str, args) -> None:
     g = torch.Generator().manual_seed(1)
     times, loss, state = [], None, 0
     for step in range(args.warmup + args.steps):
-        tokens = torch.randint(0, cfg.vocab_size, (args.batch * world, cfg.seq_len + 1), generator=g)
+        tokens = torch.randint(
+            0, cfg.vocab_size, (args.batch * world, cfg.seq_len + 1), generator=g
+        )
         tokens = tokens[rank * args.batch : (rank + 1) * args.batch]
         dist.barrier()
         start = time.perf_counter()
         with torch.autocast("cpu", dtype=torch.bfloat16, enabled=not ours):
             logits = model(tokens[:, :-1])
-        loss = F.cross_entropy(logits.float().reshape(-1, cfg.vocab_size), tokens[:, 1:].reshape(-1))
+        loss = F.cross_entropy(
+            logits.float().reshape(-1, cfg.vocab_size), tokens[:, 1:].reshape(-1)
+        )
         if ours:
             model.backward(loss)
             state = sum(model.memory_bytes().values())

@@ -104,8 +104,8 @@ void register_sharding_impls(torch::Library& m) {
   m.impl("reduce_scatter_copy_out_",
          [](const at::Tensor& reduced, at::IntArrayRef numels, int64_t world, int64_t rank,
             double scale, at::TensorList grads, bool accumulate) {
-           reduce_scatter_copy_out_acc_impl(reduced, numels, world, rank, scale, grads,
-                                            accumulate, kExecute);
+           reduce_scatter_copy_out_acc_impl(reduced, numels, world, rank, scale, grads, accumulate,
+                                            kExecute);
          });
 }
 

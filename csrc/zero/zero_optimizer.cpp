@@ -39,10 +39,11 @@ int group_size(const c10::intrusive_ptr<c10d::ProcessGroup>& group) {
 ZeroOptimizer::ZeroOptimizer(ZeroOptions options) : options_(std::move(options)) {
   TORCH_CHECK_VALUE(options_.stage >= 0 && options_.stage <= 3, "ZeRO: stage must be 0, 1, 2 or ",
                     "3, got ", options_.stage);
-  TORCH_CHECK_VALUE(options_.reduce_bucket_numel > 0,
-                    "ZeRO: reduce_bucket_size must be > 0, got ", options_.reduce_bucket_numel);
-  TORCH_CHECK_VALUE(options_.gradient_clipping >= 0, "ZeRO: gradient_clipping must be >= 0 (0: ",
-                    "off), got ", options_.gradient_clipping);
+  TORCH_CHECK_VALUE(options_.reduce_bucket_numel > 0, "ZeRO: reduce_bucket_size must be > 0, got ",
+                    options_.reduce_bucket_numel);
+  TORCH_CHECK_VALUE(options_.gradient_clipping >= 0,
+                    "ZeRO: gradient_clipping must be >= 0 (0: ", "off), got ",
+                    options_.gradient_clipping);
   dp_size_ = group_size(options_.group);
   rank_ = options_.group ? options_.group->getRank() : 0;
   if (options_.loss_scaler) scaler_ = std::make_unique<LossScaler>(*options_.loss_scaler);
@@ -80,8 +81,7 @@ void ZeroOptimizer::init_partitioned(std::vector<at::Tensor> params) {
     const at::Tensor& p = params[i];
     TORCH_CHECK_VALUE(p.is_contiguous(), "ZeRO: parameter ", i, " is not contiguous; call ",
                       ".contiguous() on the module's parameters first");
-    TORCH_CHECK_TYPE(p.scalar_type() == params[0].scalar_type() &&
-                         p.device() == params[0].device(),
+    TORCH_CHECK_TYPE(p.scalar_type() == params[0].scalar_type() && p.device() == params[0].device(),
                      "ZeRO: parameter ", i, " is ", p.scalar_type(), " on ", p.device(),
                      " but parameter 0 is ", params[0].scalar_type(), " on ", params[0].device(),
                      "; cast the model to one dtype and device");
@@ -114,10 +114,10 @@ void ZeroOptimizer::init_partitioned(std::vector<at::Tensor> params) {
     current_numel += params_[i].numel();
   }
   close();
-  const at::Device state_device = options_.offload_optimizer ? at::Device(at::kCPU)
-                                                             : params_[0].device();
-  at::Tensor master = at::empty({partition_numel_},
-                                params_[0].options().dtype(at::kFloat).device(state_device));
+  const at::Device state_device =
+      options_.offload_optimizer ? at::Device(at::kCPU) : params_[0].device();
+  at::Tensor master =
+      at::empty({partition_numel_}, params_[0].options().dtype(at::kFloat).device(state_device));
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const Bucket& bucket = buckets_[b];
     std::vector<at::Tensor> pieces;

@@ -86,8 +86,7 @@ class ZeroOptimizer : public std::enable_shared_from_this<ZeroOptimizer> {
  public:
   // Partitioned mode (stage 0-2): `params` are the model's trainable parameters (contiguous,
   // one dtype and device, identical on every rank).
-  static std::shared_ptr<ZeroOptimizer> create(std::vector<at::Tensor> params,
-                                               ZeroOptions options);
+  static std::shared_ptr<ZeroOptimizer> create(std::vector<at::Tensor> params, ZeroOptions options);
   // Local mode (stage 3): `shards` are fp32 shard tensors stepped in place (their `.grad` is the
   // gradient); `pieces[i]` says where shards[i] lies in its parameter.
   static std::shared_ptr<ZeroOptimizer> create_local(std::vector<at::Tensor> shards,
@@ -156,8 +155,8 @@ class ZeroOptimizer : public std::enable_shared_from_this<ZeroOptimizer> {
 
   ZeroOptions options_;
   bool local_ = false;
-  int dp_size_ = 1;     // data-parallel size (gradients are averaged over it)
-  int world_ = 1;       // ranks the state is partitioned over (1 for stage 0)
+  int dp_size_ = 1;  // data-parallel size (gradients are averaged over it)
+  int world_ = 1;    // ranks the state is partitioned over (1 for stage 0)
   int rank_ = 0;
   std::vector<at::Tensor> params_;
   std::vector<Bucket> buckets_;

@@ -55,8 +55,7 @@ py::list pieces_to_python(const std::vector<StatePiece>& pieces) {
     py::dict tensors;
     for (const auto& [name, t] : p.tensors) tensors[py::str(name)] = t.clone();
     out.append(py::dict(py::arg("param") = p.info.param, py::arg("start") = p.info.start,
-                        py::arg("numel") = p.info.numel,
-                        py::arg("full_numel") = p.info.full_numel,
+                        py::arg("numel") = p.info.numel, py::arg("full_numel") = p.info.full_numel,
                         py::arg("tensors") = tensors));
   }
   return out;
@@ -107,7 +106,8 @@ void bind_zero(py::module& m) {
       .def("master_bytes", &ZeroOptimizer::master_bytes)
       .def("state_bytes", &ZeroOptimizer::state_bytes)
       .def("grad_partition_bytes", &ZeroOptimizer::grad_partition_bytes)
-      .def("state_pieces", [](const ZeroOptimizer& z) { return pieces_to_python(z.state_pieces()); })
+      .def("state_pieces",
+           [](const ZeroOptimizer& z) { return pieces_to_python(z.state_pieces()); })
       .def(
           "load_state_pieces",
           [](ZeroOptimizer& z, const py::list& pieces, int64_t step_count) {
@@ -126,8 +126,7 @@ void bind_zero(py::module& m) {
            })
       .def("set_scaler_state", [](ZeroOptimizer& z, const py::dict& d) {
         z.set_scaler_state({d["scale"].cast<double>(), d["iteration"].cast<int64_t>(),
-                            d["last_overflow"].cast<int64_t>(),
-                            d["hysteresis_left"].cast<int>()});
+                            d["last_overflow"].cast<int64_t>(), d["hysteresis_left"].cast<int>()});
       });
 }
 

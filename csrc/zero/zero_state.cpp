@@ -50,13 +50,13 @@ void ZeroOptimizer::load_state_pieces(const std::vector<StatePiece>& saved, int6
     int64_t covered = 0;
     for (const StatePiece& theirs : saved) {
       if (theirs.info.param != mine.info.param) continue;
-      TORCH_CHECK_VALUE(theirs.info.full_numel == mine.info.full_numel, "ZeRO checkpoint: ",
-                        "parameter ", mine.info.param, " has ", theirs.info.full_numel,
-                        " elements in the checkpoint but ", mine.info.full_numel,
-                        " in the model; load it into the same model");
+      TORCH_CHECK_VALUE(theirs.info.full_numel == mine.info.full_numel,
+                        "ZeRO checkpoint: ", "parameter ", mine.info.param, " has ",
+                        theirs.info.full_numel, " elements in the checkpoint but ",
+                        mine.info.full_numel, " in the model; load it into the same model");
       const int64_t lo = std::max(mine.info.start, theirs.info.start);
-      const int64_t hi = std::min(mine.info.start + mine.info.numel,
-                                  theirs.info.start + theirs.info.numel);
+      const int64_t hi =
+          std::min(mine.info.start + mine.info.numel, theirs.info.start + theirs.info.numel);
       if (hi <= lo) continue;
       for (const std::string& name : names) {
         auto it = theirs.tensors.find(name);
@@ -70,8 +70,8 @@ void ZeroOptimizer::load_state_pieces(const std::vector<StatePiece>& saved, int6
       covered += hi - lo;
     }
     TORCH_CHECK_VALUE(covered == mine.info.numel, "ZeRO checkpoint: covers ", covered, " of the ",
-                      mine.info.numel, " elements this rank needs of parameter ",
-                      mine.info.param, "; pass the pieces saved by every rank");
+                      mine.info.numel, " elements this rank needs of parameter ", mine.info.param,
+                      "; pass the pieces saved by every rank");
   }
   step_count_ = step_count;
   if (!local_) {

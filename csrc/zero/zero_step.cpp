@@ -66,21 +66,20 @@ void ZeroOptimizer::run_optimizer(const std::vector<at::Tensor>& masters,
     if (s.size() > 1) second.push_back(s[1]);
   }
   if (o.kind == OptimizerKind::kAdamW) {
-    static auto op = c10::Dispatcher::singleton()
-                         .findSchemaOrThrow("shardwise::fused_adamw_", "")
-                         .typed<void(at::TensorList, at::TensorList, at::TensorList,
-                                     at::TensorList, at::TensorList, double, double, double,
-                                     double, double, int64_t, double)>();
+    static auto op =
+        c10::Dispatcher::singleton()
+            .findSchemaOrThrow("shardwise::fused_adamw_", "")
+            .typed<void(at::TensorList, at::TensorList, at::TensorList, at::TensorList,
+                        at::TensorList, double, double, double, double, double, int64_t, double)>();
     op.call(masters, grads, first, second, low, o.lr, o.beta1, o.beta2, o.eps, o.weight_decay,
             step_count_, grad_scale);
   } else {
-    static auto op =
-        c10::Dispatcher::singleton()
-            .findSchemaOrThrow("shardwise::fused_sgd_", "")
-            .typed<void(at::TensorList, at::TensorList, at::TensorList, at::TensorList, double,
-                        double, double, double, bool, bool, double)>();
-    op.call(masters, grads, first, low, o.lr, o.momentum, o.dampening, o.weight_decay,
-            o.nesterov, step_count_ == 1, grad_scale);
+    static auto op = c10::Dispatcher::singleton()
+                         .findSchemaOrThrow("shardwise::fused_sgd_", "")
+                         .typed<void(at::TensorList, at::TensorList, at::TensorList, at::TensorList,
+                                     double, double, double, double, bool, bool, double)>();
+    op.call(masters, grads, first, low, o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov,
+            step_count_ == 1, grad_scale);
   }
 }
 
@@ -120,7 +119,8 @@ void ZeroOptimizer::step_partitioned(const at::Tensor& grads, double grad_scale)
   const at::Tensor grad = grads.to(master.device());
   const at::ScalarType dtype = params_[0].scalar_type();
   std::vector<at::Tensor> low;
-  if (dtype != at::kFloat) low.push_back(at::empty({partition_numel_}, master.options().dtype(dtype)));
+  if (dtype != at::kFloat)
+    low.push_back(at::empty({partition_numel_}, master.options().dtype(dtype)));
   run_optimizer({master}, {grad}, low, state_, grad_scale);
   gather_parameters(low.empty() ? master : low[0]);
 }

@@ -6,8 +6,8 @@ of zero_checks.py; each check's docstring says which bug it catches."""
 import functools
 
 import pytest
-from zero_checks import CHECKS
 from launcher import run_world
+from zero_checks import CHECKS
 
 
 @functools.cache

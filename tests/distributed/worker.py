@@ -12,10 +12,10 @@ import traceback
 from pathlib import Path
 
 import fsdp_checks
-import zero_checks
 import shardwise  # noqa: F401  (registers the backend)
 import torch
 import torch.distributed as dist
+import zero_checks
 
 DTYPES = [
     torch.float32,

@@ -237,8 +237,11 @@ def zero_bad_configs_fail_before_any_collective(rank, world, gloo):
         ({"zero_optimisation": {}}, "Did you mean 'zero_optimization'"),
         ({"zero_optimization": {"stage": 4}}, "stage must be 0, 1, 2 or 3"),
         (
-            {"train_batch_size": 7, "train_micro_batch_size_per_gpu": 2,
-             "gradient_accumulation_steps": 1},
+            {
+                "train_batch_size": 7,
+                "train_micro_batch_size_per_gpu": 2,
+                "gradient_accumulation_steps": 1,
+            },
             "train_batch_size 7 !=",
         ),
         ({"zero_optimization": {"offload_optimizer": {"device": "nvme"}}}, "valid: none, cpu"),

@@ -14,8 +14,7 @@ import torch.distributed as dist
 from torch import nn
 
 from .. import _C
-from ..fsdp import FullyShardedDataParallel
-from ..fsdp import auto_wrap
+from ..fsdp import FullyShardedDataParallel, auto_wrap
 from ..ops import sharding as layout
 from . import config as zero_config
 
@@ -82,7 +81,7 @@ class ZeroEngine(nn.Module):
         return self.module(*args, **kwargs)
 
     def backward(self, loss: torch.Tensor) -> None:
-        """Backward of ``loss`` scaled by the fp16 loss scale and 1 / gradient_accumulation_steps."""
+        """Backward of ``loss`` times the fp16 loss scale / gradient_accumulation_steps."""
         (loss * (self.optimizer.loss_scale() / self.accumulation)).backward()
         self.micro_steps += 1
 
