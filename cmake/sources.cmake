@@ -24,6 +24,8 @@ set(SHARDWISE_CORE_SOURCES
   csrc/sharding/flat_layout.cc
   csrc/sharding/shard_plans.cc
   csrc/zero/loss_scaler.cc
+  csrc/pipeline/schedule_generators.cc
+  csrc/pipeline/schedule_validator.cc
 )
 set(SHARDWISE_CORE_TEST_SOURCES
   tests/cpp/test_collectives.cc
@@ -34,6 +36,7 @@ set(SHARDWISE_CORE_TEST_SOURCES
   tests/cpp/test_stream_copy.cc
   tests/cpp/test_loss_scaler.cc
   tests/cpp/test_optim_math.cc
+  tests/cpp/test_pipeline_schedule.cc
 )
 set(SHARDWISE_TORCH_SOURCES
   csrc/backend/functional_ops.cpp
