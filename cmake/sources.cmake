@@ -57,6 +57,7 @@ set(SHARDWISE_TORCH_SOURCES
   csrc/zero/zero_optimizer.cpp
   csrc/zero/zero_step.cpp
   csrc/zero/zero_state.cpp
+  csrc/pipeline/executor.cpp
   csrc/optim/fused_optim_checks.cpp
   csrc/optim/fused_optim_ops.cpp
 )

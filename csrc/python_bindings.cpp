@@ -11,6 +11,7 @@
 #include "backend/shardwise_backend.hpp"
 #include "common/cpu_features.h"
 #include "fsdp/fsdp_python.h"
+#include "pipeline/pipeline_python.h"
 #include "zero/zero_python.h"
 
 namespace py = pybind11;
@@ -59,4 +60,5 @@ PYBIND11_MODULE(_C, m) {
 
   shardwise::fsdp::bind_fsdp(m);
   shardwise::zero::bind_zero(m);
+  shardwise::pipeline::bind_pipeline(m);
 }

@@ -69,7 +69,7 @@ Schedule make_schedule(const ScheduleOptions& options);
 // Adds SEND/RECV actions around the compute actions of `compute` (one list per rank).
 Schedule lower_communication(Schedule compute);
 
-std::string action_name(const Action& action);  // e.g. "F3.1", "SEND_B2.0"
+std::string action_name(const Action& action);    // e.g. "F3.1", "SEND_B2.0"
 std::string to_string(const Schedule& schedule);  // one line per rank
 const char* schedule_name(ScheduleKind kind);
 

@@ -85,8 +85,8 @@ const char* schedule_name(ScheduleKind kind) {
 }
 
 Schedule make_schedule(const ScheduleOptions& o) {
-  require(o.num_ranks >= 1, "pipeline schedule: num_ranks must be >= 1, got " +
-                                std::to_string(o.num_ranks));
+  require(o.num_ranks >= 1,
+          "pipeline schedule: num_ranks must be >= 1, got " + std::to_string(o.num_ranks));
   require(o.num_microbatches >= 1, "pipeline schedule: num_microbatches must be >= 1, got " +
                                        std::to_string(o.num_microbatches));
   require(o.virtual_stages >= 1, "pipeline schedule: virtual_stages must be >= 1, got " +

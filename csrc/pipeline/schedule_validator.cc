@@ -16,7 +16,9 @@ struct Channel {  // the communication actions of one direction a -> b, in progr
   std::vector<std::pair<int, int>> recvs;  // (rank b, index)
 };
 
-bool is_send(ActionKind k) { return k == ActionKind::kSendForward || k == ActionKind::kSendBackward; }
+bool is_send(ActionKind k) {
+  return k == ActionKind::kSendForward || k == ActionKind::kSendBackward;
+}
 
 // The rank at the other end of a communication action.
 int peer_of(const Schedule& s, const Action& a) {
@@ -70,7 +72,7 @@ class Simulator {
   std::vector<size_t> pc_;
   std::vector<double> clock_;
   std::vector<std::set<Key>> done_;
-  std::vector<std::vector<int>> partner_;   // per rank, per action: partner's rank * 2^20 + index
+  std::vector<std::vector<int>> partner_;    // per rank, per action: partner's rank * 2^20 + index
   std::vector<std::vector<double>> posted_;  // post time of each action (< 0: not posted)
   std::vector<int> in_flight_;
   bool posted_new_ = false;  // a group was posted in this sweep (its partners may now complete)
@@ -95,7 +97,8 @@ double Simulator::cost(const Action& a) const {
 // Every rank runs only its own stages; every (stage, microbatch) has one forward and one
 // backward (B, or I and W).
 std::string Simulator::check_structure() {
-  if (static_cast<int>(s_.ranks.size()) != s_.num_ranks) return "the schedule has a wrong rank count";
+  if (static_cast<int>(s_.ranks.size()) != s_.num_ranks)
+    return "the schedule has a wrong rank count";
   std::map<Key, int> count;
   for (int r = 0; r < s_.num_ranks; ++r) {
     for (const Action& a : s_.ranks[r]) {
@@ -103,8 +106,9 @@ std::string Simulator::check_structure() {
           a.microbatch >= s_.num_microbatches) {
         return where(r, a) + " is out of range";
       }
-      if (s_.rank_of(a.stage) != r) return where(r, a) + ": stage " + std::to_string(a.stage) +
-                                            " lives on rank " + std::to_string(s_.rank_of(a.stage));
+      if (s_.rank_of(a.stage) != r)
+        return where(r, a) + ": stage " + std::to_string(a.stage) + " lives on rank " +
+               std::to_string(s_.rank_of(a.stage));
       if (!s_.is_communication(a)) ++count[{static_cast<int>(a.kind), a.stage, a.microbatch}];
     }
   }
@@ -112,7 +116,9 @@ std::string Simulator::check_structure() {
     for (int i = 0; i < s_.num_microbatches; ++i) {
       auto n = [&](ActionKind k) { return count[{static_cast<int>(k), st, i}]; };
       const std::string what = std::to_string(st) + "." + std::to_string(i);
-      if (n(ActionKind::kForward) != 1) return "F" + what + " runs " + std::to_string(n(ActionKind::kForward)) + " times, expected once";
+      if (n(ActionKind::kForward) != 1)
+        return "F" + what + " runs " + std::to_string(n(ActionKind::kForward)) +
+               " times, expected once";
       const int b = n(ActionKind::kBackward), in = n(ActionKind::kBackwardInput),
                 w = n(ActionKind::kBackwardWeight);
       if (!((b == 1 && in == 0 && w == 0) || (b == 0 && in == 1 && w == 1))) {
@@ -141,8 +147,8 @@ std::string Simulator::match_channels() {
     }
   }
   for (const auto& [ends, ch] : channels) {
-    const std::string name = "channel rank " + std::to_string(ends.first) + " -> rank " +
-                             std::to_string(ends.second);
+    const std::string name =
+        "channel rank " + std::to_string(ends.first) + " -> rank " + std::to_string(ends.second);
     const size_t n = std::min(ch.sends.size(), ch.recvs.size());
     for (size_t k = 0; k < n; ++k) {
       const Action& send = s_.ranks[ch.sends[k].first][ch.sends[k].second];
@@ -152,8 +158,10 @@ std::string Simulator::match_channels() {
                " but receive #" + std::to_string(k) + " is " + action_name(recv) +
                " (reordered or mismatched communication)";
       }
-      partner_[ch.sends[k].first][ch.sends[k].second] = (ch.recvs[k].first << 20) | ch.recvs[k].second;
-      partner_[ch.recvs[k].first][ch.recvs[k].second] = (ch.sends[k].first << 20) | ch.sends[k].second;
+      partner_[ch.sends[k].first][ch.sends[k].second] =
+          (ch.recvs[k].first << 20) | ch.recvs[k].second;
+      partner_[ch.recvs[k].first][ch.recvs[k].second] =
+          (ch.sends[k].first << 20) | ch.sends[k].second;
     }
     if (ch.sends.size() != ch.recvs.size()) {
       const bool more_sends = ch.sends.size() > ch.recvs.size();
@@ -179,12 +187,14 @@ std::string Simulator::run_compute(int r, const Action& a) {
       missing = "its input (F" + std::to_string(st - 1) + "." + std::to_string(i) + " or RECV_F)";
     }
   } else if (a.kind == ActionKind::kBackwardWeight) {
-    if (!have(ActionKind::kBackwardInput, st)) missing = "I" + std::to_string(st) + "." + std::to_string(i);
+    if (!have(ActionKind::kBackwardInput, st))
+      missing = "I" + std::to_string(st) + "." + std::to_string(i);
   } else {
     if (!have(ActionKind::kForward, st)) {
       missing = "F" + std::to_string(st) + "." + std::to_string(i);
     } else if (st < last && !grad_done(st + 1) && !have(ActionKind::kRecvBackward, st)) {
-      missing = "its output gradient (B" + std::to_string(st + 1) + "." + std::to_string(i) + " or RECV_B)";
+      missing = "its output gradient (B" + std::to_string(st + 1) + "." + std::to_string(i) +
+                " or RECV_B)";
     }
   }
   if (!missing.empty()) return where(r, a) + " runs before " + missing;
@@ -260,7 +270,8 @@ ValidationReport Simulator::run() {
   }
   std::string waits;
   for (int r = 0; r < p && error.empty(); ++r) {
-    if (pc_[r] < s_.ranks[r].size()) waits += " rank " + std::to_string(r) + " at " + action_name(s_.ranks[r][pc_[r]]) + ";";
+    if (pc_[r] < s_.ranks[r].size())
+      waits += " rank " + std::to_string(r) + " at " + action_name(s_.ranks[r][pc_[r]]) + ";";
   }
   if (error.empty() && !waits.empty()) error = "deadlock: no rank can move:" + waits;
   report_.ok = error.empty();

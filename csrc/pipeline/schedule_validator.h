@@ -6,10 +6,10 @@
 // stage's backward here or a completed RECV_B; a weight gradient needs its input gradient), else
 // the schedule is rejected ("B1.2 on rank 1 before F1.2"). Consecutive communication actions are
 // one group: it is posted as a whole and completes once every member's partner is posted
-// (with buffered sends, the default, a send needs no partner to complete), so the k-th send on a channel (rank a -> rank b)
-// must be the k-th receive on it, with the same kind, stage and microbatch ("reordered" /
-// "missing recv" errors otherwise). If no rank can move and some have actions left, the schedule
-// deadlocks and the report lists where every rank waits.
+// (with buffered sends, the default, a send needs no partner to complete), so the k-th send on a
+// channel (rank a -> rank b) must be the k-th receive on it, with the same kind, stage and
+// microbatch ("reordered" / "missing recv" errors otherwise). If no rank can move and some have
+// actions left, the schedule deadlocks and the report lists where every rank waits.
 //
 // Timing uses a cost model (compute only; communication free): each action starts when its rank
 // is free and its group's partners have posted. The report gives the makespan, the bubble

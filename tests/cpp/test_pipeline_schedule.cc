@@ -129,12 +129,22 @@ TEST(PipelineValidator, FindsACircularWait) {
   s.num_ranks = 2;
   s.num_stages = 2;
   s.num_microbatches = 2;
-  s.ranks = {{{K::kForward, 0, 0}, {K::kSendForward, 0, 0}, {K::kForward, 0, 1},
-              {K::kRecvBackward, 0, 0}, {K::kBackward, 0, 0}, {K::kSendForward, 0, 1},
-              {K::kRecvBackward, 0, 1}, {K::kBackward, 0, 1}},
-             {{K::kRecvForward, 1, 0}, {K::kForward, 1, 0}, {K::kRecvForward, 1, 1},
-              {K::kForward, 1, 1}, {K::kBackward, 1, 0}, {K::kSendBackward, 1, 0},
-              {K::kBackward, 1, 1}, {K::kSendBackward, 1, 1}}};
+  s.ranks = {{{K::kForward, 0, 0},
+              {K::kSendForward, 0, 0},
+              {K::kForward, 0, 1},
+              {K::kRecvBackward, 0, 0},
+              {K::kBackward, 0, 0},
+              {K::kSendForward, 0, 1},
+              {K::kRecvBackward, 0, 1},
+              {K::kBackward, 0, 1}},
+             {{K::kRecvForward, 1, 0},
+              {K::kForward, 1, 0},
+              {K::kRecvForward, 1, 1},
+              {K::kForward, 1, 1},
+              {K::kBackward, 1, 0},
+              {K::kSendBackward, 1, 0},
+              {K::kBackward, 1, 1},
+              {K::kSendBackward, 1, 1}}};
   const ValidationReport r = expect_rejected(s, "deadlock");
   EXPECT_NE(r.error.find("rank 0 at RECV_B0.0"), std::string::npos) << r.error;
   EXPECT_NE(r.error.find("rank 1 at RECV_F1.1"), std::string::npos) << r.error;

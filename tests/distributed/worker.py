@@ -12,6 +12,7 @@ import traceback
 from pathlib import Path
 
 import fsdp_checks
+import pipeline_checks
 import shardwise  # noqa: F401  (registers the backend)
 import torch
 import torch.distributed as dist
@@ -392,6 +393,8 @@ SCENARIOS = {
     "cuda": [cuda_ops_match_cpu],
     "fsdp": fsdp_checks.CHECKS,
     "zero": zero_checks.CHECKS,
+    "pipeline": pipeline_checks.CHECKS,
+    "pipeline_fault": [pipeline_checks.fault_pipeline_stage_dies],
 }
 
 

@@ -1,0 +1,79 @@
+// Runs a validated pipeline schedule on this rank's stages, usable from LibTorch.
+//
+// step(inputs) walks this rank's action list. F(s, i) runs stage s on microbatch i: stage 0
+// reads inputs[i]; another stage reads the activation it received (or, when stage s - 1 is on
+// this rank too, that stage's output), as a leaf that requires grad. The last stage turns its
+// output into loss_fn(output, i) / m, so the gradients summed over the m backwards are those of
+// the mean loss, scaled exactly once. B(s, i) runs autograd from the stashed output with the
+// received gradient (the last stage from its loss) and frees the microbatch's stash; the gradient
+// of the stage input is what SEND_B sends upstream. Gradients accumulate in `.grad` over the
+// microbatches; `before_last_backward` runs right before this rank's last backward of the step
+// (where a data-parallel wrapper enables its gradient sync).
+//
+// Communication: a group of consecutive SEND/RECV actions is posted together. A message is a
+// header (dtype, rank of the tensor, sizes) followed by the tensor, so shapes and dtypes are
+// learned at run time and may change from step to step. Sends are waited for at the end of the
+// step (the validator's buffered-send model); receives before the compute that needs them.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <memory>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <vector>
+
+#include "pipeline/schedule.h"
+
+namespace shardwise::pipeline {
+
+struct ExecutorOptions {
+  Schedule schedule;  // validated by the constructor
+  int rank = 0;       // this rank's index in the pipeline (and in `group`)
+  c10::intrusive_ptr<c10d::ProcessGroup> group;  // the pipeline ranks; null when num_ranks = 1
+  // The last stage's loss for microbatch i from its output (a scalar, averaged over the
+  // microbatch); the executor divides it by the number of microbatches.
+  std::function<at::Tensor(const at::Tensor& output, int microbatch)> loss;
+  std::function<void()> before_last_backward;  // optional
+};
+
+struct StepResult {
+  double loss = 0.0;  // mean loss over the microbatches (on the last stage's rank; else 0)
+  // Measured start and end (seconds since the step began) of each action of this rank.
+  std::vector<std::pair<double, double>> times;
+  int peak_stashed = 0;  // most microbatch-stages stashed at once on this rank
+};
+
+class PipelineExecutor {
+ public:
+  using StageFn = std::function<at::Tensor(const at::Tensor&)>;
+  // `stages[k]` runs stage `stage_ids[k]`; this rank must hold exactly the stages the schedule
+  // gives it.
+  PipelineExecutor(std::vector<int> stage_ids, std::vector<StageFn> stages, ExecutorOptions options);
+
+  // One training step over the microbatches `inputs` (used on the rank of stage 0).
+  StepResult step(const std::vector<at::Tensor>& inputs);
+  const Schedule& schedule() const { return options_.schedule; }
+
+ private:
+  struct Stash {
+    at::Tensor input, output, loss, input_grad, output_grad;
+  };
+  Stash& stash(int stage, int microbatch);
+  void forward(const Action& a, const std::vector<at::Tensor>& inputs, StepResult& result);
+  void backward(const Action& a);
+  void run_group(size_t begin, size_t end);
+  void send(const at::Tensor& tensor, int peer);
+  at::Tensor receive(int peer);
+
+  ExecutorOptions options_;
+  std::vector<int> stage_ids_;
+  std::vector<StageFn> stages_;
+  std::map<std::pair<int, int>, Stash> stash_;
+  std::vector<c10::intrusive_ptr<c10d::Work>> pending_sends_;
+  std::vector<at::Tensor> sent_;  // kept alive until their sends complete
+  int last_backward_ = -1;        // index of this rank's last backward action
+  int stashed_ = 0;
+};
+
+}  // namespace shardwise::pipeline
