@@ -65,4 +65,5 @@ set(SHARDWISE_TORCH_TEST_SOURCES
   tests/cpp/torch/test_cast_ops_libtorch.cc
   tests/cpp/torch/test_fsdp_libtorch.cc
   tests/cpp/torch/test_zero_libtorch.cc
+  tests/cpp/torch/test_pipeline_libtorch.cc
 )

@@ -30,9 +30,9 @@ PipelineExecutor::PipelineExecutor(std::vector<int> stage_ids,
   }
   TORCH_CHECK_VALUE(options_.rank >= 0 && options_.rank < s.num_ranks, "pipeline: rank ",
                     options_.rank, " is outside the schedule's ", s.num_ranks, " ranks");
-  TORCH_CHECK_VALUE(s.num_ranks == 1 || (options_.group && options_.group->getSize() == s.num_ranks),
-                    "pipeline: the process group must have the schedule's ", s.num_ranks,
-                    " ranks");
+  TORCH_CHECK_VALUE(
+      s.num_ranks == 1 || (options_.group && options_.group->getSize() == s.num_ranks),
+      "pipeline: the process group must have the schedule's ", s.num_ranks, " ranks");
   TORCH_CHECK_VALUE(stage_ids_.size() == stages_.size(), "pipeline: ", stage_ids_.size(),
                     " stage ids for ", stages_.size(), " stage functions");
   std::vector<int> expected;
@@ -47,11 +47,17 @@ PipelineExecutor::PipelineExecutor(std::vector<int> stage_ids,
   TORCH_CHECK_VALUE(static_cast<bool>(options_.loss), "pipeline: a loss function is required");
   const auto& list = s.ranks[options_.rank];
   for (size_t k = 0; k < list.size(); ++k) {
-    TORCH_CHECK_VALUE(list[k].kind != ActionKind::kBackwardInput &&
-                          list[k].kind != ActionKind::kBackwardWeight,
-                      "pipeline: the executor runs whole backwards (B); split I/W actions are "
-                      "validated but not executed yet");
-    if (list[k].kind == ActionKind::kBackward) last_backward_ = static_cast<int>(k);
+    TORCH_CHECK_VALUE(
+        list[k].kind != ActionKind::kBackwardInput && list[k].kind != ActionKind::kBackwardWeight,
+        "pipeline: the executor runs whole backwards (B); split I/W actions are "
+        "validated but not executed yet");
+  }
+  for (int stage : stage_ids_) {
+    size_t last = 0;
+    for (size_t k = 0; k < list.size(); ++k) {
+      if (list[k].kind == ActionKind::kBackward && list[k].stage == stage) last = k;
+    }
+    last_backwards_.push_back(last);
   }
 }
 
@@ -59,7 +65,8 @@ PipelineExecutor::Stash& PipelineExecutor::stash(int stage, int microbatch) {
   return stash_[{stage, microbatch}];
 }
 
-void PipelineExecutor::forward(const Action& a, const std::vector<at::Tensor>& inputs,
+void PipelineExecutor::forward(const Action& a,
+                               const std::vector<at::Tensor>& inputs,
                                StepResult& result) {
   const Schedule& s = options_.schedule;
   Stash& st = stash(a.stage, a.microbatch);
@@ -168,7 +175,9 @@ StepResult PipelineExecutor::step(const std::vector<at::Tensor>& inputs) {
   stash_.clear();
   stashed_ = 0;
   const auto start = std::chrono::steady_clock::now();
-  auto now = [&] { return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count(); };
+  auto now = [&] {
+    return std::chrono::duration<double>(std::chrono::steady_clock::now() - start).count();
+  };
   for (size_t k = 0; k < list.size();) {
     const double begin = now();
     if (s.is_communication(list[k])) {
@@ -181,8 +190,9 @@ StepResult PipelineExecutor::step(const std::vector<at::Tensor>& inputs) {
     if (list[k].kind == ActionKind::kForward) {
       forward(list[k], inputs, result);
     } else {
-      if (static_cast<int>(k) == last_backward_ && options_.before_last_backward) {
-        options_.before_last_backward();
+      const auto is_last = std::find(last_backwards_.begin(), last_backwards_.end(), k);
+      if (is_last != last_backwards_.end() && options_.before_last_backward) {
+        options_.before_last_backward(list[k].stage);
       }
       backward(list[k]);
     }

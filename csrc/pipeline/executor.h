@@ -7,8 +7,8 @@
 // the mean loss, scaled exactly once. B(s, i) runs autograd from the stashed output with the
 // received gradient (the last stage from its loss) and frees the microbatch's stash; the gradient
 // of the stage input is what SEND_B sends upstream. Gradients accumulate in `.grad` over the
-// microbatches; `before_last_backward` runs right before this rank's last backward of the step
-// (where a data-parallel wrapper enables its gradient sync).
+// microbatches; `before_last_backward(stage)` runs right before each stage's last backward of the
+// step (where a data-parallel or FSDP wrapper enables its gradient sync).
 //
 // Communication: a group of consecutive SEND/RECV actions is posted together. A message is a
 // header (dtype, rank of the tensor, sizes) followed by the tensor, so shapes and dtypes are
@@ -34,7 +34,9 @@ struct ExecutorOptions {
   // The last stage's loss for microbatch i from its output (a scalar, averaged over the
   // microbatch); the executor divides it by the number of microbatches.
   std::function<at::Tensor(const at::Tensor& output, int microbatch)> loss;
-  std::function<void()> before_last_backward;  // optional
+  // Optional: runs right before the last backward of each stage in the step (where a
+  // data-parallel or FSDP wrapper of that stage turns its gradient sync back on).
+  std::function<void(int stage)> before_last_backward;
 };
 
 struct StepResult {
@@ -49,7 +51,9 @@ class PipelineExecutor {
   using StageFn = std::function<at::Tensor(const at::Tensor&)>;
   // `stages[k]` runs stage `stage_ids[k]`; this rank must hold exactly the stages the schedule
   // gives it.
-  PipelineExecutor(std::vector<int> stage_ids, std::vector<StageFn> stages, ExecutorOptions options);
+  PipelineExecutor(std::vector<int> stage_ids,
+                   std::vector<StageFn> stages,
+                   ExecutorOptions options);
 
   // One training step over the microbatches `inputs` (used on the rank of stage 0).
   StepResult step(const std::vector<at::Tensor>& inputs);
@@ -71,8 +75,8 @@ class PipelineExecutor {
   std::vector<StageFn> stages_;
   std::map<std::pair<int, int>, Stash> stash_;
   std::vector<c10::intrusive_ptr<c10d::Work>> pending_sends_;
-  std::vector<at::Tensor> sent_;  // kept alive until their sends complete
-  int last_backward_ = -1;        // index of this rank's last backward action
+  std::vector<at::Tensor> sent_;        // kept alive until their sends complete
+  std::vector<size_t> last_backwards_;  // per stage of this rank, its last backward's index
   int stashed_ = 0;
 };
 

@@ -76,7 +76,7 @@ void bind_pipeline(py::module& m) {
                        std::vector<std::function<at::Tensor(const at::Tensor&)>> stages,
                        const Schedule& schedule, int rank, std::optional<Group> group,
                        std::function<at::Tensor(const at::Tensor&, int)> loss,
-                       std::optional<std::function<void()>> before_last_backward) {
+                       std::optional<std::function<void(int)>> before_last_backward) {
              ExecutorOptions o;
              o.schedule = schedule;
              o.rank = rank;

@@ -18,6 +18,8 @@ def world_results(scenario: str, world_size: int) -> list[dict]:
 @pytest.mark.parametrize("world_size", [2, 4])
 @pytest.mark.parametrize("check", [f.__name__ for f in CHECKS])
 def test_pipeline(world_size, check):
+    if "_x_pp_" in check and world_size != 4:
+        pytest.skip("a 2 × 2 mesh needs 4 ranks")
     for rank, result in enumerate(world_results("pipeline", world_size)):
         status = result.get(check, f"never ran; log:\n{result.get('__log__')}")
         assert status == "ok", f"rank {rank}: {status}"

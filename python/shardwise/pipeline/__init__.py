@@ -45,6 +45,42 @@ def split_by_parameters(blocks: Sequence[nn.Module], num_stages: int) -> list[li
     return [list(range(bounds[k], bounds[k + 1])) for k in range(num_stages)]
 
 
+class MeshGroups:
+    """The process groups of a data × pipeline mesh, ``mesh_shape`` in the form of seed 000:
+    ``[[data, pipeline], ["dp" | "fsdp", "pp"]]``. The last axis varies fastest, so a pipeline
+    is a run of consecutive ranks and a data-parallel group takes every ``pipeline``-th rank."""
+
+    def __init__(self, mesh_shape):
+        try:
+            (data, pipe), (data_kind, pipe_kind) = mesh_shape
+        except (TypeError, ValueError):
+            raise ValueError(
+                f"mesh_shape {mesh_shape!r}: expected [[data, pipeline], ['dp' or 'fsdp', 'pp']]"
+            ) from None
+        if data_kind not in ("dp", "fsdp") or pipe_kind != "pp":
+            raise ValueError(
+                f"mesh_shape axes {[data_kind, pipe_kind]}: use ['dp', 'pp'] or ['fsdp', 'pp']"
+            )
+        world = dist.get_world_size()
+        if data * pipe != world:
+            raise ValueError(
+                f"mesh_shape {mesh_shape}: {data} × {pipe} = {data * pipe} ranks but the world has "
+                f"{world}; make the product equal the world size"
+            )
+        rank = dist.get_rank()
+        self.data_kind, self.data_size, self.pipeline_size = data_kind, data, pipe
+        self.data_rank, self.pipeline_rank = divmod(rank, pipe)
+        self.pipeline_group = self.data_group = None
+        for d in range(data):  # every rank creates every group, in the same order
+            group = dist.new_group([d * pipe + k for k in range(pipe)])
+            if d == self.data_rank:
+                self.pipeline_group = group
+        for k in range(pipe):
+            group = dist.new_group([d * pipe + k for d in range(data)])
+            if k == self.pipeline_rank:
+                self.data_group = group
+
+
 class Pipeline:
     """Runs ``stages`` (this rank's stage modules, keyed by stage index) under a schedule.
 
@@ -61,13 +97,15 @@ class Pipeline:
         *,
         group: dist.ProcessGroup | None = None,
         rank: int | None = None,
-        before_last_backward: Callable[[], None] | None = None,
+        data_parallel_group: dist.ProcessGroup | None = None,
     ):
         if group is None and schedule.num_ranks > 1:
             group = dist.group.WORLD
         self.rank = rank if rank is not None else (dist.get_rank(group) if group else 0)
         self.schedule = schedule
         self.stages = stages
+        self.data_parallel_group = data_parallel_group
+        self._group = group
         self._targets: list[torch.Tensor] = []
         ids = sorted(stages)
         self._executor = _C.PipelineExecutor(
@@ -77,7 +115,7 @@ class Pipeline:
             self.rank,
             group,
             lambda output, i: loss_fn(output, self._targets[i]),
-            before_last_backward,
+            self._before_last_backward,
         )
         self.last = None
 
@@ -90,8 +128,58 @@ class Pipeline:
                 raise ValueError(
                     f"{name}: a batch of {len(parts)} rows cannot make {m} microbatches"
                 )
+        for stage in self.stages.values():  # FSDP stages: no reduction until their last backward
+            if hasattr(stage, "_engine"):
+                stage._engine.set_requires_gradient_sync(False)
         self.last = self._executor.step(chunks)
+        self._sync_data_parallel()
         return self.last["loss"]
 
+    def gather_times(self):
+        """(actions, times) of every pipeline rank for the last step (a collective over the
+        pipeline group), for timeline.render_text / timeline.plot."""
+        mine = (self.schedule.actions(self.rank), self.last["times"])
+        group = self._group
+        if group is None:
+            return [mine[0]], [mine[1]]
+        gathered = [None] * dist.get_world_size(group)
+        dist.all_gather_object(gathered, mine, group=group)
+        return [g[0] for g in gathered], [g[1] for g in gathered]
 
-__all__ = ["SCHEDULES", "Pipeline", "make_schedule", "split_by_parameters", "validate"]
+    def _before_last_backward(self, stage: int) -> None:
+        module = self.stages[stage]
+        if hasattr(module, "_engine"):  # shardwise.FullyShardedDataParallel
+            module._engine.set_requires_gradient_sync(True)
+
+    def _sync_data_parallel(self) -> None:
+        """Replicated stages: average the gradients over the data-parallel group, once per step,
+        in one all-reduce (FSDP stages reduced theirs in their last backward)."""
+        group = self.data_parallel_group
+        if group is None or dist.get_world_size(group) == 1:
+            return
+        grads = [
+            p.grad
+            for m in self.stages.values()
+            if not hasattr(m, "_engine")
+            for p in m.parameters()
+            if p.grad is not None
+        ]
+        if not grads:
+            return
+        flat = torch.cat([g.reshape(-1) for g in grads])
+        dist.all_reduce(flat, group=group)
+        flat /= dist.get_world_size(group)
+        offset = 0
+        for g in grads:
+            g.copy_(flat[offset : offset + g.numel()].view_as(g))
+            offset += g.numel()
+
+
+__all__ = [
+    "SCHEDULES",
+    "MeshGroups",
+    "Pipeline",
+    "make_schedule",
+    "split_by_parameters",
+    "validate",
+]
