@@ -70,7 +70,8 @@ void run(shardwise::pipeline::ScheduleKind kind, int virtual_stages, int microba
         for (int s = rank; s < stages; s += kWorld) {
           ids.push_back(s);
           auto layer = layers[s];
-          fns.push_back([layer](const at::Tensor& in) mutable { return torch::tanh(layer->forward(in)); });
+          fns.push_back(
+              [layer](const at::Tensor& in) mutable { return torch::tanh(layer->forward(in)); });
         }
         shardwise::pipeline::PipelineExecutor executor(ids, fns, options);
         losses[rank] = executor.step(std::vector<at::Tensor>(xs.begin(), xs.end())).loss;
