@@ -7,7 +7,8 @@ m = 8 microbatches, bf16 autocast. Reported in the same run:
 - torch.distributed.pipelining ``Schedule1F1B`` on the same stages and the same process group.
 
 The GPT's tied head is untied for both (a copy on the last stage). Each timed step is the max
-over ranks, median of the timed steps.
+over ranks, median of the timed steps; the frameworks take turns step by step (interleaved
+rounds), so a slow phase of the VM hits them alike.
 
 Run: python benchmarks/bench_pipeline.py --output benchmarks/results/DATE-pipeline-cpu.md
 """
@@ -72,13 +73,13 @@ def loss_fn(logits, targets):
 
 
 def stage_time(stage, rank, cfg, args) -> float:
-    """Forward + backward of this rank's stage on one microbatch, median of 5."""
+    """Forward + backward of this rank's stage on one microbatch, median of 6 after 2."""
     import torch
 
     tokens = torch.randint(0, cfg.vocab_size, (args.micro, cfg.seq_len + 1))
     x = tokens[:, :-1] if rank == 0 else torch.randn(args.micro, cfg.seq_len, cfg.dim)
     times = []
-    for _ in range(6):
+    for _ in range(8):
         start = time.perf_counter()
         if rank == 0:
             out = stage(x)
@@ -88,7 +89,7 @@ def stage_time(stage, rank, cfg, args) -> float:
             loss_fn(stage(xin), tokens[:, 1:]).backward()
         times.append(time.perf_counter() - start)
     stage.zero_grad()
-    return statistics.median(times[1:])
+    return statistics.median(times[2:])
 
 
 def run_rank(args) -> None:
@@ -104,40 +105,17 @@ def run_rank(args) -> None:
     first, last = build_stages(cfg, cfg.layers // 2)
     stage = first if rank == 0 else last
     m = args.microbatches
-    t_stage = torch.tensor([stage_time(stage, rank, cfg, args)], dtype=torch.float64)
-    dist.all_reduce(t_stage, op=dist.ReduceOp.MAX)
-    ideal = t_stage.item() * (m + world - 1)
     g = torch.Generator().manual_seed(1)
     batches = [
         torch.randint(0, cfg.vocab_size, (m * args.micro, cfg.seq_len + 1), generator=g)
         for _ in range(args.warmup + args.steps)
     ]
-    rows = []
-
-    def timed(run):
-        times = []
-        for k, tokens in enumerate(batches):
-            dist.barrier()
-            start = time.perf_counter()
-            run(tokens)
-            stage.zero_grad()
-            if k >= args.warmup:
-                times.append(time.perf_counter() - start)
-        t = torch.tensor([statistics.median(times)], dtype=torch.float64)
-        dist.all_reduce(t, op=dist.ReduceOp.MAX)
-        return t.item()
-
-    for kind in ("1f1b", "gpipe"):
-        pipe = pp.Pipeline({rank: stage}, pp.make_schedule(kind, world, m), loss_fn)
-        step = timed(lambda tokens, pipe=pipe: pipe.step(tokens[:, :-1], tokens[:, 1:]))
-        peak = torch.tensor([pipe.last["peak_stashed"]])
-        dist.all_reduce(peak, op=dist.ReduceOp.MAX)
-        rows.append({"framework": f"shardwise {kind}", "step_s": step, "peak": int(peak.item())})
-        if kind == "1f1b":
-            actions, times = pipe.gather_times()
+    pipes = {kind: pp.Pipeline({rank: stage}, pp.make_schedule(kind, world, m), loss_fn)
+             for kind in ("1f1b", "gpipe")}
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
-    torch_stage = PipelineStage(copy.deepcopy(stage), rank, world, torch.device("cpu"))
+    torch_module = copy.deepcopy(stage)
+    torch_stage = PipelineStage(torch_module, rank, world, torch.device("cpu"))
     schedule = Schedule1F1B(torch_stage, n_microbatches=m, loss_fn=loss_fn)
 
     def torch_step(tokens):
@@ -145,8 +123,36 @@ def run_rank(args) -> None:
             schedule.step(tokens[:, :-1])
         else:
             schedule.step(target=tokens[:, 1:])
+        torch_module.zero_grad()
 
-    rows.append({"framework": "torch Schedule1F1B", "step_s": timed(torch_step), "peak": None})
+    runs = {f"shardwise {kind}": (lambda t, p=p: p.step(t[:, :-1], t[:, 1:])) for kind, p in pipes.items()}
+    runs["torch Schedule1F1B"] = torch_step
+    # Interleaved rounds (every framework once per round, same batch), so drift on the VM hits
+    # all alike; the first round is warm-up.
+    times = {name: [] for name in runs}
+    for k, tokens in enumerate(batches):
+        for name, run in runs.items():
+            dist.barrier()
+            start = time.perf_counter()
+            run(tokens)
+            stage.zero_grad()
+            if k >= args.warmup:
+                times[name].append(time.perf_counter() - start)
+    rows = []
+    for name, values in times.items():
+        t = torch.tensor([statistics.median(values)], dtype=torch.float64)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        peak = None
+        if name.startswith("shardwise"):
+            peak_t = torch.tensor([pipes[name.split()[1]].last["peak_stashed"]])
+            dist.all_reduce(peak_t, op=dist.ReduceOp.MAX)
+            peak = int(peak_t.item())
+        rows.append({"framework": name, "step_s": t.item(), "peak": peak})
+    actions, times_1f1b = pipes["1f1b"].gather_times()
+    # The ideal, from the stages' own forward + backward time measured now (warm, same process).
+    t_stage = torch.tensor([stage_time(stage, rank, cfg, args)], dtype=torch.float64)
+    dist.all_reduce(t_stage, op=dist.ReduceOp.MAX)
+    ideal = t_stage.item() * (m + world - 1)
     if rank == 0:
         from shardwise.pipeline import timeline
 
@@ -156,10 +162,10 @@ def run_rank(args) -> None:
                     "rows": rows,
                     "ideal_s": ideal,
                     "stage_s": t_stage.item(),
-                    "text": timeline.render_text(actions, times),
+                    "text": timeline.render_text(actions, times_1f1b),
                     "png": str(
                         timeline.plot(
-                            actions, times, args.png, f"shardwise 1F1B, p={world}, m={m}:"
+                            actions, times_1f1b, args.png, f"shardwise 1F1B, p={world}, m={m}:"
                         )
                     ),
                 }
