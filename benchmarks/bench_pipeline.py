@@ -110,8 +110,10 @@ def run_rank(args) -> None:
         torch.randint(0, cfg.vocab_size, (m * args.micro, cfg.seq_len + 1), generator=g)
         for _ in range(args.warmup + args.steps)
     ]
-    pipes = {kind: pp.Pipeline({rank: stage}, pp.make_schedule(kind, world, m), loss_fn)
-             for kind in ("1f1b", "gpipe")}
+    pipes = {
+        kind: pp.Pipeline({rank: stage}, pp.make_schedule(kind, world, m), loss_fn)
+        for kind in ("1f1b", "gpipe")
+    }
     from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
     torch_module = copy.deepcopy(stage)
@@ -125,7 +127,10 @@ def run_rank(args) -> None:
             schedule.step(target=tokens[:, 1:])
         torch_module.zero_grad()
 
-    runs = {f"shardwise {kind}": (lambda t, p=p: p.step(t[:, :-1], t[:, 1:])) for kind, p in pipes.items()}
+    runs = {
+        f"shardwise {kind}": (lambda t, p=p: p.step(t[:, :-1], t[:, 1:]))
+        for kind, p in pipes.items()
+    }
     runs["torch Schedule1F1B"] = torch_step
     # Interleaved rounds (every framework once per round, same batch), so drift on the VM hits
     # all alike; the first round is warm-up.

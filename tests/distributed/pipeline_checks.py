@@ -209,3 +209,61 @@ CHECKS += [
     pipeline_fsdp_x_pp_matches_single_process,
     pipeline_mesh_errors_name_the_fix,
 ]
+
+
+class _Embed(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.embed = nn.Embedding(32, DIM)
+
+    def forward(self, tokens):
+        return self.embed(tokens)
+
+
+class _Head(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.head = nn.Linear(DIM, 32, bias=False)
+
+    def forward(self, x):
+        return self.head(torch.tanh(x))
+
+
+def pipeline_tied_embedding_stays_tied(rank, world, gloo):
+    """An embedding on the first stage tied to the head on the last: the copies start equal and
+    each gets the sum of both gradients (either alone would train a different model)."""
+    torch.manual_seed(3)
+    embed, head, middle = _Embed(), _Head(), make_blocks(world - 2) if world > 2 else []
+    head.head.weight = nn.Parameter(torch.randn(32, DIM))  # different until tied
+    ref_embed, ref_head = _Embed(), _Head()
+    ref_embed.load_state_dict(embed.state_dict())
+    ref_head.head.weight = ref_embed.embed.weight  # the unpipelined model shares one tensor
+    ref_mid = make_blocks(world - 2) if world > 2 else []
+    tokens = torch.randint(0, 32, (6, 5), generator=torch.Generator().manual_seed(0))
+    targets = torch.randint(0, 32, (6, 5), generator=torch.Generator().manual_seed(1))
+
+    def loss_fn(logits, t):
+        return F.cross_entropy(logits.reshape(-1, 32), t.reshape(-1))
+
+    x = ref_embed(tokens)
+    for block in ref_mid:
+        x = block(x)
+    loss_fn(ref_head(x), targets).backward()
+    modules = [embed, *middle, head]
+    pipe = pp.Pipeline(
+        {rank: modules[rank]},
+        pp.make_schedule("1f1b", world, 3),
+        loss_fn,
+        tied=[(0, "embed.weight", world - 1, "head.weight")],
+    )
+    pipe.step(tokens, targets)
+    if rank == 0:
+        err = _rel(embed.embed.weight.grad, ref_embed.embed.weight.grad)
+        assert err <= 1e-6, f"embedding gradient relative error {err:.2e}"
+    if rank == world - 1:
+        assert torch.equal(head.head.weight.data, ref_embed.embed.weight.data), "not tied at start"
+        err = _rel(head.head.weight.grad, ref_embed.embed.weight.grad)
+        assert err <= 1e-6, f"head gradient relative error {err:.2e}"
+
+
+CHECKS.append(pipeline_tied_embedding_stays_tied)

@@ -98,6 +98,7 @@ class Pipeline:
         group: dist.ProcessGroup | None = None,
         rank: int | None = None,
         data_parallel_group: dist.ProcessGroup | None = None,
+        tied: Sequence[tuple[int, str, int, str]] = (),
     ):
         if group is None and schedule.num_ranks > 1:
             group = dist.group.WORLD
@@ -106,6 +107,12 @@ class Pipeline:
         self.stages = stages
         self.data_parallel_group = data_parallel_group
         self._group = group
+        # Tied parameters on two stages (e.g. the embedding on the first, the head on the last):
+        # (stage_a, name in stage a, stage_b, name in stage b). Stage b starts from stage a's
+        # values; after every step each side's gradient becomes the sum of both.
+        self.tied = list(tied)
+        for a, name_a, b, name_b in self.tied:
+            self._exchange_tied(a, name_a, b, name_b, initial=True)
         self._targets: list[torch.Tensor] = []
         ids = sorted(stages)
         self._executor = _C.PipelineExecutor(
@@ -132,6 +139,8 @@ class Pipeline:
             if hasattr(stage, "_engine"):
                 stage._engine.set_requires_gradient_sync(False)
         self.last = self._executor.step(chunks)
+        for a, name_a, b, name_b in self.tied:
+            self._exchange_tied(a, name_a, b, name_b, initial=False)
         self._sync_data_parallel()
         return self.last["loss"]
 
@@ -145,6 +154,44 @@ class Pipeline:
         gathered = [None] * dist.get_world_size(group)
         dist.all_gather_object(gathered, mine, group=group)
         return [g[0] for g in gathered], [g[1] for g in gathered]
+
+    def _exchange_tied(self, a: int, name_a: str, b: int, name_b: str, initial: bool) -> None:
+        """initial: stage a's values to stage b. Else: both gradients := their sum (one
+        exchange between the two ranks, nothing for the others)."""
+        ranks = self.schedule.num_ranks
+        rank_a, rank_b = a % ranks, b % ranks
+        if self.rank not in (rank_a, rank_b):
+            return
+        mine = dict(self.stages[a if self.rank == rank_a else b].named_parameters())[
+            name_a if self.rank == rank_a else name_b
+        ]
+        if rank_a == rank_b:  # both stages here
+            other = dict(self.stages[b].named_parameters())[name_b]
+            if initial:
+                other.data.copy_(mine.data)
+            elif mine.grad is not None and other.grad is not None:
+                total = mine.grad + other.grad
+                mine.grad.copy_(total)
+                other.grad.copy_(total)
+            return
+        peer = dist.get_global_rank(self._group, rank_b if self.rank == rank_a else rank_a)
+        if initial:
+            if self.rank == rank_a:
+                dist.send(mine.data.contiguous(), peer, group=self._group)
+            else:
+                received = torch.empty_like(mine.data)
+                dist.recv(received, peer, group=self._group)
+                mine.data.copy_(received)
+            return
+        grad = mine.grad if mine.grad is not None else torch.zeros_like(mine)
+        theirs = torch.empty_like(grad)
+        ops = [
+            dist.P2POp(dist.isend, grad.contiguous(), peer, self._group),
+            dist.P2POp(dist.irecv, theirs, peer, self._group),
+        ]
+        for work in dist.batch_isend_irecv(ops):
+            work.wait()
+        mine.grad = grad + theirs
 
     def _before_last_backward(self, stage: int) -> None:
         module = self.stages[stage]
