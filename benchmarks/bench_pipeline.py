@@ -234,7 +234,8 @@ def main() -> int:
         f"- slower stage forward + backward per microbatch: {result['stage_s'] * 1e3:.1f} ms; "
         f"ideal step = that × (m + p - 1) = {ideal * 1e3:.1f} ms",
         "",
-        "| schedule | step ms | vs ideal | tokens/s | vs torch Schedule1F1B | peak stashed / rank |",
+        "| schedule | step ms | vs ideal | tokens/s | vs torch Schedule1F1B "
+        "| peak stashed / rank |",
         "|---|---:|---:|---:|---:|---:|",
     ]
     for r in result["rows"]:
