@@ -26,6 +26,7 @@ set(SHARDWISE_CORE_SOURCES
   csrc/zero/loss_scaler.cc
   csrc/pipeline/schedule_generators.cc
   csrc/pipeline/schedule_validator.cc
+  csrc/pipeline/partition.cc
 )
 set(SHARDWISE_CORE_TEST_SOURCES
   tests/cpp/test_collectives.cc
@@ -37,6 +38,7 @@ set(SHARDWISE_CORE_TEST_SOURCES
   tests/cpp/test_loss_scaler.cc
   tests/cpp/test_optim_math.cc
   tests/cpp/test_pipeline_schedule.cc
+  tests/cpp/test_pipeline_partition.cc
 )
 set(SHARDWISE_TORCH_SOURCES
   csrc/backend/functional_ops.cpp

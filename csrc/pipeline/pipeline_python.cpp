@@ -9,6 +9,7 @@
 #include <string>
 
 #include "pipeline/executor.h"
+#include "pipeline/partition.h"
 #include "pipeline/schedule.h"
 #include "pipeline/schedule_validator.h"
 
@@ -59,6 +60,17 @@ void bind_pipeline(py::module& m) {
       },
       py::arg("kind"), py::arg("num_ranks"), py::arg("num_microbatches"),
       py::arg("virtual_stages") = 1);
+  m.def(
+      "balanced_partition",
+      [](const std::vector<double>& costs, int num_stages) {
+        try {
+          return balanced_partition(costs, num_stages);
+        } catch (const std::invalid_argument& e) {
+          throw py::value_error(e.what());
+        }
+      },
+      py::arg("costs"), py::arg("num_stages"),
+      "First block of each stage: contiguous runs minimizing the largest total cost.");
   m.def(
       "validate_pipeline_schedule",
       [](const Schedule& s, double forward, double backward, bool buffered_sends) {

@@ -63,3 +63,13 @@ def test_timeline_png(tmp_path):
     assert timeline.bubble_fraction(actions, report["times"]) == pytest.approx(
         report["bubble_fraction"]
     )
+
+
+def test_split_by_time_isolates_a_slow_block():
+    torch.manual_seed(0)
+    fast = [nn.Linear(64, 64) for _ in range(3)]
+    slow = nn.Sequential(*(nn.Linear(64, 64) for _ in range(30)))
+    blocks = [*fast, slow]  # by parameters the same imbalance; by time ~10x
+    groups = pp.split_by_time(blocks, 2, torch.randn(256, 64))
+    assert groups == [[0, 1, 2], [3]], groups
+    assert all(p.grad is None for b in blocks for p in b.parameters())

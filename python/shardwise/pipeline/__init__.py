@@ -25,24 +25,71 @@ def validate(schedule, forward: float = 1.0, backward: float = 2.0, buffered_sen
     return _C.validate_pipeline_schedule(schedule, forward, backward, buffered_sends)
 
 
+def _groups(starts: list[int], count: int) -> list[list[int]]:
+    bounds = [*starts, count]
+    return [list(range(bounds[k], bounds[k + 1])) for k in range(len(starts))]
+
+
 def split_by_parameters(blocks: Sequence[nn.Module], num_stages: int) -> list[list[int]]:
-    """Contiguous groups of block indices, one per stage, balancing parameter counts (each
-    stage gets at least one block): a greedy cut at the running-total quantiles."""
-    if num_stages < 1 or num_stages > len(blocks):
-        raise ValueError(
-            f"num_stages {num_stages}: need 1 <= num_stages <= number of blocks ({len(blocks)})"
-        )
-    sizes = [sum(p.numel() for p in b.parameters()) or 1 for b in blocks]
-    total, cuts, running = sum(sizes), [], 0
-    for i, size in enumerate(sizes):
-        running += size
-        left_blocks = len(sizes) - i - 1
-        left_stages = num_stages - len(cuts) - 1
-        due = running >= total * (len(cuts) + 1) / num_stages
-        if left_stages > 0 and (due or left_blocks == left_stages):
-            cuts.append(i + 1)
-    bounds = [0, *cuts, len(blocks)]
-    return [list(range(bounds[k], bounds[k + 1])) for k in range(num_stages)]
+    """Contiguous groups of block indices, one per stage, whose largest parameter count is as
+    small as possible (C++ balanced_partition)."""
+    sizes = [float(sum(p.numel() for p in b.parameters())) for b in blocks]
+    return _groups(_C.balanced_partition(sizes, num_stages), len(blocks))
+
+
+def split_by_time(
+    blocks: Sequence[nn.Module], num_stages: int, sample: torch.Tensor, repeats: int = 3
+) -> list[list[int]]:
+    """Like split_by_parameters, balancing the measured forward + backward time of each block
+    on ``sample`` (fed through the blocks in order; median of ``repeats``)."""
+    import statistics
+    import time
+
+    costs, x = [], sample
+    for block in blocks:
+        times = []
+        for _ in range(repeats + 1):
+            inp = x.detach().requires_grad_(x.is_floating_point())
+            start = time.perf_counter()
+            out = block(inp)
+            out.float().sum().backward()
+            times.append(time.perf_counter() - start)
+        block.zero_grad(set_to_none=True)
+        costs.append(statistics.median(times[1:]))
+        x = out.detach()
+    return _groups(_C.balanced_partition(costs, num_stages), len(blocks))
+
+
+def stage_modules(blocks: Sequence[nn.Module], groups: list[list[int]]) -> list[nn.Sequential]:
+    """One nn.Sequential per stage from the groups of block indices."""
+    return [nn.Sequential(*(blocks[i] for i in group)) for group in groups]
+
+
+def gpt_blocks(model) -> tuple[list[nn.Module], tuple[str, str] | None]:
+    """The bundled GPT as a list of blocks (embedding, transformer blocks, norm + head) and, when
+    the head is tied to the embedding, the names (in the first and last block) to keep tied: the
+    last block gets its own copy, Pipeline(tied=...) sums their gradients."""
+
+    class Embedding(nn.Module):
+        def __init__(self, embed, pos):
+            super().__init__()
+            self.embed, self.pos = embed, pos
+
+        def forward(self, tokens):
+            return self.embed(tokens) + self.pos(torch.arange(tokens.shape[1]))
+
+    class Head(nn.Module):
+        def __init__(self, norm, head):
+            super().__init__()
+            self.norm, self.head = norm, nn.Linear(head.in_features, head.out_features, bias=False)
+            self.head.weight = nn.Parameter(head.weight.detach().clone())
+
+        def forward(self, x):
+            return self.head(self.norm(x))
+
+    tied = model.head.weight is model.embed.weight
+    blocks = [Embedding(model.embed, model.pos), *model.blocks, Head(model.norm, model.head)]
+    return blocks, (("embed.weight", "head.weight") if tied else None)
 
 
 class MeshGroups:
