@@ -126,7 +126,8 @@ def run_rank(framework: str, args) -> None:
     dist.destroy_process_group()
 
 
-def launch(framework: str, args) -> dict:
+def launch(framework: str, args, script: str = __file__) -> dict:
+    """Runs `script --rank-of framework` on args.world ranks; rank 0's last JSON line."""
     port = free_port()
     procs = []
     for rank in range(args.world):
@@ -139,7 +140,7 @@ def launch(framework: str, args) -> dict:
             LOCAL_RANK=str(rank),
             OMP_NUM_THREADS="1",
         )
-        argv = [sys.executable, __file__, "--rank-of", framework] + sys.argv[1:]
+        argv = [sys.executable, script, "--rank-of", framework] + sys.argv[1:]
         procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True))
     outputs = [p.communicate()[0] for p in procs]
     if any(p.returncode for p in procs):

@@ -20,12 +20,11 @@ import json
 import os
 import platform
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from bench_fsdp import free_port
+from bench_fsdp import launch as launch_ranks
 
 
 def build_stages(cfg, layers_per_stage):
@@ -190,29 +189,12 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=1)
     parser.add_argument("--png", default="benchmarks/results/pipeline-1f1b-timeline.png")
     parser.add_argument("--output", type=Path)
-    parser.add_argument("--rank-of", action="store_true", help=argparse.SUPPRESS)
+    parser.add_argument("--rank-of", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.rank_of:
         run_rank(args)
         return 0
-    port = free_port()
-    procs = []
-    for rank in range(args.world):
-        env = dict(
-            os.environ,
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            RANK=str(rank),
-            WORLD_SIZE=str(args.world),
-            LOCAL_RANK=str(rank),
-            OMP_NUM_THREADS="1",
-        )
-        argv = [sys.executable, __file__, "--rank-of"] + sys.argv[1:]
-        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True))
-    outputs = [p.communicate()[0] for p in procs]
-    if any(p.returncode for p in procs):
-        raise RuntimeError(f"a rank failed: {[p.returncode for p in procs]}")
-    result = json.loads(outputs[0].strip().splitlines()[-1])
+    result = launch_ranks("pipeline", args, __file__)
     ideal = result["ideal_s"]
     torch_step = next(r for r in result["rows"] if r["framework"].startswith("torch"))["step_s"]
     import torch

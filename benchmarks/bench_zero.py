@@ -20,12 +20,11 @@ import os
 import platform
 import resource
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
 
-from bench_fsdp import free_port
+from bench_fsdp import launch as launch_ranks
 
 FRAMEWORKS = ("zero1", "zero2", "zero3", "ddp", "torch-zero1")
 
@@ -130,27 +129,6 @@ def run_rank(framework: str, args) -> None:
     dist.destroy_process_group()
 
 
-def launch(framework: str, args) -> dict:
-    port = free_port()
-    procs = []
-    for rank in range(args.world):
-        env = dict(
-            os.environ,
-            MASTER_ADDR="127.0.0.1",
-            MASTER_PORT=str(port),
-            RANK=str(rank),
-            WORLD_SIZE=str(args.world),
-            LOCAL_RANK=str(rank),
-            OMP_NUM_THREADS="1",
-        )
-        argv = [sys.executable, __file__, "--rank-of", framework] + sys.argv[1:]
-        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, text=True))
-    outputs = [p.communicate()[0] for p in procs]
-    if any(p.returncode for p in procs):
-        raise RuntimeError(f"{framework} failed: {[p.returncode for p in procs]}")
-    return json.loads(outputs[0].strip().splitlines()[-1])
-
-
 def table(results: list[dict], args) -> list[str]:
     import torch
     from shardwise.models import PRESETS
@@ -199,7 +177,7 @@ def main() -> int:
         return 0
     results = []
     for framework in args.frameworks.split(","):
-        results.append(launch(framework, args))
+        results.append(launch_ranks(framework, args, __file__))
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
     text = "\n".join(table(results, args)) + "\n"
     print(text)

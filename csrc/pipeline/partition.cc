@@ -11,8 +11,8 @@ std::vector<int> balanced_partition(const std::vector<double>& costs, int num_st
   const int n = static_cast<int>(costs.size());
   if (num_stages < 1 || num_stages > n) {
     throw std::invalid_argument("balanced_partition: num_stages " + std::to_string(num_stages) +
-                                ": need 1 <= num_stages <= number of blocks (" +
-                                std::to_string(n) + ")");
+                                ": need 1 <= num_stages <= number of blocks (" + std::to_string(n) +
+                                ")");
   }
   std::vector<double> prefix(n + 1, 0.0);
   for (int i = 0; i < n; ++i) {

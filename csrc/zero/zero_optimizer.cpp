@@ -15,8 +15,6 @@
 namespace shardwise::zero {
 namespace {
 
-constexpr int64_t kShardAlign = 16;
-
 class GradReadyHook : public torch::autograd::PostAccumulateGradHook {
  public:
   GradReadyHook(std::weak_ptr<ZeroOptimizer> owner, std::function<void()> ready)
@@ -99,7 +97,8 @@ void ZeroOptimizer::init_partitioned(std::vector<at::Tensor> params) {
     if (current.empty()) return;
     std::vector<int64_t> numels;
     for (int64_t i : current) numels.push_back(params_[i].numel());
-    Bucket bucket{current, sharding::FlatLayout({numels, world_, kShardAlign}), partition_numel_};
+    Bucket bucket{current, sharding::FlatLayout({numels, world_, shardwise::kShardAlign}),
+                  partition_numel_};
     partition_numel_ += bucket.layout.shard_numel();
     for (int64_t i : current) bucket_of_[i] = static_cast<int>(buckets_.size());
     buckets_.push_back(std::move(bucket));

@@ -7,12 +7,11 @@
 
 #include <thread>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <vector>
 
-#include "backend/shardwise_backend.hpp"
 #include "fsdp/fsdp_engine.h"
+#include "thread_group.h"
 
 namespace {
 
@@ -33,18 +32,6 @@ void copy_params(Net& from, Net& to) {
   auto a = from.parameters();
   auto b = to.parameters();
   for (size_t i = 0; i < a.size(); ++i) b[i].copy_(a[i]);
-}
-
-c10::intrusive_ptr<c10d::ProcessGroup> make_group(const c10::intrusive_ptr<c10d::Store>& store,
-                                                  int rank) {
-  shardwise::backend::ShardwiseOptions options;
-  options.timeout = std::chrono::seconds(30);  // a failing rank fails the other fast
-  auto backend = c10::make_intrusive<shardwise::backend::ShardwiseBackend>(
-      c10::make_intrusive<c10d::PrefixStore>("fsdp", store), rank, kWorld, options);
-  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, kWorld);
-  group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::CUSTOM, backend);
-  group->setDefaultBackend(c10d::ProcessGroup::BackendType::CUSTOM);
-  return group;
 }
 
 TEST(FsdpLibTorch, TwoRanksMatchSingleProcessTraining) {
@@ -71,7 +58,7 @@ TEST(FsdpLibTorch, TwoRanksMatchSingleProcessTraining) {
     threads.emplace_back([&, rank] {
       try {
         Net& net = ranks[rank];
-        auto group = make_group(store, rank);
+        auto group = make_thread_group(store, rank, kWorld, "fsdp");
         shardwise::fsdp::EngineOptions engine_options;
         engine_options.world_group = group;
         auto engine = shardwise::fsdp::FsdpEngine::create(engine_options);

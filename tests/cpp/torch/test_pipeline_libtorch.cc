@@ -6,29 +6,15 @@
 
 #include <thread>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <vector>
 
-#include "backend/shardwise_backend.hpp"
 #include "pipeline/executor.h"
+#include "thread_group.h"
 
 namespace {
 
 constexpr int kWorld = 2;
-
-c10::intrusive_ptr<c10d::ProcessGroup> make_group(const c10::intrusive_ptr<c10d::Store>& store,
-                                                  int rank,
-                                                  const std::string& prefix) {
-  shardwise::backend::ShardwiseOptions options;
-  options.timeout = std::chrono::seconds(30);
-  auto backend = c10::make_intrusive<shardwise::backend::ShardwiseBackend>(
-      c10::make_intrusive<c10d::PrefixStore>(prefix, store), rank, kWorld, options);
-  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, kWorld);
-  group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::CUSTOM, backend);
-  group->setDefaultBackend(c10d::ProcessGroup::BackendType::CUSTOM);
-  return group;
-}
 
 void run(shardwise::pipeline::ScheduleKind kind, int virtual_stages, int microbatches) {
   const int stages = kWorld * virtual_stages;
@@ -63,7 +49,8 @@ void run(shardwise::pipeline::ScheduleKind kind, int virtual_stages, int microba
         shardwise::pipeline::ExecutorOptions options;
         options.schedule = schedule;
         options.rank = rank;
-        options.group = make_group(store, rank, "pipe" + std::to_string(microbatches));
+        options.group =
+            make_thread_group(store, rank, kWorld, "pipe" + std::to_string(microbatches));
         options.loss = [&](const at::Tensor& out, int i) { return torch::mse_loss(out, ys[i]); };
         std::vector<int> ids;
         std::vector<shardwise::pipeline::PipelineExecutor::StageFn> fns;

@@ -7,11 +7,10 @@
 
 #include <thread>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
-#include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <vector>
 
-#include "backend/shardwise_backend.hpp"
+#include "thread_group.h"
 #include "zero/zero_optimizer.h"
 
 namespace {
@@ -28,19 +27,6 @@ struct Net : torch::nn::Module {
   torch::nn::Linear first;
   torch::nn::Linear second;
 };
-
-c10::intrusive_ptr<c10d::ProcessGroup> make_group(const c10::intrusive_ptr<c10d::Store>& store,
-                                                  int rank,
-                                                  const std::string& prefix) {
-  shardwise::backend::ShardwiseOptions options;
-  options.timeout = std::chrono::seconds(30);
-  auto backend = c10::make_intrusive<shardwise::backend::ShardwiseBackend>(
-      c10::make_intrusive<c10d::PrefixStore>(prefix, store), rank, kWorld, options);
-  auto group = c10::make_intrusive<c10d::ProcessGroup>(store, rank, kWorld);
-  group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::CUSTOM, backend);
-  group->setDefaultBackend(c10d::ProcessGroup::BackendType::CUSTOM);
-  return group;
-}
 
 void train_and_compare(int stage) {
   torch::manual_seed(0);
@@ -70,7 +56,7 @@ void train_and_compare(int stage) {
         Net& net = ranks[rank];
         shardwise::zero::ZeroOptions options;
         options.stage = stage;
-        options.group = make_group(store, rank, "zero" + std::to_string(stage));
+        options.group = make_thread_group(store, rank, kWorld, "zero" + std::to_string(stage));
         options.reduce_bucket_numel = 60;  // several buckets
         options.optimizer.lr = 1e-2;
         options.optimizer.weight_decay = 0.1;
