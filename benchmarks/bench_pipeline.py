@@ -1,14 +1,15 @@
 """Pipeline benchmark on CPU: the bundled GPT (``small``) cut into p = 2 stages on 2 processes,
-m = 8 microbatches, bf16 autocast. Reported in the same run:
+m = 8 microbatches, bf16 autocast. Reported in the same run, for two ways of cutting the model
+(the even block split a torch user writes, and shardwise's split_by_time over half-blocks):
 
-- shardwise 1F1B (and GPipe, interleaved with 2 stages per rank) step time beside the ideal
-  (the slower stage's measured forward + backward time per microbatch × (m + p - 1)), and the
-  peak number of stashed microbatch-stages per rank;
-- torch.distributed.pipelining ``Schedule1F1B`` on the same stages and the same process group.
+- shardwise 1F1B, ZB-H1 (weight gradients deferred) and GPipe step times beside the ideal (the
+  slower stage's measured forward + backward time per microbatch × (m + p - 1)), and the peak
+  number of stashed microbatch-stages per rank;
+- torch.distributed.pipelining ``Schedule1F1B`` on the same stages and process group.
 
 The GPT's tied head is untied for both (a copy on the last stage). Each timed step is the max
-over ranks, median of the timed steps; the frameworks take turns step by step (interleaved
-rounds), so a slow phase of the VM hits them alike.
+over ranks, median of the timed steps; the runs take turns step by step (interleaved rounds),
+so a slow phase of the VM hits them alike.
 
 Run: python benchmarks/bench_pipeline.py --output benchmarks/results/DATE-pipeline-cpu.md
 """
@@ -27,42 +28,25 @@ from pathlib import Path
 from bench_fsdp import launch as launch_ranks
 
 
-def build_stages(cfg, layers_per_stage):
-    import torch
-    from shardwise.models import GPT
-    from torch import nn
+class Stage:
+    """Factory of one rank's stage module: a run of GPT sublayers under bf16 autocast whose
+    output crosses to the next stage in fp32 (for both frameworks alike)."""
 
-    torch.manual_seed(0)
-    gpt = GPT(cfg)
+    @staticmethod
+    def make(blocks, group):
+        import torch
+        from torch import nn
 
-    class First(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.embed, self.pos = gpt.embed, gpt.pos
-            self.blocks = nn.ModuleList(gpt.blocks[:layers_per_stage])
+        class PipelineStage(nn.Module):
+            def __init__(self):
+                super().__init__()
+                self.body = nn.Sequential(*(blocks[i] for i in group))
 
-        def forward(self, tokens):
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                x = self.embed(tokens) + self.pos(torch.arange(tokens.shape[1]))
-                for b in self.blocks:
-                    x = b(x)
-            return x.float()
+            def forward(self, x):
+                with torch.autocast("cpu", dtype=torch.bfloat16):
+                    return self.body(x).float()
 
-    class Last(nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.blocks = nn.ModuleList(gpt.blocks[layers_per_stage:])
-            self.norm = gpt.norm
-            self.head = nn.Linear(cfg.dim, cfg.vocab_size, bias=False)
-            self.head.weight = nn.Parameter(gpt.head.weight.detach().clone())
-
-        def forward(self, x):
-            with torch.autocast("cpu", dtype=torch.bfloat16):
-                for b in self.blocks:
-                    x = b(x)
-                return self.head(self.norm(x)).float()
-
-    return First(), Last()
+        return PipelineStage()
 
 
 def loss_fn(logits, targets):
@@ -71,75 +55,87 @@ def loss_fn(logits, targets):
     return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def stage_time(stage, rank, cfg, args) -> float:
-    """Forward + backward of this rank's stage on one microbatch, median of 6 after 2."""
+def splits(blocks, cfg, args, dist):
+    """The two ways of cutting the GPT into 2 stages: "even" (embedding and the first half of
+    the transformer blocks | the rest and the head: what a torch.distributed.pipelining user
+    writes by hand) and "balanced" (shardwise.pipeline.split_by_time over attention/MLP halves,
+    with the loss on the head; costs measured on every rank and averaged, so all agree)."""
+    import shardwise.pipeline as pp
     import torch
 
+    n = len(blocks)  # embedding, 2 halves per transformer block, head
+    even_cut = 1 + cfg.layers  # = 1 + 2 * (layers // 2) halves
     tokens = torch.randint(0, cfg.vocab_size, (args.micro, cfg.seq_len + 1))
-    x = tokens[:, :-1] if rank == 0 else torch.randn(args.micro, cfg.seq_len, cfg.dim)
-    times = []
-    for _ in range(8):
-        start = time.perf_counter()
-        if rank == 0:
-            out = stage(x)
-            out.backward(torch.randn_like(out))
-        else:
-            xin = x.clone().requires_grad_(True)
-            loss_fn(stage(xin), tokens[:, 1:]).backward()
-        times.append(time.perf_counter() - start)
-    stage.zero_grad()
-    return statistics.median(times[2:])
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        costs = pp.block_times(blocks, tokens[:, :-1], 5, loss_fn, tokens[:, 1:])
+    t = torch.tensor(costs, dtype=torch.float64)
+    dist.all_reduce(t)
+    starts = pp._C.balanced_partition((t / dist.get_world_size()).tolist(), args.world)
+    bounds = [*starts, n]
+    return {
+        "even": [list(range(0, even_cut)), list(range(even_cut, n))],
+        "balanced": [list(range(bounds[k], bounds[k + 1])) for k in range(args.world)],
+    }, (t / dist.get_world_size()).tolist()
 
 
 def run_rank(args) -> None:
     import shardwise.pipeline as pp
     import torch
     import torch.distributed as dist
-    from shardwise.models import PRESETS
+    from shardwise.models import GPT, PRESETS
+    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
 
     torch.set_num_threads(1)
     dist.init_process_group("shardwise")
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg = PRESETS[args.model]
-    first, last = build_stages(cfg, cfg.layers // 2)
-    stage = first if rank == 0 else last
+    torch.manual_seed(0)
+    blocks, _ = pp.gpt_blocks(GPT(cfg), sublayers=True)  # the head is an untied copy
+    groups, costs = splits(blocks, cfg, args, dist)
     m = args.microbatches
     g = torch.Generator().manual_seed(1)
     batches = [
         torch.randint(0, cfg.vocab_size, (m * args.micro, cfg.seq_len + 1), generator=g)
         for _ in range(args.warmup + args.steps)
     ]
-    pipes = {
-        kind: pp.Pipeline({rank: stage}, pp.make_schedule(kind, world, m), loss_fn)
-        for kind in ("1f1b", "gpipe")
-    }
-    from torch.distributed.pipelining import PipelineStage, Schedule1F1B
+    runs, pipes, modules = {}, {}, {}
+    for split, group in groups.items():
+        base = Stage.make(blocks, group[rank])
+        for kind in ("1f1b", "zb_h1", "gpipe"):
+            if kind == "gpipe" and split != "even":
+                continue
+            stage = copy.deepcopy(base)
+            if kind == "zb_h1":
+                pp.defer_weight_gradients(stage)
+            name = f"shardwise {kind}, {split} split"
+            pipes[name] = pp.Pipeline({rank: stage}, pp.make_schedule(kind, world, m), loss_fn)
+            modules[name] = stage
+            runs[name] = lambda t, p=pipes[name]: p.step(t[:, :-1], t[:, 1:])
+        torch_module = copy.deepcopy(base)
+        schedule = Schedule1F1B(
+            PipelineStage(torch_module, rank, world, torch.device("cpu")),
+            n_microbatches=m,
+            loss_fn=loss_fn,
+        )
+        name = f"torch Schedule1F1B, {split} split"
+        modules[name] = torch_module
 
-    torch_module = copy.deepcopy(stage)
-    torch_stage = PipelineStage(torch_module, rank, world, torch.device("cpu"))
-    schedule = Schedule1F1B(torch_stage, n_microbatches=m, loss_fn=loss_fn)
+        def torch_step(tokens, schedule=schedule):
+            if rank == 0:
+                schedule.step(tokens[:, :-1])
+            else:
+                schedule.step(target=tokens[:, 1:])
 
-    def torch_step(tokens):
-        if rank == 0:
-            schedule.step(tokens[:, :-1])
-        else:
-            schedule.step(target=tokens[:, 1:])
-        torch_module.zero_grad()
-
-    runs = {
-        f"shardwise {kind}": (lambda t, p=p: p.step(t[:, :-1], t[:, 1:]))
-        for kind, p in pipes.items()
-    }
-    runs["torch Schedule1F1B"] = torch_step
-    # Interleaved rounds (every framework once per round, same batch), so drift on the VM hits
-    # all alike; the first round is warm-up.
+        runs[name] = torch_step
+    # Interleaved rounds (every run once per round, same batch), so drift on the VM hits all
+    # alike; the first rounds are warm-up.
     times = {name: [] for name in runs}
     for k, tokens in enumerate(batches):
         for name, run in runs.items():
             dist.barrier()
             start = time.perf_counter()
             run(tokens)
-            stage.zero_grad()
+            modules[name].zero_grad()
             if k >= args.warmup:
                 times[name].append(time.perf_counter() - start)
     rows = []
@@ -147,30 +143,35 @@ def run_rank(args) -> None:
         t = torch.tensor([statistics.median(values)], dtype=torch.float64)
         dist.all_reduce(t, op=dist.ReduceOp.MAX)
         peak = None
-        if name.startswith("shardwise"):
-            peak_t = torch.tensor([pipes[name.split()[1]].last["peak_stashed"]])
+        if name in pipes:
+            peak_t = torch.tensor([pipes[name].last["peak_stashed"]])
             dist.all_reduce(peak_t, op=dist.ReduceOp.MAX)
             peak = int(peak_t.item())
         rows.append({"framework": name, "step_s": t.item(), "peak": peak})
-    actions, times_1f1b = pipes["1f1b"].gather_times()
-    # The ideal, from the stages' own forward + backward time measured now (warm, same process).
-    t_stage = torch.tensor([stage_time(stage, rank, cfg, args)], dtype=torch.float64)
-    dist.all_reduce(t_stage, op=dist.ReduceOp.MAX)
-    ideal = t_stage.item() * (m + world - 1)
+    pictures = {}
+    for name in ("shardwise 1f1b, even split", "shardwise zb_h1, balanced split"):
+        actions, measured = pipes[name].gather_times()
+        pictures[name] = (actions, measured)
+    # The ideal per split: the slower stage's forward + backward per microbatch (the sum of its
+    # sublayers' times measured above, in these processes) × (m + p − 1).
+    ideal = {}
+    for split, stage_groups in groups.items():
+        stage_s = max(sum(costs[i] for i in group) for group in stage_groups)
+        ideal[split] = {"stage_s": stage_s, "ideal_s": stage_s * (m + world - 1)}
     if rank == 0:
         from shardwise.pipeline import timeline
 
+        name = "shardwise zb_h1, balanced split"
         print(
             json.dumps(
                 {
                     "rows": rows,
-                    "ideal_s": ideal,
-                    "stage_s": t_stage.item(),
-                    "text": timeline.render_text(actions, times_1f1b),
+                    "ideal": ideal,
+                    "groups": groups,
+                    "costs": costs,
+                    "text": {n: timeline.render_text(*pic) for n, pic in pictures.items()},
                     "png": str(
-                        timeline.plot(
-                            actions, times_1f1b, args.png, f"shardwise 1F1B, p={world}, m={m}:"
-                        )
+                        timeline.plot(*pictures[name], args.png, f"{name}, p={world}, m={m}:")
                     ),
                 }
             )
@@ -195,47 +196,65 @@ def main() -> int:
         run_rank(args)
         return 0
     result = launch_ranks("pipeline", args, __file__)
-    ideal = result["ideal_s"]
-    torch_step = next(r for r in result["rows"] if r["framework"].startswith("torch"))["step_s"]
     import torch
+    from shardwise.models import PRESETS
 
-    tokens = (
-        args.microbatches
-        * args.micro
-        * __import__("shardwise.models").models.PRESETS[args.model].seq_len
-    )
+    rows = {r["framework"]: r for r in result["rows"]}
+    anchor = rows["torch Schedule1F1B, even split"]["step_s"]
+    same_split_anchor = {
+        split: rows[f"torch Schedule1F1B, {split} split"]["step_s"] for split in result["ideal"]
+    }
+    tokens = args.microbatches * args.micro * PRESETS[args.model].seq_len
+    names = ["embedding"] + [
+        f"{half}{k}" for k in range(PRESETS[args.model].layers) for half in ("attn", "mlp")
+    ]
+    names.append("head+loss")
+
+    def describe(group):
+        return f"{names[group[0]]} … {names[group[-1]]}"
+
     lines = [
         f"# Pipeline on CPU: shardwise schedules vs torch.distributed.pipelining "
         f"({datetime.date.today()})",
         "",
         f"- machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
-        f"torch {torch.__version__}; backend shardwise for both",
+        f"torch {torch.__version__}; backend shardwise for both frameworks",
         f"- command: `python benchmarks/bench_pipeline.py {' '.join(sys.argv[1:])}`",
         f"- GPT `{args.model}` in {args.world} stages, m = {args.microbatches} microbatches of "
-        f"{args.micro} sequence(s), bf16 autocast; {args.steps} timed steps after {args.warmup}",
-        f"- slower stage forward + backward per microbatch: {result['stage_s'] * 1e3:.1f} ms; "
-        f"ideal step = that × (m + p - 1) = {ideal * 1e3:.1f} ms",
-        "",
-        "| schedule | step ms | vs ideal | tokens/s | vs torch Schedule1F1B "
-        "| peak stashed / rank |",
-        "|---|---:|---:|---:|---:|---:|",
+        f"{args.micro} sequence(s), bf16 autocast; median of {args.steps} timed steps after "
+        f"{args.warmup}, every run once per round (interleaved)",
+        "- splits: **even** = embedding + the first half of the transformer blocks | the rest + "
+        "head (what a torch.distributed.pipelining user writes by hand); **balanced** = "
+        "`split_by_time` over attention/MLP halves with the loss on the head (shardwise's "
+        "splitter)",
     ]
-    for r in result["rows"]:
+    for split, groups in result["groups"].items():
+        ideal = result["ideal"][split]
         lines.append(
-            f"| {r['framework']} | {r['step_s'] * 1e3:.1f} | {r['step_s'] / ideal:.3f}x | "
-            f"{tokens / r['step_s']:.0f} | {torch_step / r['step_s']:.2f}x | "
-            f"{r['peak'] if r['peak'] is not None else '-'} |"
+            f"- {split}: stages [{'] ['.join(describe(g) for g in groups)}]; slower stage "
+            f"forward + backward per microbatch {ideal['stage_s'] * 1e3:.1f} ms; ideal step = "
+            f"that × (m + p − 1) = {ideal['ideal_s'] * 1e3:.1f} ms"
         )
     lines += [
+        "- measured per-sublayer forward + backward ms (mean over ranks, before the runs): "
+        + ", ".join(f"{n} {c * 1e3:.1f}" for n, c in zip(names, result["costs"], strict=True)),
         "",
-        "Executed 1F1B timeline (last timed step):",
-        "",
-        "```",
-        result["text"],
-        "```",
-        "",
-        f"![timeline]({Path(result['png']).name})",
+        "| run | step ms | vs ideal of its split | tokens/s | vs torch Schedule1F1B (even) "
+        "| vs torch Schedule1F1B, same split | peak stashed / rank |",
+        "|---|---:|---:|---:|---:|---:|---:|",
     ]
+    for name, r in rows.items():
+        split = name.rsplit(", ", 1)[1].split()[0]
+        lines.append(
+            f"| {name} | {r['step_s'] * 1e3:.1f} | "
+            f"{r['step_s'] / result['ideal'][split]['ideal_s']:.3f}x | "
+            f"{tokens / r['step_s']:.0f} | {anchor / r['step_s']:.2f}x | "
+            f"{same_split_anchor[split] / r['step_s']:.2f}x | "
+            f"{r['peak'] if r['peak'] is not None else '-'} |"
+        )
+    for name, text in result["text"].items():
+        lines += ["", f"Executed timeline, {name} (last timed step):", "", "```", text, "```"]
+    lines += ["", f"![timeline]({Path(result['png']).name})"]
     text = "\n".join(lines) + "\n"
     print(text)
     if args.output:

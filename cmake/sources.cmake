@@ -25,6 +25,7 @@ set(SHARDWISE_CORE_SOURCES
   csrc/sharding/shard_plans.cc
   csrc/zero/loss_scaler.cc
   csrc/pipeline/schedule_generators.cc
+  csrc/pipeline/schedule_zero_bubble.cc
   csrc/pipeline/schedule_validator.cc
   csrc/pipeline/partition.cc
 )
@@ -60,6 +61,7 @@ set(SHARDWISE_TORCH_SOURCES
   csrc/zero/zero_step.cpp
   csrc/zero/zero_state.cpp
   csrc/pipeline/executor.cpp
+  csrc/pipeline/deferred_linear.cpp
   csrc/optim/fused_optim_checks.cpp
   csrc/optim/fused_optim_ops.cpp
 )

@@ -46,16 +46,12 @@ PipelineExecutor::PipelineExecutor(std::vector<int> stage_ids,
                     c10::ArrayRef<int>(given));
   TORCH_CHECK_VALUE(static_cast<bool>(options_.loss), "pipeline: a loss function is required");
   const auto& list = s.ranks[options_.rank];
-  for (size_t k = 0; k < list.size(); ++k) {
-    TORCH_CHECK_VALUE(
-        list[k].kind != ActionKind::kBackwardInput && list[k].kind != ActionKind::kBackwardWeight,
-        "pipeline: the executor runs whole backwards (B); split I/W actions are "
-        "validated but not executed yet");
-  }
   for (int stage : stage_ids_) {
     size_t last = 0;
     for (size_t k = 0; k < list.size(); ++k) {
-      if (list[k].kind == ActionKind::kBackward && list[k].stage == stage) last = k;
+      const bool backward =
+          list[k].kind == ActionKind::kBackward || list[k].kind == ActionKind::kBackwardInput;
+      if (backward && list[k].stage == stage) last = k;
     }
     last_backwards_.push_back(last);
   }
@@ -81,7 +77,11 @@ void PipelineExecutor::forward(const Action& a,
   }
   st.input = input;
   const auto index = std::find(stage_ids_.begin(), stage_ids_.end(), a.stage) - stage_ids_.begin();
-  at::Tensor output = stages_[index](input);
+  at::Tensor output;
+  {
+    WeightGradStore::Capture capture(weight_grads_.get());  // deferred_linear layers find it
+    output = stages_[index](input);
+  }
   if (a.stage == s.num_stages - 1) {
     st.loss = options_.loss(output, a.microbatch) / s.num_microbatches;
     result.loss += st.loss.item<double>();
@@ -94,6 +94,12 @@ void PipelineExecutor::forward(const Action& a,
 void PipelineExecutor::backward(const Action& a) {
   const Schedule& s = options_.schedule;
   Stash& st = stash(a.stage, a.microbatch);
+  const bool split = a.kind == ActionKind::kBackwardInput;
+  weight_grads_->set_deferring(split);
+  struct Reset {
+    WeightGradStore* store;
+    ~Reset() { store->set_deferring(false); }
+  } reset{weight_grads_.get()};
   if (a.stage == s.num_stages - 1) {
     torch::autograd::backward({st.loss});
   } else {
@@ -110,12 +116,25 @@ void PipelineExecutor::backward(const Action& a) {
   }
   at::Tensor input_grad = a.stage > 0 && st.input.requires_grad() ? st.input.grad() : at::Tensor();
   st = Stash{};
-  --stashed_;
+  if (split) {
+    deferred_[{a.stage, a.microbatch}] = weight_grads_->take();
+  } else {
+    --stashed_;
+  }
   if (input_grad.defined()) {
     st.input_grad = input_grad;
   } else {
     stash_.erase({a.stage, a.microbatch});
   }
+}
+
+void PipelineExecutor::backward_weight(const Action& a) {
+  auto it = deferred_.find({a.stage, a.microbatch});
+  TORCH_CHECK(it != deferred_.end(), "pipeline: W", a.stage, ".", a.microbatch,
+              " has no input-gradient action before it");
+  for (auto& work : it->second) work();
+  deferred_.erase(it);
+  --stashed_;
 }
 
 void PipelineExecutor::send(const at::Tensor& tensor, int peer) {
@@ -173,6 +192,7 @@ StepResult PipelineExecutor::step(const std::vector<at::Tensor>& inputs) {
   const auto& list = s.ranks[options_.rank];
   StepResult result;
   stash_.clear();
+  deferred_.clear();
   stashed_ = 0;
   const auto start = std::chrono::steady_clock::now();
   auto now = [&] {
@@ -189,6 +209,8 @@ StepResult PipelineExecutor::step(const std::vector<at::Tensor>& inputs) {
     }
     if (list[k].kind == ActionKind::kForward) {
       forward(list[k], inputs, result);
+    } else if (list[k].kind == ActionKind::kBackwardWeight) {
+      backward_weight(list[k]);
     } else {
       const auto is_last = std::find(last_backwards_.begin(), last_backwards_.end(), k);
       if (is_last != last_backwards_.end() && options_.before_last_backward) {
@@ -203,6 +225,7 @@ StepResult PipelineExecutor::step(const std::vector<at::Tensor>& inputs) {
   pending_sends_.clear();
   sent_.clear();
   stash_.clear();
+  deferred_.clear();
   return result;
 }
 

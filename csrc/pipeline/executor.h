@@ -10,6 +10,11 @@
 // microbatches; `before_last_backward(stage)` runs right before each stage's last backward of the
 // step (where a data-parallel or FSDP wrapper enables its gradient sync).
 //
+// Split backwards (zero-bubble schedules): I(s, i) is B(s, i) with the executor's
+// WeightGradStore deferring, so layers built on deferred_linear queue their weight gradients
+// instead of computing them; W(s, i) runs what I(s, i) queued. The microbatch stays stashed
+// (counted in peak_stashed) until its W. Layers that do not defer compute everything in I.
+//
 // Communication: a group of consecutive SEND/RECV actions is posted together. A message is a
 // header (dtype, rank of the tensor, sizes) followed by the tensor, so shapes and dtypes are
 // learned at run time and may change from step to step. Sends are waited for at the end of the
@@ -23,6 +28,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <vector>
 
+#include "pipeline/deferred_linear.h"
 #include "pipeline/schedule.h"
 
 namespace shardwise::pipeline {
@@ -66,6 +72,7 @@ class PipelineExecutor {
   Stash& stash(int stage, int microbatch);
   void forward(const Action& a, const std::vector<at::Tensor>& inputs, StepResult& result);
   void backward(const Action& a);
+  void backward_weight(const Action& a);
   void run_group(size_t begin, size_t end);
   void send(const at::Tensor& tensor, int peer);
   at::Tensor receive(int peer);
@@ -77,6 +84,9 @@ class PipelineExecutor {
   std::vector<c10::intrusive_ptr<c10d::Work>> pending_sends_;
   std::vector<at::Tensor> sent_;        // kept alive until their sends complete
   std::vector<size_t> last_backwards_;  // per stage of this rank, its last backward's index
+  c10::intrusive_ptr<WeightGradStore> weight_grads_ = c10::make_intrusive<WeightGradStore>();
+  // (stage, microbatch) -> the weight-gradient work its I deferred, run by its W.
+  std::map<std::pair<int, int>, std::vector<std::function<void()>>> deferred_;
   int stashed_ = 0;
 };
 

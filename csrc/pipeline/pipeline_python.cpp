@@ -8,6 +8,7 @@
 #include <stdexcept>
 #include <string>
 
+#include "pipeline/deferred_linear.h"
 #include "pipeline/executor.h"
 #include "pipeline/partition.h"
 #include "pipeline/schedule.h"
@@ -24,7 +25,8 @@ ScheduleKind kind_of(const std::string& name) {
   if (name == "gpipe") return ScheduleKind::kGPipe;
   if (name == "1f1b") return ScheduleKind::k1F1B;
   if (name == "interleaved_1f1b") return ScheduleKind::kInterleaved1F1B;
-  throw py::value_error("schedule '" + name + "'; valid: gpipe, 1f1b, interleaved_1f1b");
+  if (name == "zb_h1") return ScheduleKind::kZeroBubbleH1;
+  throw py::value_error("schedule '" + name + "'; valid: gpipe, 1f1b, interleaved_1f1b, zb_h1");
 }
 
 py::dict report_dict(const ValidationReport& r) {
@@ -61,6 +63,13 @@ void bind_pipeline(py::module& m) {
       py::arg("kind"), py::arg("num_ranks"), py::arg("num_microbatches"),
       py::arg("virtual_stages") = 1);
   m.def(
+      "deferred_linear",
+      [](const at::Tensor& input, const at::Tensor& weight, std::optional<at::Tensor> bias) {
+        return deferred_linear(input, weight, bias);
+      },
+      py::arg("input"), py::arg("weight"), py::arg("bias") = py::none(),
+      "at::linear whose weight gradients a zero-bubble schedule defers to its W actions.");
+  m.def(
       "balanced_partition",
       [](const std::vector<double>& costs, int num_stages) {
         try {
@@ -77,6 +86,7 @@ void bind_pipeline(py::module& m) {
         CostModel costs;
         costs.forward = forward;
         costs.backward = backward;
+        costs.backward_input = costs.backward_weight = backward / 2;
         costs.buffered_sends = buffered_sends;
         return report_dict(validate(s, costs));
       },

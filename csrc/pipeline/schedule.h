@@ -53,7 +53,7 @@ struct Schedule {
   bool is_communication(const Action& action) const;
 };
 
-enum class ScheduleKind { kGPipe, k1F1B, kInterleaved1F1B };
+enum class ScheduleKind { kGPipe, k1F1B, kInterleaved1F1B, kZeroBubbleH1 };
 
 struct ScheduleOptions {
   ScheduleKind kind = ScheduleKind::k1F1B;
@@ -68,6 +68,10 @@ Schedule make_schedule(const ScheduleOptions& options);
 
 // Adds SEND/RECV actions around the compute actions of `compute` (one list per rank).
 Schedule lower_communication(Schedule compute);
+
+// ZB-H1 (schedule_zero_bubble.cc): the compute order, one stage per rank, backwards split into
+// input-gradient (I) and weight-gradient (W) actions.
+std::vector<std::vector<Action>> zero_bubble_h1_order(int num_ranks, int num_microbatches);
 
 std::string action_name(const Action& action);    // e.g. "F3.1", "SEND_B2.0"
 std::string to_string(const Schedule& schedule);  // one line per rank

@@ -9,6 +9,7 @@
 //   forwards run chunk 0 of a group, then chunk 1, ...; backwards the chunks in reverse; the
 //   warm-up is Megatron's (p - r - 1) * 2 + (v - 1) * p chunk-forwards (plus the smallest
 //   extension that validates when m is not a multiple of p), then 1F1B on chunks.
+// ZB-H1: see schedule_zero_bubble.cc.
 #include <algorithm>
 #include <deque>
 #include <map>
@@ -80,6 +81,8 @@ const char* schedule_name(ScheduleKind kind) {
       return "1f1b";
     case ScheduleKind::kInterleaved1F1B:
       return "interleaved_1f1b";
+    case ScheduleKind::kZeroBubbleH1:
+      return "zb_h1";
   }
   return "?";
 }
@@ -99,6 +102,10 @@ Schedule make_schedule(const ScheduleOptions& o) {
   s.num_microbatches = o.num_microbatches;
   s.num_stages = o.num_ranks * o.virtual_stages;
   const int p = o.num_ranks, m = o.num_microbatches;
+  if (o.kind == ScheduleKind::kZeroBubbleH1) {
+    s.ranks = zero_bubble_h1_order(p, m);
+    return lower_communication(std::move(s));
+  }
   for (int r = 0; r < p; ++r) {
     switch (o.kind) {
       case ScheduleKind::kGPipe:
@@ -112,6 +119,8 @@ Schedule make_schedule(const ScheduleOptions& o) {
       }
       case ScheduleKind::kInterleaved1F1B:
         s.ranks.push_back(interleaved_rank(r, p, m, o.virtual_stages, 0));
+        break;
+      case ScheduleKind::kZeroBubbleH1:
         break;
     }
   }

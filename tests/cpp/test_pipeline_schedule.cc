@@ -42,6 +42,40 @@ TEST(PipelineSchedule, GPipeAnd1F1BValidateWithTheTextbookBubbleAndStash) {
   }
 }
 
+// ZB-H1 with F = I = W = 1 on uniform stages: the bubble is (p - 1)(F + I - W) = p - 1 time
+// units against 1F1B's 3(p - 1), i.e. makespan 3m + p - 1; in-flight microbatches (forwarded,
+// W not done) never exceed 1F1B's worst rank, p; every I comes before its W.
+TEST(PipelineSchedule, ZeroBubbleH1ValidatesWithAThirdOf1F1BsBubble) {
+  for (int p = 1; p <= 8; ++p) {
+    for (int m = 1; m <= 3 * p + 1; ++m) {
+      const Schedule s = make(ScheduleKind::kZeroBubbleH1, p, m);
+      for (bool buffered : {true, false}) {
+        CostModel c;
+        c.buffered_sends = buffered;
+        const ValidationReport r = validate(s, c);
+        ASSERT_TRUE(r.ok) << r.error << "\n" << to_string(s);
+        if (m >= p) {
+          EXPECT_DOUBLE_EQ(r.makespan, 3.0 * m + (p - 1)) << to_string(s);
+        }
+        EXPECT_LE(r.makespan, 3.0 * (m + p - 1)) << to_string(s);  // never worse than 1F1B
+        for (int rank = 0; rank < p; ++rank) {
+          EXPECT_LE(r.peak_in_flight[rank], std::min(m, p)) << "rank " << rank;
+        }
+      }
+      for (const auto& actions : s.ranks) {
+        int inputs = 0, weights = 0;
+        for (const Action& a : actions) {
+          EXPECT_NE(a.kind, ActionKind::kBackward);
+          inputs += a.kind == ActionKind::kBackwardInput;
+          weights += a.kind == ActionKind::kBackwardWeight;
+        }
+        EXPECT_EQ(inputs, m);
+        EXPECT_EQ(weights, m);
+      }
+    }
+  }
+}
+
 TEST(PipelineSchedule, InterleavedValidatesForAnyMicrobatchCountAndShrinksTheBubble) {
   for (int p = 2; p <= 4; ++p) {
     for (int v = 2; v <= 3; ++v) {

@@ -73,3 +73,85 @@ def test_split_by_time_isolates_a_slow_block():
     groups = pp.split_by_time(blocks, 2, torch.randn(256, 64))
     assert groups == [[0, 1, 2], [3]], groups
     assert all(p.grad is None for b in blocks for p in b.parameters())
+
+
+def _rel64(ours, ref):
+    return ((ours.double() - ref).norm() / ref.norm()).item()
+
+
+def test_deferred_linear_computes_what_linear_computes():
+    """Forward bit-exact with F.linear (fp32 and under bf16 autocast); gradients outside a
+    pipeline within 2x F.linear's own error against a float64 reference."""
+    torch.manual_seed(0)
+    x = torch.randn(3, 5, 16, requires_grad=True)
+    w = torch.randn(8, 16, requires_grad=True)
+    b = torch.randn(8, requires_grad=True)
+    torch.testing.assert_close(pp._C.deferred_linear(x, w, b), F.linear(x, w, b), rtol=0, atol=0)
+    torch.testing.assert_close(pp._C.deferred_linear(x, w), F.linear(x, w), rtol=0, atol=0)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        ours, ref = pp._C.deferred_linear(x, w, b), F.linear(x, w, b)
+    assert ours.dtype == ref.dtype == torch.bfloat16
+    torch.testing.assert_close(ours, ref, rtol=0, atol=0)
+    g = torch.randn(3, 5, 8)
+    grads = {}
+    for name, fn in (("ours", pp._C.deferred_linear), ("torch", F.linear)):
+        grads[name] = torch.autograd.grad(fn(x, w, b), (x, w, b), g)
+    x64, w64, b64 = (t.detach().double().requires_grad_() for t in (x, w, b))
+    exact = torch.autograd.grad(F.linear(x64, w64, b64), (x64, w64, b64), g.double())
+    for ours, ref, e in zip(grads["ours"], grads["torch"], exact, strict=True):
+        assert _rel64(ours, e) <= 2 * _rel64(ref, e) + 1e-12
+
+
+def test_deferred_linear_rejects_a_mismatched_weight():
+    with pytest.raises(ValueError, match="last dimension of input must be in_features"):
+        pp._C.deferred_linear(torch.randn(2, 4), torch.randn(3, 5))
+
+
+@pytest.mark.parametrize("autocast", [False, True])
+def test_zero_bubble_on_one_rank_changes_no_bits(autocast):
+    """The same deferred layers under 1F1B (weight gradients inside B) and ZB-H1 (queued in I,
+    run in W): identical gradients, so deferral moves work without changing a bit; and both
+    within fp32 tolerance of the plain model."""
+    torch.manual_seed(0)
+    x, y = torch.randn(8, 16), torch.randn(8, 16)
+
+    def blocks():
+        torch.manual_seed(1)
+        return [nn.Sequential(nn.Linear(16, 16), nn.LayerNorm(16), nn.Tanh()) for _ in range(3)]
+
+    def loss_fn(out, target):
+        return F.mse_loss(out.float(), target)
+
+    results = {}
+    for kind in ("1f1b", "zb_h1", "plain"):
+        stages = blocks()
+        if kind == "plain":
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                out = nn.Sequential(*stages)(x)
+            loss_fn(out, y).backward()
+        else:
+            stage = pp.defer_weight_gradients(nn.Sequential(*stages))
+
+            def run(inp, stage=stage):
+                with torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+                    return stage(inp)
+
+            pipe = pp.Pipeline({0: run}, pp.make_schedule(kind, 1, 4), loss_fn)
+            pipe.step(x, y)
+            if kind == "zb_h1":
+                assert pipe.last["peak_stashed"] == 1
+        results[kind] = [p.grad for s in stages for p in s.parameters()]
+    for a, b in zip(results["1f1b"], results["zb_h1"], strict=True):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)
+    if not autocast:
+        for a, b in zip(results["zb_h1"], results["plain"], strict=True):
+            torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-6)
+
+
+def test_zero_bubble_schedule_has_a_third_of_the_1f1b_bubble():
+    for p, m in ((2, 8), (4, 8), (4, 12)):
+        zb = pp.validate(pp.make_schedule("zb_h1", p, m))
+        one = pp.validate(pp.make_schedule("1f1b", p, m))
+        assert zb["ok"], zb["error"]
+        assert zb["makespan"] == pytest.approx(3 * m + p - 1)
+        assert one["makespan"] == pytest.approx(3 * (m + p - 1))

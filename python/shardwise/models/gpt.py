@@ -52,7 +52,8 @@ class Block(nn.Module):
         self.down = nn.Linear(cfg.mlp_ratio * cfg.dim, cfg.dim)
         self.dropout = cfg.dropout
 
-    def forward(self, x: torch.Tensor) -> torch.Tensor:
+    def attention(self, x: torch.Tensor) -> torch.Tensor:
+        """The attention half with its residual (pipeline splitting may cut between halves)."""
         b, t, d = x.shape
         q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
         attn = F.scaled_dot_product_attention(
@@ -62,8 +63,14 @@ class Block(nn.Module):
             is_causal=True,
             dropout_p=self.dropout if self.training else 0.0,
         )
-        x = x + self.proj(attn.transpose(1, 2).reshape(b, t, d))
+        return x + self.proj(attn.transpose(1, 2).reshape(b, t, d))
+
+    def mlp(self, x: torch.Tensor) -> torch.Tensor:
+        """The MLP half with its residual."""
         return x + self.down(F.gelu(self.up(self.norm2(x))))
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.mlp(self.attention(x))
 
 
 class GPT(nn.Module):

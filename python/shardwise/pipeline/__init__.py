@@ -12,7 +12,7 @@ from torch import nn
 
 from .. import _C
 
-SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b")
+SCHEDULES = ("gpipe", "1f1b", "interleaved_1f1b", "zb_h1")
 
 
 def make_schedule(kind: str, num_ranks: int, num_microbatches: int, virtual_stages: int = 1):
@@ -23,6 +23,23 @@ def make_schedule(kind: str, num_ranks: int, num_microbatches: int, virtual_stag
 def validate(schedule, forward: float = 1.0, backward: float = 2.0, buffered_sends: bool = True):
     """Simulates every rank: ok/error, makespan, bubble fraction, peak stashed microbatches."""
     return _C.validate_pipeline_schedule(schedule, forward, backward, buffered_sends)
+
+
+def _deferred_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:
+    return _C.deferred_linear(x, self.weight, self.bias)
+
+
+def defer_weight_gradients(module: nn.Module) -> nn.Module:
+    """Makes every ``nn.Linear`` in ``module`` compute through the C++ ``deferred_linear``, whose
+    weight gradients a zero-bubble schedule (``zb_h1``) computes in its W actions instead of in
+    the backward that the previous stage waits for. Outside such a schedule the layers compute
+    exactly what ``nn.Linear`` computes. Returns ``module`` (changed in place)."""
+    import types
+
+    for sub in module.modules():
+        if type(sub) is nn.Linear:
+            sub.forward = types.MethodType(_deferred_linear_forward, sub)
+    return module
 
 
 def _groups(starts: list[int], count: int) -> list[list[int]]:
@@ -38,26 +55,49 @@ def split_by_parameters(blocks: Sequence[nn.Module], num_stages: int) -> list[li
 
 
 def split_by_time(
-    blocks: Sequence[nn.Module], num_stages: int, sample: torch.Tensor, repeats: int = 3
+    blocks: Sequence[nn.Module],
+    num_stages: int,
+    sample: torch.Tensor,
+    repeats: int = 3,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    target: torch.Tensor | None = None,
 ) -> list[list[int]]:
     """Like split_by_parameters, balancing the measured forward + backward time of each block
-    on ``sample`` (fed through the blocks in order; median of ``repeats``)."""
+    on ``sample`` (fed through the blocks in order; median of ``repeats``). With ``loss_fn``,
+    the last block is timed with ``loss_fn(output, target)`` as the pipeline's last stage runs
+    it (e.g. a large-vocabulary cross-entropy). Runs under the caller's autocast, if any."""
+    costs = block_times(blocks, sample, repeats, loss_fn, target)
+    return _groups(_C.balanced_partition(costs, num_stages), len(blocks))
+
+
+def block_times(
+    blocks: Sequence[nn.Module],
+    sample: torch.Tensor,
+    repeats: int = 3,
+    loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
+    target: torch.Tensor | None = None,
+) -> list[float]:
+    """Each block's forward + backward seconds on ``sample`` fed through the blocks in order
+    (median of ``repeats`` after one warm-up); the input of each block is a fresh leaf."""
     import statistics
     import time
 
     costs, x = [], sample
-    for block in blocks:
+    for k, block in enumerate(blocks):
         times = []
         for _ in range(repeats + 1):
             inp = x.detach().requires_grad_(x.is_floating_point())
             start = time.perf_counter()
             out = block(inp)
-            out.float().sum().backward()
+            if loss_fn is not None and k == len(blocks) - 1:
+                loss_fn(out, target).backward()
+            else:
+                out.float().sum().backward()
             times.append(time.perf_counter() - start)
         block.zero_grad(set_to_none=True)
         costs.append(statistics.median(times[1:]))
         x = out.detach()
-    return _groups(_C.balanced_partition(costs, num_stages), len(blocks))
+    return costs
 
 
 def stage_modules(blocks: Sequence[nn.Module], groups: list[list[int]]) -> list[nn.Sequential]:
@@ -65,10 +105,24 @@ def stage_modules(blocks: Sequence[nn.Module], groups: list[list[int]]) -> list[
     return [nn.Sequential(*(blocks[i] for i in group)) for group in groups]
 
 
-def gpt_blocks(model) -> tuple[list[nn.Module], tuple[str, str] | None]:
+class _Call(nn.Module):
+    """One method of a module as a block (e.g. a transformer block's attention half)."""
+
+    def __init__(self, module: nn.Module, method: str, keep: Sequence[str]):
+        super().__init__()
+        self.method = method
+        self.parts = nn.ModuleDict({name: getattr(module, name) for name in keep})
+        self._fn = getattr(module, method)
+
+    def forward(self, x):
+        return self._fn(x)
+
+
+def gpt_blocks(model, sublayers: bool = False) -> tuple[list[nn.Module], tuple[str, str] | None]:
     """The bundled GPT as a list of blocks (embedding, transformer blocks, norm + head) and, when
     the head is tied to the embedding, the names (in the first and last block) to keep tied: the
-    last block gets its own copy, Pipeline(tied=...) sums their gradients."""
+    last block gets its own copy, Pipeline(tied=...) sums their gradients. ``sublayers=True``
+    lists each transformer block as its attention and its MLP half (finer cuts, better balance)."""
 
     class Embedding(nn.Module):
         def __init__(self, embed, pos):
@@ -88,7 +142,17 @@ def gpt_blocks(model) -> tuple[list[nn.Module], tuple[str, str] | None]:
             return self.head(self.norm(x))
 
     tied = model.head.weight is model.embed.weight
-    blocks = [Embedding(model.embed, model.pos), *model.blocks, Head(model.norm, model.head)]
+    middle = list(model.blocks)
+    if sublayers:
+        middle = [
+            half
+            for b in model.blocks
+            for half in (
+                _Call(b, "attention", ("norm1", "qkv", "proj")),
+                _Call(b, "mlp", ("norm2", "up", "down")),
+            )
+        ]
+    blocks = [Embedding(model.embed, model.pos), *middle, Head(model.norm, model.head)]
     return blocks, (("embed.weight", "head.weight") if tied else None)
 
 
@@ -147,6 +211,11 @@ class Pipeline:
         data_parallel_group: dist.ProcessGroup | None = None,
         tied: Sequence[tuple[int, str, int, str]] = (),
     ):
+        if schedule.name == "zb_h1" and any(hasattr(m, "_engine") for m in stages.values()):
+            raise ValueError(
+                "schedule zb_h1 defers weight gradients past the backward, where FSDP reduces "
+                "them; use 1f1b (or interleaved_1f1b) for FSDP-sharded stages"
+            )
         if group is None and schedule.num_ranks > 1:
             group = dist.group.WORLD
         self.rank = rank if rank is not None else (dist.get_rank(group) if group else 0)
@@ -272,8 +341,13 @@ class Pipeline:
 __all__ = [
     "SCHEDULES",
     "MeshGroups",
+    "block_times",
+    "defer_weight_gradients",
+    "gpt_blocks",
     "Pipeline",
     "make_schedule",
     "split_by_parameters",
+    "split_by_time",
+    "stage_modules",
     "validate",
 ]

@@ -46,7 +46,10 @@ def render_text(actions_per_rank, times_per_rank, width: int = 100) -> str:
                 row[a + 1] = label.split(".")[-1][-1]
         lines.append(f"rank {rank} |{''.join(row)}|")
     bubble = bubble_fraction(actions_per_rank, times_per_rank)
-    lines.append(f"{span * 1e3:.1f} ms; '.' = idle (bubble {bubble:.1%}); F forward, B backward")
+    lines.append(
+        f"{span * 1e3:.1f} ms; '.' = idle (bubble {bubble:.1%}); "
+        "F forward, B backward, I input gradient, W weight gradient"
+    )
     return "\n".join(lines)
 
 
