@@ -77,7 +77,7 @@ bench: build ## benchmarks (with OpenMPI as an anchor); results land in benchmar
 	$(PY) benchmarks/bench_optim.py --output benchmarks/results/$$(date +%Y-%m-%d)-optim-cpu.md
 	$(PY) benchmarks/bench_zero.py --output benchmarks/results/$$(date +%Y-%m-%d)-zero-cpu.md
 	cd benchmarks && $(PY) bench_pipeline.py --output results/$$(date +%Y-%m-%d)-pipeline-cpu.md \
-		--png results/$$(date +%Y-%m-%d)-pipeline-1f1b-timeline.png
+		--png results/$$(date +%Y-%m-%d)-pipeline-zb-h1-timeline.png
 
 format: venv ## clang-format and ruff format, in place
 	$(VENV)/bin/clang-format -i $$(git ls-files 'csrc/*.h' 'csrc/*.cc' 'csrc/*.cpp' 'csrc/*.cu' 'tests/cpp/*.cc' 'examples/cpp/*.cc')

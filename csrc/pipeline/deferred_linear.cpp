@@ -105,9 +105,9 @@ std::vector<std::function<void()>> WeightGradStore::take() {
 at::Tensor deferred_linear(const at::Tensor& input,
                            const at::Tensor& weight,
                            const c10::optional<at::Tensor>& bias) {
-  TORCH_CHECK_VALUE(input.dim() >= 1 && input.size(-1) == weight.size(-1), "deferred_linear: input ",
-                    input.sizes(), " does not match weight ", weight.sizes(),
-                    " (the last dimension of input must be in_features)");
+  TORCH_CHECK_VALUE(input.dim() >= 1 && input.size(-1) == weight.size(-1),
+                    "deferred_linear: input ", input.sizes(), " does not match weight ",
+                    weight.sizes(), " (the last dimension of input must be in_features)");
   return DeferredLinearFn::apply(input, weight, bias);
 }
 

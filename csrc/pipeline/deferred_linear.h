@@ -41,7 +41,7 @@ class WeightGradStore : public torch::CustomClassHolder {
 
   void set_deferring(bool deferring) { deferring_ = deferring; }
   bool deferring() const { return deferring_; }
-  void push(std::function<void()> work);       // called from backward (any thread)
+  void push(std::function<void()> work);      // called from backward (any thread)
   std::vector<std::function<void()>> take();  // the queued work, in queue order
 
  private:

@@ -1,5 +1,6 @@
 // The pipeline executor from LibTorch, no Python: two ranks (threads) run a two-stage torch::nn
-// model under 1F1B and interleaved 1F1B schedules over the shardwise backend; the loss and the
+// model under 1F1B, interleaved 1F1B and ZB-H1 (layers through deferred_linear, so the weight
+// gradients really wait for the W actions) over the shardwise backend; the loss and the
 // gradients equal those of the unpipelined model on the whole batch.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
@@ -9,6 +10,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <vector>
 
+#include "pipeline/deferred_linear.h"
 #include "pipeline/executor.h"
 #include "thread_group.h"
 
@@ -57,8 +59,12 @@ void run(shardwise::pipeline::ScheduleKind kind, int virtual_stages, int microba
         for (int s = rank; s < stages; s += kWorld) {
           ids.push_back(s);
           auto layer = layers[s];
-          fns.push_back(
-              [layer](const at::Tensor& in) mutable { return torch::tanh(layer->forward(in)); });
+          const bool defer = kind == shardwise::pipeline::ScheduleKind::kZeroBubbleH1;
+          fns.push_back([layer, defer](const at::Tensor& in) mutable {
+            return torch::tanh(
+                defer ? shardwise::pipeline::deferred_linear(in, layer->weight, layer->bias)
+                      : layer->forward(in));
+          });
         }
         shardwise::pipeline::PipelineExecutor executor(ids, fns, options);
         losses[rank] = executor.step(std::vector<at::Tensor>(xs.begin(), xs.end())).loss;
@@ -84,6 +90,10 @@ TEST(PipelineLibTorch, OneFOneBMatchesTheUnpipelinedModel) {
 
 TEST(PipelineLibTorch, InterleavedMatchesTheUnpipelinedModel) {
   run(shardwise::pipeline::ScheduleKind::kInterleaved1F1B, 2, 5);
+}
+
+TEST(PipelineLibTorch, ZeroBubbleWithDeferredWeightGradientsMatchesTheUnpipelinedModel) {
+  run(shardwise::pipeline::ScheduleKind::kZeroBubbleH1, 1, 4);
 }
 
 }  // namespace
