@@ -40,6 +40,8 @@ PYBIND11_MODULE(_C, m) {
       "Lower the CPU instruction set the kernels use ('scalar', 'avx512', 'avx512_bf16'), or "
       "None to use the best one again.");
 
+  m.def("communication_seconds", &shardwise::backend::communication_seconds,
+        "Seconds this process's shardwise backends have spent communicating (all groups).");
   m.def(
       "_create_backend",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,

@@ -6,6 +6,8 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
+#include <chrono>
 #include <cstdlib>
 #include <iomanip>
 #include <numeric>
@@ -20,6 +22,8 @@
 
 namespace shardwise::backend {
 namespace {
+
+std::atomic<int64_t> communication_ns{0};
 
 std::string random_hex() {
   std::random_device device;
@@ -292,7 +296,11 @@ void ShardwiseBackend::run_job(Lane& lane, Job& job) {
     options.deadline = collectives::Clock::now() + job.timeout;
     options.max_segment_bytes = options_.max_segment_bytes;
     options.small_message_bytes = options_.small_message_bytes;
+    const auto start = std::chrono::steady_clock::now();
     job.body(*lane.transport, options);
+    communication_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
+                            std::chrono::steady_clock::now() - start)
+                            .count();
     job.work->finish(nullptr);
   } catch (const std::exception& e) {
     const std::string what =
@@ -309,5 +317,7 @@ void ShardwiseBackend::run_job(Lane& lane, Job& job) {
     job.work->finish(error);
   }
 }
+
+double communication_seconds() { return static_cast<double>(communication_ns.load()) * 1e-9; }
 
 }  // namespace shardwise::backend

@@ -49,6 +49,11 @@ struct ShardwiseOptions {
   size_t inline_bytes = size_t{256} << 10;
 };
 
+// Seconds this process's shardwise backends have spent running communication (collectives and
+// send/recv, summed over lanes and groups; asynchronous work may overlap with compute). The
+// training command reports it per step as the communication share.
+double communication_seconds();
+
 class ShardwiseBackend : public c10d::Backend {
  public:
   ShardwiseBackend(const c10::intrusive_ptr<c10d::Store>& store,
@@ -130,11 +135,8 @@ class ShardwiseBackend : public c10d::Backend {
   // and either the caller waits at once (async_op=False: torch sets opts.asyncOp) or its outputs
   // are at most options_.inline_bytes; else on the lane's thread.
   template <typename Options>
-  Work collective(c10d::OpType type,
-                  collectives::Kind kind,
-                  Tensors outputs,
-                  const Options& opts,
-                  Body body) {
+  Work collective(
+      c10d::OpType type, collectives::Kind kind, Tensors outputs, const Options& opts, Body body) {
     return collective(type, kind, std::move(outputs), opts.timeout, opts.asyncOp, std::move(body));
   }
   Work collective(c10d::OpType type,

@@ -1,0 +1,324 @@
+"""Crash-safe training checkpoints for ``shardwise-train``.
+
+Layout::
+
+    directory/step-00000100/rank-00000.pt   one file per rank (its shard of model/optimizer/
+    directory/step-00000100/rank-00001.pt   data-stream state), written by that rank
+    directory/step-00000100/manifest.json   written LAST by rank 0: step, world size, every
+                                            file's size and SHA-256, the run's config text
+
+Every file is written atomically: to a temporary file in the same directory, flushed and
+``fsync``-ed, then ``os.replace``-d onto its name (and the directory is fsync-ed), so a reader
+sees either the old file or the complete new one, and a failed write leaves no temporary file
+behind. The ZeRO engine (``shardwise.zero.engine``) does the same inline for its optimizer
+pieces (not as a reusable helper); here it is one helper, ``atomic_write`` /
+``atomic_write_path``, which also removes the temporary file when the write fails.
+
+A checkpoint is complete only when its manifest exists: rank 0 writes it after a barrier
+(a callable the caller supplies; by default ``torch.distributed.barrier`` when a process group
+is initialized, else nothing), so a crash mid-save leaves a directory without manifest, which
+``latest`` skips. ``latest`` also re-hashes every file and skips (with a ``CheckpointWarning``
+naming the file and the reason) a checkpoint whose files are missing, truncated or corrupted,
+falling back to the newest good one. After the manifest, rank 0 prunes older step directories
+so that ``keep_last`` complete checkpoints remain; it never deletes the one just written nor
+anything newer than it.
+
+Payloads are loaded with ``torch.load(weights_only=True)``, so ``save`` checks up front that a
+payload contains only tensors, dicts, lists, tuples, ints, floats, strings, bools and None
+(plus ``torch.dtype``/``torch.device``), naming the offending key instead of producing a
+checkpoint that cannot be loaded.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import tempfile
+import warnings
+from collections import OrderedDict
+from collections.abc import Callable
+from pathlib import Path
+
+import torch
+
+MANIFEST = "manifest.json"
+_STEP_DIR = re.compile(r"^step-(\d{8,})$")
+_SCALARS = (bool, int, float, str, type(None), torch.dtype, torch.device)
+
+
+class CheckpointWarning(UserWarning):
+    """A checkpoint directory was skipped (incomplete or corrupt)."""
+
+
+def step_dir_name(step: int) -> str:
+    return f"step-{step:08d}"
+
+
+def rank_file_name(rank: int) -> str:
+    return f"rank-{rank:05d}.pt"
+
+
+def _fsync_dir(directory: Path) -> None:
+    with contextlib.suppress(OSError):  # not every platform/filesystem allows this
+        fd = os.open(directory, os.O_RDONLY)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+
+
+def atomic_write_path(path: str | Path, write_to: Callable[[str], None]) -> None:
+    """Calls ``write_to(tmp_path)`` for a temporary file next to ``path``, fsyncs it and renames
+    it onto ``path``. On any exception the temporary file is removed and the exception re-raised."""
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        write_to(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    _fsync_dir(path.parent)
+
+
+def atomic_write(path: str | Path, write: Callable) -> None:
+    """Like ``atomic_write_path`` but calls ``write(binary_file)``."""
+
+    def write_to(tmp: str) -> None:
+        with open(tmp, "wb") as f:
+            write(f)
+
+    atomic_write_path(path, write_to)
+
+
+def check_payload(obj, where: str = "payload") -> None:
+    """Raises ``TypeError`` naming the first value ``torch.load(weights_only=True)`` rejects."""
+    if isinstance(obj, torch.Tensor) or isinstance(obj, _SCALARS):
+        return
+    if type(obj) in (dict, OrderedDict):
+        for key, value in obj.items():
+            if not isinstance(key, (str, int)):
+                raise TypeError(f"{where}: key {key!r} is not a str or int")
+            check_payload(value, f"{where}[{key!r}]")
+        return
+    if type(obj) in (list, tuple, torch.Size):
+        for i, value in enumerate(obj):
+            check_payload(value, f"{where}[{i}]")
+        return
+    raise TypeError(f"{where}: {type(obj).__name__} cannot be loaded with weights_only=True")
+
+
+def _sha256(path: Path) -> str:
+    digest = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            digest.update(block)
+    return digest.hexdigest()
+
+
+def _step_dirs(directory: Path) -> list[tuple[int, Path]]:
+    """(step, path) of every step directory, oldest first."""
+    if not directory.is_dir():
+        return []
+    found = []
+    for child in directory.iterdir():
+        match = _STEP_DIR.match(child.name)
+        if match and child.is_dir():
+            found.append((int(match.group(1)), child))
+    return sorted(found)
+
+
+def _default_barrier() -> None:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        dist.barrier()
+
+
+def _write_manifest(step_dir: Path, step: int, world: int, config_yaml: str) -> None:
+    files = {}
+    for r in range(world):
+        path = step_dir / rank_file_name(r)
+        if not path.is_file():
+            raise FileNotFoundError(f"{path} missing after the barrier: rank {r} did not save")
+        files[path.name] = {"size": path.stat().st_size, "sha256": _sha256(path)}
+    manifest = {
+        "format": 1,
+        "step": step,
+        "world_size": world,
+        "files": files,
+        "config_yaml": config_yaml,
+    }
+    text = json.dumps(manifest, indent=2, sort_keys=True).encode("utf-8")
+    atomic_write(step_dir / MANIFEST, lambda f: f.write(text))
+
+
+def save(
+    directory: str | Path,
+    step: int,
+    payload_per_rank: dict,
+    rank: int,
+    world: int,
+    config_yaml: str,
+    keep_last: int | None = 3,
+    barrier: Callable[[], None] | None = None,
+) -> Path:
+    """Saves this rank's ``payload_per_rank`` as checkpoint ``step``; returns its directory.
+
+    Every rank calls this. ``barrier`` (default: ``torch.distributed.barrier`` if initialized,
+    else a no-op) is called twice: before rank 0 writes the manifest (all rank files exist) and
+    after rank 0 has written it and pruned (so ``save`` returns everywhere only once the
+    checkpoint is complete). Simulating ranks in one process without a barrier: save the
+    highest rank first and rank 0 last. ``keep_last=None`` keeps every checkpoint.
+    """
+    if not 0 <= rank < world:
+        raise ValueError(f"rank {rank} outside [0, {world})")
+    if keep_last is not None and keep_last < 1:
+        raise ValueError(f"keep_last must be >= 1 or None, got {keep_last}")
+    check_payload(payload_per_rank)
+    barrier = barrier or _default_barrier
+    step_dir = Path(directory) / step_dir_name(step)
+    step_dir.mkdir(parents=True, exist_ok=True)
+    if rank == 0:  # re-saving a step (after resuming from an earlier one): invalidate it first
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(step_dir / MANIFEST)
+    atomic_write(step_dir / rank_file_name(rank), lambda f: torch.save(payload_per_rank, f))
+    barrier()
+    if rank == 0:
+        _write_manifest(step_dir, step, world, config_yaml)
+        if keep_last is not None:
+            prune(directory, keep_last, newest_step=step)
+    barrier()
+    return step_dir
+
+
+def prune(directory: str | Path, keep_last: int, newest_step: int) -> list[Path]:
+    """Deletes step directories older than ``newest_step`` beyond the ``keep_last`` newest
+    complete (manifest present) ones, including incomplete leftovers; returns what it deleted.
+    ``newest_step`` itself and anything newer are never touched."""
+    older = [(s, p) for s, p in _step_dirs(Path(directory)) if s < newest_step]
+    quota = keep_last - 1  # the checkpoint at newest_step counts as one
+    deleted = []
+    for _, path in reversed(older):
+        if quota > 0 and (path / MANIFEST).is_file():
+            quota -= 1
+            continue
+        shutil.rmtree(path, ignore_errors=True)
+        deleted.append(path)
+    return deleted
+
+
+def verify(step_dir: str | Path) -> str | None:
+    """None if ``step_dir`` is a complete, intact checkpoint, else the reason it is not."""
+    step_dir = Path(step_dir)
+    manifest_path = step_dir / MANIFEST
+    if not manifest_path.is_file():
+        return f"{manifest_path} missing: incomplete checkpoint (crash during save?)"
+    try:
+        manifest = json.loads(manifest_path.read_text("utf-8"))
+        files, world = manifest["files"], int(manifest["world_size"])
+    except (ValueError, KeyError, TypeError) as err:
+        return f"{manifest_path} unreadable: {err}"
+    if sorted(files) != [rank_file_name(r) for r in range(world)]:
+        return f"{manifest_path} lists {sorted(files)}, expected one file per rank of {world}"
+    for name, entry in files.items():
+        path = step_dir / name
+        if not path.is_file():
+            return f"{path} missing"
+        size = path.stat().st_size
+        if size != entry["size"]:
+            return f"{path} is {size} bytes, manifest says {entry['size']} (truncated?)"
+        if _sha256(path) != entry["sha256"]:
+            return f"{path} SHA-256 mismatch (corrupted)"
+    return None
+
+
+def latest(directory: str | Path) -> Path | None:
+    """The newest intact checkpoint directory under ``directory``, or None. Newer incomplete or
+    corrupt ones are skipped with a ``CheckpointWarning`` naming the file and the reason."""
+    for _, step_dir in reversed(_step_dirs(Path(directory))):
+        reason = verify(step_dir)
+        if reason is None:
+            return step_dir
+        warnings.warn(f"skipping checkpoint {step_dir}: {reason}", CheckpointWarning, stacklevel=2)
+    return None
+
+
+def read_manifest(step_dir: str | Path) -> dict:
+    """The manifest of a checkpoint (step, world_size, files, config_yaml)."""
+    return json.loads((Path(step_dir) / MANIFEST).read_text("utf-8"))
+
+
+def load(path: str | Path, rank: int, map_location="cpu"):
+    """This rank's payload from checkpoint directory ``path``, via
+    ``torch.load(weights_only=True)``."""
+    return torch.load(
+        Path(path) / rank_file_name(rank), map_location=map_location, weights_only=True
+    )
+
+
+def _unshared(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """Contiguous CPU tensors, no two sharing a storage: a tensor whose storage was already seen
+    (a tied weight, a view) is cloned; the first of each storage is kept without copying."""
+    seen, out = set(), {}
+    for name, tensor in state_dict.items():
+        tensor = tensor.detach().to("cpu")
+        key = tensor.untyped_storage().data_ptr()
+        if key in seen or not tensor.is_contiguous():
+            tensor = tensor.contiguous().clone()
+        seen.add(tensor.untyped_storage().data_ptr())
+        out[name] = tensor
+    return out
+
+
+def export_safetensors(
+    state_dict: dict[str, torch.Tensor], path: str | Path, metadata: dict[str, str] | None = None
+) -> None:
+    """Writes a full (unsharded) state dict as one safetensors file, atomically; tied weights
+    and views are written as independent tensors instead of failing in safetensors."""
+    from safetensors.torch import save_file
+
+    tensors = _unshared(state_dict)
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    atomic_write_path(path, lambda tmp: save_file(tensors, tmp, metadata=metadata))
+
+
+class SigtermFlag:
+    """``requested`` becomes True when one of ``signals`` arrives; the training loop checks it
+    at step boundaries, saves a checkpoint and exits. ``close()`` restores the old handlers."""
+
+    def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,)):
+        self.requested = False
+        self.signum: int | None = None
+        self._previous = {}
+        for signum in signals:
+            self._previous[signum] = signal.signal(signum, self._handle)
+
+    def _handle(self, signum, frame) -> None:
+        self.requested, self.signum = True, signum
+
+    def close(self) -> None:
+        for signum, handler in self._previous.items():
+            signal.signal(signum, handler)
+        self._previous = {}
+
+    def __enter__(self) -> SigtermFlag:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def install_sigterm_handler(signals: tuple[int, ...] = (signal.SIGTERM,)) -> SigtermFlag:
+    """Installs a flag-setting handler (main thread only); see ``SigtermFlag``."""
+    return SigtermFlag(signals)

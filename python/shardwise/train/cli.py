@@ -1,0 +1,150 @@
+"""``shardwise-train`` (also ``python -m shardwise.train``): trains the bundled GPT on the bundled
+corpus with DDP, FSDP, ZeRO or a pipeline, as a YAML config plus dotted overrides say::
+
+    torchrun --nproc_per_node=2 -m shardwise.train --config examples/configs/fsdp.yaml \\
+        training.max_steps=50 model.mesh_shape=[[2,1],["fsdp","tp"]]
+
+Before anything is built, the config is validated (``config.py``) and the memory planner
+(``planner.py``) estimates the bytes per rank; a run it says will not fit is refused unless
+``--ignore-memory-check``. Runs resume from the newest intact checkpoint in
+``training.checkpoint.dir`` unless ``--no-resume``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from pathlib import Path
+
+from . import planner
+from .config import TrainConfig, load_config
+from .strategies import StrategyOptions
+from .trainer import RunSpec, Trainer
+
+
+def memory_check(cfg: TrainConfig, device_bytes: int) -> tuple[bool, str]:
+    """(fits, the planner's lines for this run's strategy) per rank."""
+    gpt = cfg.gpt_config()
+    world = cfg.distributed.world_size
+    precision = {"no": "fp32"}.get(cfg.mixed_precision, cfg.mixed_precision)
+    activations = planner.activation_bytes(
+        gpt,
+        cfg.training.micro_batch_size,
+        2 if precision != "fp32" else 4,
+        cfg.training.gradient_checkpointing,
+    )
+    stages = cfg.distributed.pipeline_parallel_size
+    plan = planner.plan(
+        gpt.num_parameters(),
+        world,
+        device_bytes,
+        mixed_precision=precision,
+        activation_bytes_per_rank=activations,
+        pipeline_stages=stages if stages > 1 else 1,
+    )
+    name = _plan_row(cfg)
+    row = plan.row(name)
+    gib = 1024**3
+    text = (
+        f"memory per rank ({row.label}): parameters {row.parameters / gib:.3f} GiB, gradients "
+        f"{row.gradients / gib:.3f} GiB, optimizer {row.optimizer_state / gib:.3f} GiB, "
+        f"activations {row.activations / gib:.3f} GiB; total × {plan.overhead} = "
+        f"{row.required / gib:.3f} GiB of {device_bytes / gib:.1f} GiB"
+        f"; planner recommends {plan.recommendation.strategy}: {plan.recommendation.reason}"
+    )
+    return row.fits, text
+
+
+def _plan_row(cfg: TrainConfig) -> str:
+    strategy = cfg.distributed.strategy
+    if strategy == "pipeline":
+        return "pipeline"
+    if strategy == "zero":
+        stage = cfg.zero_config()["zero_optimization"]["stage"]
+        return {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}[stage]
+    if strategy == "fsdp":
+        sharding = cfg.fsdp_config().fsdp_sharding_strategy
+        return {"shard_grad_op": "fsdp_shard_grad_op", "no_shard": "ddp"}.get(sharding, "zero3")
+    return "ddp"
+
+
+def device_memory_bytes(local_world: int) -> int:
+    """CPU: this host's memory shared by its ranks (CUDA: the device's)."""
+    import torch
+
+    if torch.cuda.is_available():
+        return torch.cuda.get_device_properties(0).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // max(1, local_world)
+
+
+def run_spec(cfg: TrainConfig, resume: bool, memory_note: str) -> RunSpec:
+    t, d = cfg.training, cfg.distributed
+    gpt = cfg.gpt_config()
+    if cfg.data.seq_len:
+        from dataclasses import replace
+
+        gpt = replace(gpt, seq_len=cfg.data.seq_len)
+    options = StrategyOptions(
+        gpt=gpt,
+        seed=t.seed,
+        clip=t.gradient_clip_norm or None,
+        bf16=cfg.mixed_precision == "bf16",
+        checkpointing=t.gradient_checkpointing,
+        fsdp=dict(d.fsdp or {}),
+        zero=dict(d.zero or {}),
+        pipeline=d.pipeline.model_dump() if d.pipeline else {},
+        mesh=cfg.pipeline_mesh() if d.strategy == "pipeline" else None,
+    )
+    return RunSpec(
+        gpt=gpt,
+        strategy=d.strategy,
+        options=options,
+        micro_batch_size=t.micro_batch_size,
+        accumulation=t.gradient_accumulation_steps,
+        learning_rate=cfg.scaled_learning_rate,
+        warmup_steps=t.warmup_steps,
+        max_steps=t.max_steps,
+        seed=t.seed,
+        backend=d.backend,
+        output_dir=Path(t.checkpoint.dir),
+        checkpoint_every=t.checkpoint.every_steps,
+        keep_last=t.checkpoint.keep_last,
+        resume=resume,
+        log_every=t.log_every,
+        config_yaml=cfg.to_yaml(),
+        effective_batch_size=cfg.effective_batch_size,
+        memory_note=memory_note,
+    )
+
+
+def parse_args(argv):
+    parser = argparse.ArgumentParser(prog="shardwise-train", description=__doc__.splitlines()[0])
+    parser.add_argument("--config", help="a YAML file (examples/configs/*.yaml)")
+    parser.add_argument("overrides", nargs="*", help="dotted overrides: training.max_steps=20")
+    parser.add_argument("--no-resume", action="store_true", help="start over, ignore checkpoints")
+    parser.add_argument(
+        "--ignore-memory-check", action="store_true", help="run even if the planner says no fit"
+    )
+    return parser.parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parse_args(argv)
+    try:
+        cfg = load_config(args.config, args.overrides)
+    except (ValueError, FileNotFoundError) as e:
+        print(f"shardwise-train: {e}", file=sys.stderr)
+        return 2
+    local = cfg.distributed.num_processes_per_node or cfg.distributed.world_size
+    fits, note = memory_check(cfg, device_memory_bytes(local))
+    if not fits and not args.ignore_memory_check:
+        print(f"shardwise-train: refusing a run that will not fit: {note}", file=sys.stderr)
+        print("(pass --ignore-memory-check to run anyway)", file=sys.stderr)
+        return 3
+    Trainer(run_spec(cfg, not args.no_resume, note)).run()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,655 @@
+"""The configuration of ``shardwise-train``: one YAML file plus dotted command-line overrides,
+validated completely before any work starts.
+
+Design:
+
+* ``load_config(path, overrides)`` reads the YAML with OmegaConf, merges the overrides
+  (``OmegaConf.from_dotlist``, so ``model.mesh_shape=[[2,1],["fsdp","tp"]]`` parses as a list)
+  and hands the plain dict to ``validate``, a pure function (no ``torch.distributed`` call; the
+  environment is an argument, ``os.environ`` by default).
+* The shape of the file is four pydantic v2 models (``model``, ``data``, ``training``,
+  ``distributed``) with extra keys forbidden. Their errors are rewritten as ``ValueError``s that
+  name the dotted key, the bad value and the fix; an unknown key gets the closest known key as a
+  "did you mean" suggestion.
+* The sub-blocks that already have a validator are handed to it rather than re-modelled:
+  ``distributed.fsdp`` (and the seed-002 keys written flat under ``distributed:``, which are
+  lifted into it) goes to ``shardwise.FSDPConfig``, ``distributed.zero`` to ``shardwise.zero``'s
+  DeepSpeed-style loader, the pipeline schedule to the C++ schedule builder.
+* The cross-field rules (the seed-001 ``DistributedConfig`` rules, the mesh, the strategy, the
+  batch split) run after the models are built. Values left out are resolved in place:
+  ``world_size``/``rank``/``local_rank`` from torchrun's variables, the strategy from the mesh
+  axes and sub-blocks, the mixed precision from ``bf16``/``mixed_precision``. The dump
+  (``to_dict``/``to_yaml``) is therefore the config that actually ran, minus the per-process
+  ``rank``/``local_rank``, and loads again.
+"""
+
+from __future__ import annotations
+
+import difflib
+import math
+import os
+from collections.abc import Mapping, Sequence
+from dataclasses import fields, replace
+from typing import Any, Literal
+
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
+from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+
+from ..fsdp.config import FSDPConfig
+from ..models.gpt import PRESETS, GPTConfig
+from ..zero.config import TOP_KEYS as ZERO_TOP_KEYS
+from ..zero.config import load as load_zero
+
+BACKENDS = ("shardwise", "gloo", "nccl", "mpi")
+STRATEGIES = ("ddp", "fsdp", "zero", "pipeline")
+MESH_AXES = ("fsdp", "dp", "tp", "pp")
+PRECISIONS = ("no", "fp16", "bf16")
+FSDP_KEYS = tuple(f.name for f in fields(FSDPConfig) if f.name != "extra")
+# Seed-002 keys that may sit flat under ``distributed:`` (they are moved into ``fsdp:``).
+FLAT_FSDP_KEYS = tuple(k for k in FSDP_KEYS if k.startswith("fsdp_") or k == "use_fsdp")
+
+
+class _Section(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class ModelSection(_Section):
+    """A bundled GPT preset; any GPTConfig field given here overrides the preset's."""
+
+    preset: str = "tiny"
+    vocab_size: int | None = Field(None, gt=0)
+    seq_len: int | None = Field(None, gt=0)
+    dim: int | None = Field(None, gt=0)
+    layers: int | None = Field(None, gt=0)
+    heads: int | None = Field(None, gt=0)
+    mlp_ratio: int | None = Field(None, gt=0)
+    dropout: float | None = Field(None, ge=0.0, lt=1.0)
+    mesh_shape: list | None = None  # seed 000: [[num_fsdp, num_tp], ["fsdp", "tp"]]
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, value: str) -> str:
+        if value not in PRESETS:
+            raise ValueError(f"unknown preset; valid presets: {', '.join(PRESETS)}")
+        return value
+
+    def gpt(self) -> GPTConfig:
+        """The preset with the explicitly given fields replaced."""
+        given = {f.name: getattr(self, f.name) for f in fields(GPTConfig)}
+        return replace(PRESETS[self.preset], **{k: v for k, v in given.items() if v is not None})
+
+
+class DataSection(_Section):
+    corpus: Literal["pydoc"] = "pydoc"
+    seq_len: int | None = Field(None, gt=0)  # default: the model's seq_len
+    shuffle_seed: int = 0
+
+
+class CheckpointSection(_Section):
+    dir: str = "outputs/run"
+    every_steps: int = Field(50, gt=0)
+    keep_last: int = Field(3, gt=0)
+
+
+class TrainingSection(_Section):
+    micro_batch_size: int = Field(
+        4, gt=0, validation_alias=AliasChoices("micro_batch_size", "batch_size")
+    )
+    gradient_accumulation_steps: int = Field(1, gt=0)
+    learning_rate: float = Field(3e-4, gt=0)
+    lr_scaling: Literal["none", "linear", "sqrt"] = "none"
+    base_batch_size: int | None = Field(None, gt=0)
+    warmup_steps: int = Field(10, ge=0)
+    gradient_clip_norm: float | None = Field(1.0, ge=0)
+    bf16: bool | None = None  # seed 002's spelling of mixed_precision: bf16 / no
+    mixed_precision: Literal["no", "fp16", "bf16"] | None = None
+    gradient_checkpointing: bool = False
+    max_steps: int = Field(100, gt=0)
+    seed: int = 0
+    log_every: int = Field(1, gt=0)
+    checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+
+
+class PipelineSection(_Section):
+    schedule: Literal["gpipe", "1f1b", "interleaved_1f1b", "zb_h1"] = "1f1b"
+    num_microbatches: int | None = Field(None, gt=0)  # default: the number of stages
+    virtual_stages: int = Field(1, gt=0)
+    split: Literal["parameters", "time"] = "parameters"
+
+
+class DistributedSection(_Section):
+    """Seed 001's DistributedConfig fields plus the strategy and its sub-blocks."""
+
+    enabled: bool | None = None
+    strategy: Literal["ddp", "fsdp", "zero", "pipeline"] | None = None
+    backend: Literal["shardwise", "gloo", "nccl", "mpi"] = "shardwise"
+    world_size: int | None = Field(None, gt=0)
+    rank: int | None = Field(None, ge=0)
+    local_rank: int | None = Field(None, ge=0)
+    num_nodes: int | None = Field(None, gt=0)  # default: world_size / processes per node
+    num_processes_per_node: int | None = Field(None, gt=0)
+    master_addr: str | None = None
+    master_port: int | None = Field(None, gt=0, lt=65536)
+    tensor_parallel_size: int | None = Field(None, gt=0)
+    pipeline_parallel_size: int | None = Field(None, gt=0)
+    mesh_shape: list | None = None
+    mesh_axis_names: list[str] | None = None
+    mixed_precision: Literal["no", "fp16", "bf16"] | None = None
+    fsdp: dict[str, Any] | None = None
+    zero: dict[str, Any] | None = None
+    pipeline: PipelineSection | None = None
+
+    def get_data_parallel_size(self) -> int:
+        return self.world_size // (self.tensor_parallel_size * self.pipeline_parallel_size)
+
+    def is_main_process(self) -> bool:
+        return self.rank == 0
+
+    def is_local_main_process(self) -> bool:
+        return self.local_rank == 0
+
+
+class TrainConfig(_Section):
+    """The whole run. Build it with ``load_config`` or ``validate`` (which resolve the defaults
+    and check the cross-field rules), not with the constructor alone."""
+
+    model: ModelSection = Field(default_factory=ModelSection)
+    data: DataSection = Field(default_factory=DataSection)
+    training: TrainingSection = Field(default_factory=TrainingSection)
+    distributed: DistributedSection = Field(default_factory=DistributedSection)
+
+    @property
+    def data_parallel_size(self) -> int:
+        return self.distributed.get_data_parallel_size()
+
+    @property
+    def effective_batch_size(self) -> int:
+        """micro batch × gradient accumulation × data-parallel world (seed 003); with a pipeline
+        also × its microbatches per step (``training.micro_batch_size`` is one microbatch)."""
+        t = self.training
+        per_step = t.micro_batch_size * t.gradient_accumulation_steps * self.data_parallel_size
+        if self.distributed.strategy == "pipeline":
+            per_step *= self.distributed.pipeline.num_microbatches
+        return per_step
+
+    @property
+    def scaled_learning_rate(self) -> float:
+        t = self.training
+        return scale_learning_rate(
+            t.learning_rate, self.effective_batch_size, t.base_batch_size, t.lr_scaling
+        )
+
+    @property
+    def mixed_precision(self) -> str:
+        return self.training.mixed_precision or "no"
+
+    def gpt_config(self) -> GPTConfig:
+        return self.model.gpt()
+
+    def mesh(self) -> list | None:
+        """The mesh as ``[[sizes...], [axis names...]]`` (from model or distributed), or None."""
+        return _given_mesh(self)[1]
+
+    def pipeline_mesh(self) -> list:
+        """``[[data, stages], [kind, "pp"]]`` as ``shardwise.pipeline.MeshGroups`` takes it."""
+        mesh = self.mesh()
+        kind = (
+            "fsdp" if mesh and dict(zip(mesh[1], mesh[0], strict=True)).get("fsdp", 1) > 1 else "dp"
+        )
+        return [[self.data_parallel_size, self.distributed.pipeline_parallel_size], [kind, "pp"]]
+
+    def fsdp_config(self) -> FSDPConfig:
+        return FSDPConfig.from_mapping({**(self.distributed.fsdp or {}), "use_fsdp": True})
+
+    def zero_config(self) -> dict:
+        """The validated DeepSpeed-style config (``shardwise.zero.load_config``'s result)."""
+        return load_zero(_zero_mapping(self), self.data_parallel_size)
+
+    def to_dict(self) -> dict:
+        """The resolved config as plain data; rank and local_rank, which differ per process and
+        come from the launcher, are left out so that the dump loads again on every rank."""
+        out = self.model_dump(mode="json")
+        out["distributed"]["rank"] = out["distributed"]["local_rank"] = None
+        return out
+
+    def to_yaml(self) -> str:
+        return OmegaConf.to_yaml(OmegaConf.create(self.to_dict()))
+
+
+def scale_learning_rate(lr: float, effective: int, base: int | None, rule: str) -> float:
+    """none: ``lr``; linear: ``lr × effective/base``; sqrt: ``lr × sqrt(effective/base)``."""
+    if rule == "none":
+        return lr
+    ratio = effective / base
+    return lr * (ratio if rule == "linear" else math.sqrt(ratio))
+
+
+def load_config(
+    path: str | None, overrides: Sequence[str] = (), env: Mapping[str, str] | None = None
+) -> TrainConfig:
+    """The validated config from a YAML file (or none) and dotted overrides such as
+    ``training.micro_batch_size=8`` or ``model.mesh_shape=[[2,1],["fsdp","tp"]]``. A bare
+    ``model=NAME`` selects a preset. Raises ValueError naming the key, the value and the fix."""
+    overrides = [_preset_shorthand(o) for o in overrides]
+    try:
+        base = OmegaConf.load(path) if path else OmegaConf.create({})
+    except (OSError, OmegaConfBaseException) as error:
+        raise ValueError(f"cannot read the config file {path!r}: {error}") from error
+    if not isinstance(OmegaConf.to_container(base), dict):
+        raise ValueError(f"{path}: the config must be a mapping of sections (model, data, ...)")
+    for item in overrides:
+        if "=" not in item:
+            raise ValueError(
+                f"override {item!r} has no '='; write dotted.key=value, "
+                f"e.g. training.micro_batch_size=8"
+            )
+        try:
+            merged = OmegaConf.merge(base, OmegaConf.from_dotlist([item]))
+        except OmegaConfBaseException as error:
+            raise ValueError(
+                f"override {item!r}: {error}; write overrides as dotted.key=value, "
+                f"e.g. training.micro_batch_size=8"
+            ) from error
+        base = merged
+    try:
+        data = OmegaConf.to_container(base, resolve=True)
+    except OmegaConfBaseException as error:
+        raise ValueError(f"config interpolation failed: {error}") from error
+    return validate(data, env)
+
+
+def _preset_shorthand(item: str) -> str:
+    key, sep, value = item.partition("=")
+    return f"model.preset={value}" if sep and key.strip() == "model" and "[" not in value else item
+
+
+def validate(data: Mapping, env: Mapping[str, str] | None = None) -> TrainConfig:
+    """The TrainConfig of a plain mapping; resolves the defaults that come from ``env``
+    (torchrun's WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
+    env = os.environ if env is None else env
+    if not isinstance(data, Mapping):
+        raise ValueError(f"the config must be a mapping of sections, got {type(data).__name__}")
+    data, lifted = _lift_flat_fsdp_keys(data)
+    try:
+        cfg = TrainConfig.model_validate(data)
+    except ValidationError as error:
+        raise ValueError(_explain(error.errors()[0])) from None
+    _resolve_precision(cfg)
+    _resolve_layout(cfg, env)
+    _resolve_strategy(cfg)
+    _check_sub_blocks(cfg, lifted)
+    _check_training(cfg)
+    return cfg
+
+
+# ---------------------------------------------------------------- error messages
+
+
+def _explain(err: dict) -> str:
+    loc = [str(part) for part in err["loc"]]
+    path = ".".join(loc)
+    if err["type"] == "extra_forbidden":
+        return _unknown_key(path)
+    msg = err["msg"].removeprefix("Value error, ")
+    value = err.get("input")
+    if err["type"] == "missing":
+        return f"{path}: required but missing; add it to the config"
+    return f"{path}: invalid value {value!r}: {msg}. Fix it in the YAML or override {path}=..."
+
+
+def _known_paths(model: type[BaseModel] = TrainConfig, prefix: str = "") -> list[str]:
+    paths = []
+    for name, info in model.model_fields.items():
+        names = [name]
+        if isinstance(info.validation_alias, AliasChoices):
+            names = [str(a) for a in info.validation_alias.choices]
+        for alias in names:
+            paths.append(prefix + alias)
+        sub = info.annotation
+        for candidate in getattr(sub, "__args__", (sub,)):
+            if isinstance(candidate, type) and issubclass(candidate, BaseModel):
+                paths += _known_paths(candidate, f"{prefix}{name}.")
+    return paths
+
+
+def _unknown_key(path: str, valid: Sequence[str] | None = None) -> str:
+    parent, _, key = path.rpartition(".")
+    if valid is None:
+        valid = [p for p in _known_paths() if p.rpartition(".")[0] == parent]
+        if parent == "distributed":
+            valid += [f"distributed.{k}" for k in FLAT_FSDP_KEYS]
+    names = {v.rpartition(".")[2]: v for v in valid}
+    if key in names:  # a field given under two of its names (batch_size, micro_batch_size)
+        return f"{path} is given twice, under two names of the same setting; keep one of them"
+    close = difflib.get_close_matches(key, list(names), n=1, cutoff=0.6)
+    hint = f" Did you mean '{names[close[0]]}'?" if close else ""
+    listed = ", ".join(sorted(names))
+    return f"unknown key '{path}'.{hint} Valid keys under '{parent or '(top)'}': {listed}"
+
+
+def _check_keys(path: str, given: Mapping, valid: Sequence[str]) -> None:
+    for key in given:
+        if key not in valid:
+            raise ValueError(_unknown_key(f"{path}.{key}", [f"{path}.{k}" for k in valid]))
+
+
+# ---------------------------------------------------------------- resolution and rules
+
+
+def _lift_flat_fsdp_keys(data: Mapping) -> tuple[dict, list[str]]:
+    """Seed 002 writes the FSDP keys directly under ``distributed:``; move them into ``fsdp:``."""
+    data = dict(data)
+    dist = data.get("distributed")
+    if not isinstance(dist, Mapping) or not any(k in dist for k in FLAT_FSDP_KEYS):
+        return data, []
+    dist = dict(dist)
+    block = dict(dist.get("fsdp") or {})
+    lifted = [key for key in FLAT_FSDP_KEYS if key in dist]
+    for key in lifted:
+        value = dist.pop(key)
+        if key in block and block[key] != value:
+            raise ValueError(
+                f"distributed.{key}={value!r} conflicts with distributed.fsdp.{key}="
+                f"{block[key]!r}; set it in one place"
+            )
+        block[key] = value
+    dist["fsdp"] = block
+    data["distributed"] = dist
+    return data, lifted
+
+
+def _resolve_precision(cfg: TrainConfig) -> None:
+    t, d = cfg.training, cfg.distributed
+    given = {}
+    if t.bf16 is not None:
+        given["training.bf16"] = "bf16" if t.bf16 else "no"
+    if t.mixed_precision is not None:
+        given["training.mixed_precision"] = t.mixed_precision
+    if d.mixed_precision is not None:
+        given["distributed.mixed_precision"] = d.mixed_precision
+    if len(set(given.values())) > 1:
+        listed = ", ".join(f"{k} -> {v}" for k, v in given.items())
+        raise ValueError(
+            f"mixed precision is set inconsistently ({listed}); set only "
+            f"training.mixed_precision (one of {', '.join(PRECISIONS)})"
+        )
+    t.mixed_precision = next(iter(given.values()), "no")
+
+
+def _normalize_mesh(key: str, mesh, names=None) -> list:
+    """``[[sizes], [names]]`` (seed 000), or sizes plus ``mesh_axis_names`` (seed 001)."""
+    example = 'e.g. [[2, 1], ["fsdp", "tp"]]'
+    if names is not None and mesh is not None and all(isinstance(s, int) for s in mesh):
+        mesh = [list(mesh), list(names)]
+    try:
+        sizes, axes = mesh
+        sizes, axes = list(sizes), [str(a) for a in axes]
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{key}: invalid value {mesh!r}; write [[sizes...], [axis names...]], {example}"
+        ) from None
+    if len(sizes) != len(axes) or not sizes:
+        raise ValueError(f"{key}: {mesh!r} needs one axis name per size, {example}")
+    for size in sizes:
+        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+            raise ValueError(f"{key}: size {size!r} in {mesh!r} must be a positive integer")
+    for axis in axes:
+        if axis not in MESH_AXES:
+            raise ValueError(
+                f"{key}: axis name {axis!r} in {mesh!r} is not valid; valid: {', '.join(MESH_AXES)}"
+            )
+    if len(set(axes)) != len(axes):
+        raise ValueError(f"{key}: {mesh!r} names an axis twice; name each axis once")
+    return [sizes, axes]
+
+
+def _given_mesh(cfg: TrainConfig) -> tuple[str | None, list | None]:
+    d, found = cfg.distributed, []
+    if cfg.model.mesh_shape is not None:
+        found.append(
+            ("model.mesh_shape", _normalize_mesh("model.mesh_shape", cfg.model.mesh_shape))
+        )
+    if d.mesh_shape is not None:
+        mesh = _normalize_mesh("distributed.mesh_shape", d.mesh_shape, d.mesh_axis_names)
+        found.append(("distributed.mesh_shape", mesh))
+    elif d.mesh_axis_names is not None:
+        raise ValueError(
+            "distributed.mesh_axis_names is set without distributed.mesh_shape; "
+            "set both, or write model.mesh_shape: [[sizes], [names]]"
+        )
+    if len(found) == 2 and found[0][1] != found[1][1]:
+        raise ValueError(
+            f"model.mesh_shape {found[0][1]} and distributed.mesh_shape "
+            f"{found[1][1]} differ; set the mesh in one place"
+        )
+    return found[0] if found else (None, None)
+
+
+def _from_env(key: str, given: int | None, env: Mapping, var: str) -> int | None:
+    """The explicit value, else torchrun's variable; both given must agree."""
+    raw = env.get(var)
+    if raw is None or raw == "":
+        return given
+    try:
+        value = int(raw)
+    except ValueError:
+        raise ValueError(f"environment variable {var}={raw!r} is not an integer") from None
+    if given is not None and given != value:
+        raise ValueError(
+            f"{key}={given} but the launcher set {var}={value}; remove {key} "
+            f"from the config or launch with a matching {var}"
+        )
+    return value
+
+
+def _resolve_layout(cfg: TrainConfig, env: Mapping) -> None:
+    """Seed 001's rules: world_size == num_nodes × num_processes_per_node, tensor × pipeline
+    parallel <= world_size, rank < world_size; plus the mesh's product == world_size."""
+    d = cfg.distributed
+    mesh_key, mesh = _given_mesh(cfg)
+    axis = dict(zip(mesh[1], mesh[0], strict=True)) if mesh else {}
+    world = _from_env("distributed.world_size", d.world_size, env, "WORLD_SIZE")
+    if world is None:
+        world = (d.num_nodes or 1) * (d.num_processes_per_node or 1)
+    d.world_size = world
+    if d.num_processes_per_node is None and env.get("LOCAL_WORLD_SIZE"):
+        d.num_processes_per_node = int(env["LOCAL_WORLD_SIZE"])
+    if d.num_processes_per_node is None:
+        d.num_processes_per_node = max(1, world // (d.num_nodes or 1))
+    if d.num_nodes is None:
+        d.num_nodes = max(1, world // d.num_processes_per_node)
+    if world != d.num_nodes * d.num_processes_per_node:
+        raise ValueError(
+            f"rule world_size == num_nodes * num_processes_per_node violated: "
+            f"distributed.world_size={world} but distributed.num_nodes={d.num_nodes} × "
+            f"distributed.num_processes_per_node={d.num_processes_per_node} = "
+            f"{d.num_nodes * d.num_processes_per_node}; fix one of the three"
+        )
+    d.rank = _from_env("distributed.rank", d.rank, env, "RANK") or 0
+    d.local_rank = _from_env("distributed.local_rank", d.local_rank, env, "LOCAL_RANK") or 0
+    if d.rank >= world:
+        raise ValueError(
+            f"rule rank < world_size violated: distributed.rank={d.rank} with "
+            f"world_size={world}; ranks run 0..{world - 1}"
+        )
+    if d.local_rank >= d.num_processes_per_node:
+        raise ValueError(
+            f"distributed.local_rank={d.local_rank} must be < "
+            f"num_processes_per_node={d.num_processes_per_node}"
+        )
+    d.master_addr = d.master_addr or env.get("MASTER_ADDR") or None
+    if d.master_port is None and env.get("MASTER_PORT"):
+        d.master_port = int(env["MASTER_PORT"])
+    d.tensor_parallel_size = _axis_size(d.tensor_parallel_size, axis, "tp", "tensor_parallel_size")
+    d.pipeline_parallel_size = _axis_size(
+        d.pipeline_parallel_size, axis, "pp", "pipeline_parallel_size"
+    )
+    if d.tensor_parallel_size > 1:
+        raise ValueError(
+            f"{mesh_key or 'distributed.tensor_parallel_size'}: tensor parallelism is not "
+            f"supported yet (tp={d.tensor_parallel_size}); set the tp size to 1 and use the "
+            f"fsdp/dp and pp axes"
+        )
+    _check_world_split(cfg, mesh_key, mesh)
+
+
+def _axis_size(given: int | None, axis: dict, name: str, key: str) -> int:
+    if given is not None and name in axis and axis[name] != given:
+        raise ValueError(
+            f"distributed.{key}={given} but the mesh's {name!r} axis has size "
+            f"{axis[name]}; make them equal or drop distributed.{key}"
+        )
+    return given if given is not None else axis.get(name, 1)
+
+
+def _check_world_split(cfg: TrainConfig, mesh_key: str | None, mesh: list | None) -> None:
+    d = cfg.distributed
+    world, tp, pp = d.world_size, d.tensor_parallel_size, d.pipeline_parallel_size
+    if tp * pp > world:
+        raise ValueError(
+            f"rule tensor_parallel * pipeline_parallel <= world_size violated: {tp} × {pp} = "
+            f"{tp * pp} > distributed.world_size={world}; lower "
+            f"distributed.pipeline_parallel_size or launch more processes"
+        )
+    if world % (tp * pp):
+        raise ValueError(
+            f"distributed.world_size={world} is not a multiple of tensor × "
+            f"pipeline parallel = {tp * pp}; the data-parallel size must be whole"
+        )
+    if mesh is not None and math.prod(mesh[0]) != world:
+        raise ValueError(
+            f"{mesh_key}: {mesh} has {math.prod(mesh[0])} ranks but distributed.world_size="
+            f"{world}; make the product of the sizes equal the world size"
+        )
+    if mesh is not None and "pp" in mesh[1] and mesh[0][mesh[1].index("pp")] > 1:
+        if mesh[1][-1] != "pp":
+            raise ValueError(
+                f"{mesh_key}: put the 'pp' axis last (a pipeline is a run of "
+                f"consecutive ranks), e.g. [[2, 2], ['dp', 'pp']]"
+            )
+    if d.enabled is False and world > 1:
+        raise ValueError(
+            f"distributed.enabled=false but world_size={world}; set "
+            f"distributed.enabled=true or launch one process"
+        )
+    d.enabled = world > 1 if d.enabled is None else d.enabled
+
+
+def _resolve_strategy(cfg: TrainConfig) -> None:
+    """The explicit strategy, else: a pp axis > 1 -> pipeline; an fsdp block (or seed-002's
+    use_fsdp) -> fsdp; a zero block -> zero; an fsdp mesh axis > 1 -> fsdp; else ddp."""
+    d = cfg.distributed
+    use_fsdp = (d.fsdp or {}).get("use_fsdp", d.fsdp is not None)
+    mesh = cfg.mesh()
+    fsdp_axis = dict(zip(mesh[1], mesh[0], strict=True)).get("fsdp", 1) if mesh else 1
+    if d.strategy is None:
+        if d.pipeline_parallel_size > 1:
+            d.strategy = "pipeline"
+        elif use_fsdp:
+            d.strategy = "fsdp"
+        elif d.zero is not None:
+            d.strategy = "zero"
+        else:
+            d.strategy = "fsdp" if fsdp_axis > 1 else "ddp"
+    if d.pipeline_parallel_size > 1 and d.strategy != "pipeline":
+        raise ValueError(
+            f"distributed.strategy={d.strategy} but pipeline_parallel_size="
+            f"{d.pipeline_parallel_size}; set distributed.strategy=pipeline or the pp axis to 1"
+        )
+    if use_fsdp and d.strategy not in ("fsdp", "pipeline"):
+        raise ValueError(
+            f"distributed.use_fsdp/fsdp is set but distributed.strategy="
+            f"{d.strategy}; drop the fsdp keys or set distributed.strategy=fsdp"
+        )
+    if d.zero is not None and d.strategy != "zero":
+        raise ValueError(
+            f"distributed.zero is set but distributed.strategy={d.strategy}; "
+            f"drop distributed.zero or set distributed.strategy=zero"
+        )
+    if d.pipeline is not None and d.strategy != "pipeline":
+        raise ValueError(
+            f"distributed.pipeline is set but distributed.strategy={d.strategy}; "
+            f"drop it or set distributed.strategy=pipeline"
+        )
+    if d.strategy == "pipeline" and d.pipeline is None:
+        d.pipeline = PipelineSection()
+
+
+def _zero_mapping(cfg: TrainConfig) -> dict:
+    t = cfg.training
+    return {
+        "train_micro_batch_size_per_gpu": t.micro_batch_size,
+        "gradient_accumulation_steps": t.gradient_accumulation_steps,
+        **(cfg.distributed.zero or {}),
+    }
+
+
+def _delegate(path: str, check) -> Any:
+    """Runs another module's validator; its ValueError gets the dotted path in front."""
+    try:
+        return check()
+    except ValueError as error:
+        raise ValueError(f"{path}: {error}") from None
+
+
+def _check_sub_blocks(cfg: TrainConfig, lifted: Sequence[str]) -> None:
+    d, t = cfg.distributed, cfg.training
+    if d.fsdp is not None:
+        _check_keys("distributed.fsdp", d.fsdp, FSDP_KEYS)
+        try:
+            cfg.fsdp_config()
+        except ValueError as error:  # FSDPConfig's messages start with the key they are about
+            key = str(error).replace(":", " ").split(" ", 1)[0]
+            where = "distributed" if key in lifted else "distributed.fsdp"
+            text = f"{where}.{error}" if key in FSDP_KEYS else f"{where}: {error}"
+            raise ValueError(text) from None
+    if d.zero is not None:
+        _check_keys("distributed.zero", d.zero, sorted(ZERO_TOP_KEYS))
+        for key, ours in (
+            ("train_micro_batch_size_per_gpu", "micro_batch_size"),
+            ("gradient_accumulation_steps", "gradient_accumulation_steps"),
+        ):
+            if key in d.zero and d.zero[key] != getattr(t, ours):
+                raise ValueError(
+                    f"distributed.zero.{key}={d.zero[key]!r} differs from training.{ours}="
+                    f"{getattr(t, ours)!r}; set it once, under training.{ours}"
+                )
+        _delegate("distributed.zero", cfg.zero_config)
+    if d.strategy == "pipeline":
+        _check_pipeline(cfg)
+
+
+def _check_pipeline(cfg: TrainConfig) -> None:
+    from .. import pipeline as pp  # the C++ schedule builder; pure, no process group
+
+    p, stages = cfg.distributed.pipeline, cfg.distributed.pipeline_parallel_size
+    if p.num_microbatches is None:
+        p.num_microbatches = stages
+    _delegate(
+        "distributed.pipeline",
+        lambda: pp.make_schedule(p.schedule, stages, p.num_microbatches, p.virtual_stages),
+    )
+
+
+def _check_training(cfg: TrainConfig) -> None:
+    t, gpt = cfg.training, cfg.model.gpt()
+    if gpt.dim % gpt.heads:
+        raise ValueError(
+            f"model.dim={gpt.dim} is not a multiple of model.heads={gpt.heads}; change one of them"
+        )
+    if cfg.data.seq_len is not None and cfg.data.seq_len > gpt.seq_len:
+        raise ValueError(
+            f"data.seq_len={cfg.data.seq_len} exceeds the model's seq_len={gpt.seq_len} "
+            f"(its position embeddings); lower data.seq_len or set model.seq_len"
+        )
+    if t.lr_scaling != "none" and t.base_batch_size is None:
+        raise ValueError(
+            f"training.lr_scaling={t.lr_scaling} needs training.base_batch_size (the batch "
+            f"size training.learning_rate was tuned for); set it or use lr_scaling=none"
+        )
+    if t.warmup_steps > t.max_steps:
+        raise ValueError(
+            f"training.warmup_steps={t.warmup_steps} exceeds training.max_steps="
+            f"{t.max_steps}; lower the warm-up"
+        )

@@ -1,0 +1,167 @@
+"""Training data for ``shardwise-train``: a real English corpus, a byte-level tokenizer and a
+deterministic, resumable, per-data-rank batch stream.
+
+Corpus
+    The prose of CPython's own help topics (``pydoc_data.topics.topics``, the text behind
+    ``help("FOR")`` and friends). It ships with every Python installation, so the bundled GPT
+    trains on real English text with no download. The topics are joined in sorted-key order,
+    separated by blank lines, so the text is identical for a given Python version.
+
+Tokenizer
+    UTF-8 bytes, vocabulary 256, so the GPT preset ``"tiny"`` (``vocab_size=256``) fits.
+    ``decode`` uses ``errors="replace"`` because a model may emit byte sequences that are not
+    valid UTF-8.
+
+Split
+    The last ``val_fraction`` (default 5%) of the token sequence is the validation set; the
+    rest is training data. Splitting at the end (not at random) keeps every validation window
+    out of every training window.
+
+Stream
+    The token sequence is cut into non-overlapping windows of ``seq_len + 1`` tokens starting
+    at ``0, seq_len, 2 * seq_len, ...`` (inputs are the first ``seq_len`` tokens, targets the
+    same window shifted by one). Every epoch the window starts are permuted with a generator
+    seeded from ``(seed, epoch)`` only. Global batch ``b`` of the epoch is the permutation slice
+    ``[b * micro_batch * W, (b + 1) * micro_batch * W)``, and data rank ``r`` takes positions
+    ``r, r + W, r + 2W, ...`` of that slice, so the data ranks read disjoint windows whose union
+    is the global batch. Every rank has the same number of batches per epoch (windows that do
+    not fill a whole global batch are dropped), which keeps collectives in lockstep. Pipeline
+    stages of one data-parallel replica pass the same ``data_rank`` and therefore see the same
+    batches. The position is ``state() == {"epoch": e, "index": i}`` (the next batch to
+    produce); ``load_state`` restores it, so a resumed run continues with exactly the next batch.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Iterable, Mapping
+
+import torch
+
+VOCAB_SIZE = 256
+_SEED_STRIDE = 1_000_003  # mixes (seed, epoch) into one generator seed
+
+
+@functools.lru_cache(maxsize=1)
+def load_corpus() -> str:
+    """The CPython help-topic prose, joined in sorted-key order with blank lines between."""
+    from pydoc_data.topics import topics
+
+    return "\n\n".join(topics[key].strip("\n") for key in sorted(topics)) + "\n"
+
+
+class ByteTokenizer:
+    """UTF-8 byte tokenizer: token ids are byte values 0..255."""
+
+    vocab_size = VOCAB_SIZE
+
+    def encode(self, text: str) -> torch.Tensor:
+        """Token ids of ``text`` as a 1-D ``torch.long`` tensor."""
+        data = bytearray(text.encode("utf-8"))
+        if not data:
+            return torch.empty(0, dtype=torch.long)
+        return torch.frombuffer(data, dtype=torch.uint8).long()
+
+    def decode(self, ids: torch.Tensor | Iterable[int]) -> str:
+        """Text of token ids; invalid UTF-8 becomes U+FFFD instead of raising."""
+        if isinstance(ids, torch.Tensor):
+            ids = ids.reshape(-1).tolist()
+        return bytes(int(i) for i in ids).decode("utf-8", errors="replace")
+
+
+def split_tokens(
+    tokens: torch.Tensor, val_fraction: float = 0.05
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train, validation): the last ``val_fraction`` of ``tokens`` is the validation set."""
+    if not 0.0 < val_fraction < 1.0:
+        raise ValueError(f"val_fraction must be in (0, 1), got {val_fraction}")
+    n_val = max(1, int(round(len(tokens) * val_fraction)))
+    return tokens[:-n_val], tokens[-n_val:]
+
+
+@functools.lru_cache(maxsize=4)
+def corpus_splits(val_fraction: float = 0.05) -> tuple[torch.Tensor, torch.Tensor]:
+    """(train, validation) byte tokens of the bundled corpus, stored as ``torch.uint8``."""
+    tokens = ByteTokenizer().encode(load_corpus()).to(torch.uint8)
+    return split_tokens(tokens, val_fraction)
+
+
+class TokenStream:
+    """Endless (inputs, targets) batches of shape ``[micro_batch, seq_len]`` for one data rank.
+
+    ``tokens`` is a 1-D integer tensor. Batches are ``torch.long`` on the CPU; move them to the
+    device in the training loop. See the module docstring for the sharding scheme.
+    """
+
+    def __init__(
+        self,
+        tokens: torch.Tensor,
+        seq_len: int,
+        micro_batch: int,
+        data_rank: int = 0,
+        data_world: int = 1,
+        seed: int = 0,
+        shuffle: bool = True,
+    ):
+        if seq_len < 1 or micro_batch < 1 or data_world < 1:
+            raise ValueError("seq_len, micro_batch and data_world must be positive")
+        if not 0 <= data_rank < data_world:
+            raise ValueError(f"data_rank {data_rank} outside [0, {data_world})")
+        self.tokens = tokens.reshape(-1)
+        self.seq_len, self.micro_batch = int(seq_len), int(micro_batch)
+        self.data_rank, self.data_world = int(data_rank), int(data_world)
+        self.seed, self.shuffle = int(seed), bool(shuffle)
+        self.num_windows = (len(self.tokens) - 1) // self.seq_len
+        self.batches_per_epoch = self.num_windows // (self.micro_batch * self.data_world)
+        if self.batches_per_epoch < 1:
+            raise ValueError(
+                f"{len(self.tokens)} tokens make {self.num_windows} windows of {seq_len}: fewer "
+                f"than one global batch ({micro_batch} x {data_world} data ranks)"
+            )
+        self.epoch, self.index = 0, 0
+        self._order_epoch, self._order = -1, torch.empty(0, dtype=torch.long)
+
+    def window_order(self, epoch: int) -> torch.Tensor:
+        """Window numbers of ``epoch`` in global order (same on every rank)."""
+        if not self.shuffle:
+            return torch.arange(self.num_windows)
+        gen = torch.Generator().manual_seed((self.seed * _SEED_STRIDE + epoch) % (2**63))
+        return torch.randperm(self.num_windows, generator=gen)
+
+    def batch_windows(self, epoch: int, index: int) -> torch.Tensor:
+        """Window numbers this rank reads for batch ``index`` of ``epoch``."""
+        if epoch != self._order_epoch:
+            self._order, self._order_epoch = self.window_order(epoch), epoch
+        per_global = self.micro_batch * self.data_world
+        chunk = self._order[index * per_global : (index + 1) * per_global]
+        return chunk[self.data_rank :: self.data_world]
+
+    def batch(self, epoch: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(inputs, targets) of batch ``index`` of ``epoch`` without moving the position."""
+        starts = self.batch_windows(epoch, index) * self.seq_len
+        offsets = torch.arange(self.seq_len + 1)
+        windows = self.tokens[starts[:, None] + offsets[None, :]].long()
+        return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+
+    def __iter__(self) -> TokenStream:
+        return self
+
+    def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
+        out = self.batch(self.epoch, self.index)
+        self.index += 1
+        if self.index == self.batches_per_epoch:
+            self.epoch, self.index = self.epoch + 1, 0
+        return out
+
+    def state(self) -> dict:
+        """Position of the next batch: ``{"epoch": int, "index": int}``."""
+        return {"epoch": self.epoch, "index": self.index}
+
+    def load_state(self, state: Mapping) -> None:
+        """Restores a position from ``state()``; the next batch is the one that followed it."""
+        epoch, index = int(state["epoch"]), int(state["index"])
+        if epoch < 0 or not 0 <= index < self.batches_per_epoch:
+            raise ValueError(
+                f"invalid stream state {dict(state)} ({self.batches_per_epoch} batches per epoch)"
+            )
+        self.epoch, self.index = epoch, index

@@ -1,0 +1,108 @@
+"""Per-step metrics of ``shardwise-train``: throughput, an MFU estimate, peak memory per rank,
+stragglers, and the sinks (JSONL, TensorBoard, a progress bar on rank 0).
+
+MFU = achieved model FLOP/s per rank / the rank's peak FLOP/s. Model FLOPs per token follow
+Kaplan et al. / PaLM: 6·N for the weight matmuls (forward + backward) plus 12·L·T·d for
+attention (L layers, sequence T, width d), counted whether or not activations are recomputed.
+The peak is measured, not looked up: a square matmul in the training dtype on one thread (the
+ranks of this job each use one), the best of a few repetitions.
+"""
+
+from __future__ import annotations
+
+import json
+import resource
+import statistics
+import time
+import warnings
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+
+def flops_per_token(num_params: int, layers: int, seq_len: int, dim: int) -> float:
+    return 6.0 * num_params + 12.0 * layers * seq_len * dim
+
+
+def measured_peak_flops(dtype: torch.dtype = torch.bfloat16, size: int = 1024) -> float:
+    """FLOP/s of a size×size matmul in ``dtype`` on this process's threads, best of 5."""
+    a = torch.randn(size, size).to(dtype)
+    b = torch.randn(size, size).to(dtype)
+    best = float("inf")
+    for _ in range(6):
+        start = time.perf_counter()
+        torch.mm(a, b)
+        best = min(best, time.perf_counter() - start)
+    return 2.0 * size**3 / best
+
+
+def peak_rss_bytes() -> int:
+    """The process's peak resident set (Linux reports KiB)."""
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def gather_floats(values: list[float]) -> list[list[float]]:
+    """Every rank's ``values`` (collective when a process group exists)."""
+    if not dist.is_initialized() or dist.get_world_size() == 1:
+        return [values]
+    t = torch.tensor(values, dtype=torch.float64)
+    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, t)
+    return [o.tolist() for o in out]
+
+
+def straggler(step_seconds: list[float], threshold: float = 1.25) -> int | None:
+    """The rank whose compute time exceeds the median by ``threshold``×, or None."""
+    if len(step_seconds) < 2:
+        return None
+    median = statistics.median(step_seconds)
+    worst = max(range(len(step_seconds)), key=lambda r: step_seconds[r])
+    return worst if step_seconds[worst] > threshold * median else None
+
+
+class Sinks:
+    """JSONL file, TensorBoard (when installed) and a tqdm bar; rank 0 only."""
+
+    def __init__(self, directory: Path, total_steps: int, start_step: int, enabled: bool):
+        self.enabled = enabled
+        self.jsonl = self.tb = self.bar = None
+        if not enabled:
+            return
+        directory.mkdir(parents=True, exist_ok=True)
+        self.jsonl = open(directory / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+        try:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self.tb = SummaryWriter(str(directory / "tensorboard"))
+        except ImportError:
+            warnings.warn("tensorboard is not installed: no TensorBoard logs", stacklevel=2)
+        from tqdm import tqdm
+
+        self.bar = tqdm(total=total_steps, initial=start_step, unit="step", dynamic_ncols=True)
+
+    def write(self, record: dict) -> None:
+        if not self.enabled:
+            return
+        self.jsonl.write(json.dumps(record) + "\n")
+        self.jsonl.flush()
+        if self.tb is not None:
+            for key, value in record.items():
+                if isinstance(value, (int, float)) and key != "step":
+                    self.tb.add_scalar(key, value, record["step"])
+        self.bar.update(record["step"] - self.bar.n)
+        self.bar.set_postfix(
+            loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}", refresh=False
+        )
+
+    def note(self, text: str) -> None:
+        if self.enabled:
+            (self.bar.write if self.bar else print)(text)
+
+    def close(self) -> None:
+        if not self.enabled:
+            return
+        self.bar.close()
+        self.jsonl.close()
+        if self.tb is not None:
+            self.tb.close()

@@ -1,0 +1,59 @@
+"""World-size-independent checkpoint pieces.
+
+Every strategy saves what its rank holds as *pieces*: ``(name, start, values)``, where ``values``
+are elements ``[start, start + len(values))`` of the flattened full tensor ``name`` (a parameter
+by its name in the plain GPT, or ``name + ":exp_avg"`` / ``":exp_avg_sq"`` for its AdamW
+moments). A replicated tensor is one piece starting at 0; an FSDP shard is the piece its rank
+owns. Loading never asks how the pieces were cut: every rank reads the pieces of every saved rank
+and copies, into each tensor slice it now owns, the overlap of every piece of that name. So a run
+of any strategy and world size loads a checkpoint of any other (the ZeRO optimizer's own pieces
+in ``csrc/zero/`` follow the same rule).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Slot:
+    """A slice this rank owns: elements [start, start + view.numel()) of tensor ``name``."""
+
+    name: str
+    start: int
+    view: torch.Tensor  # 1-D, writable, the rank's storage of that slice
+
+
+def to_pieces(slots: list[Slot]) -> list[dict]:
+    """The slots as plain, weights_only-loadable pieces (clones in float32 or their dtype)."""
+    return [
+        {"name": s.name, "start": int(s.start), "values": s.view.detach().clone()} for s in slots
+    ]
+
+
+def fill(slots: list[Slot], pieces: list[dict], strict: bool = True) -> None:
+    """Copies into every slot the overlapping elements of the pieces of its name. With
+    ``strict``, an element no piece covers is an error naming the tensor and the range."""
+    by_name: dict[str, list[dict]] = {}
+    for piece in pieces:
+        by_name.setdefault(piece["name"], []).append(piece)
+    for slot in slots:
+        lo, hi = slot.start, slot.start + slot.view.numel()
+        covered = 0
+        for piece in by_name.get(slot.name, []):
+            p_lo = piece["start"]
+            p_hi = p_lo + piece["values"].numel()
+            a, b = max(lo, p_lo), min(hi, p_hi)
+            if a >= b:
+                continue
+            with torch.no_grad():
+                slot.view[a - lo : b - lo].copy_(piece["values"][a - p_lo : b - p_lo])
+            covered += b - a
+        if strict and covered < hi - lo:
+            raise ValueError(
+                f"checkpoint: the saved pieces cover only {covered} of the {hi - lo} elements "
+                f"[{lo}, {hi}) of {slot.name!r}; the checkpoint is of another model (compare "
+                "its model.* config with this run's) or is missing a rank's file"
+            )

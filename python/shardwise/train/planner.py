@@ -1,0 +1,445 @@
+"""Per-rank memory planner (``shardwise-plan``, or ``python -m shardwise.train.planner``).
+
+Estimates, before anything is launched, the bytes each rank holds for parameters, gradients,
+optimizer state and activations under each parallel strategy, says which fit a device, and
+recommends the simplest strategy that fits.
+
+Model states (ZeRO paper, Rajbhandari et al. 2019, arXiv 1910.02054, section 3.1 / 5; checked
+against this codebase's ZeRO in ``benchmarks/results/2026-11-23-zero-cpu.md``). With Φ
+parameters, N data-parallel ranks and Adam(W):
+
+- mixed precision (bf16 or fp16): 2Φ low-precision parameters, 2Φ gradients and K = 12 bytes
+  per parameter of optimizer state (fp32 master copy 4Φ + first and second moments 4Φ + 4Φ);
+- fp32 training: 4Φ parameters, 4Φ gradients, 8Φ optimizer state (the two moments).
+- SGD with momentum keeps one fp32 buffer instead of two moments (K = 8 mixed, 4 in fp32).
+
+Per rank, with P, G, O the unsharded parameter, gradient and optimizer bytes:
+
+====================================  ============  ============  ============
+strategy                              parameters    gradients     optimizer
+====================================  ============  ============  ============
+ddp (single device when N = 1)        P             G             O
+zero1                                 P             G             O / N
+zero2, fsdp shard_grad_op             P             G / N         O / N
+zero3, fsdp full_shard                P / N         G / N         O / N
+pipeline, p stages, dp = N / p        P / p         G / p         O / p
+zero3 + cpu offload                   P / N         G / N         0 (O / N on host)
+====================================  ============  ============  ============
+
+So with bf16 + Adam: DDP 16Φ, ZeRO-1 4Φ + 12Φ/N, ZeRO-2 2Φ + 14Φ/N, ZeRO-3 16Φ/N. The
+offload row assumes the optimizer state (master weights and moments) lives in host memory and
+the device keeps its parameter and gradient shards (DeepSpeed's ``offload_optimizer``);
+shardwise's stage-3 ``cpu_offload`` also moves the shards, so it needs even less device memory.
+
+ZeRO-3 / FSDP full_shard (and its offload variant) also hold the unsharded units they gather
+(``zero3_gather_bytes``; for the bundled GPT ``gpt_gather_bytes``: the largest wrapped unit
+twice, for the prefetch, in the parameter dtype plus once in the gradient dtype).
+
+Activations are per microbatch and per rank (``activation_bytes``); pipeline stages under
+1F1B hold up to p microbatches of L / p layers on the first stage, i.e. about one whole-model
+microbatch, so the pipeline row uses the same activation bytes. Temporary buffers (ZeRO-3's
+gathered layer, communication buckets, allocator fragmentation) are covered by the overhead
+factor: a row fits when ``total × overhead ≤ device memory`` (rule of thumb "params × bytes
+× overhead" from the practice notes).
+
+Recommendation order (practice notes, seed 003): a single device when there is one and it fits,
+then DDP, ZeRO-2 (start there, not at stage 1), ZeRO-3 / FSDP full_shard only when stage 2 does
+not fit, pipeline parallelism when sharding alone does not fit, and CPU offload as last resort.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from dataclasses import asdict, dataclass
+
+GIB = 1024**3
+PRECISIONS = ("bf16", "fp16", "fp32")
+OPTIMIZERS = ("adamw", "adam", "sgd")
+ORDER = ("ddp", "zero2", "zero3", "pipeline", "zero3_offload")
+LABELS = {
+    "ddp": "ddp",
+    "zero1": "zero1",
+    "zero2": "zero2",
+    "fsdp_shard_grad_op": "fsdp shard_grad_op",
+    "zero3": "zero3 / fsdp full_shard",
+    "pipeline": "pipeline",
+    "zero3_offload": "zero3 + cpu offload",
+}
+
+
+@dataclass(frozen=True)
+class Row:
+    """Bytes per rank of one strategy. ``host`` is what lives in CPU memory instead."""
+
+    strategy: str
+    label: str
+    parameters: int
+    gradients: int
+    optimizer_state: int
+    activations: int
+    gathered: int  # ZeRO-3 / full_shard: transient unsharded units (zero3_gather_bytes)
+    total: int
+    required: int  # total × overhead
+    fits: bool
+    host: int = 0
+
+
+@dataclass(frozen=True)
+class Recommendation:
+    """``strategy`` is a row's name, ``"single"`` (one device, the ddp row) or ``"none"``."""
+
+    strategy: str
+    reason: str
+    row: Row | None
+
+
+@dataclass(frozen=True)
+class Plan:
+    params: int
+    world_size: int
+    device_memory_bytes: int
+    mixed_precision: str
+    optimizer: str
+    overhead: float
+    pipeline_stages: int
+    rows: tuple[Row, ...]
+    recommendation: Recommendation
+
+    def row(self, strategy: str) -> Row:
+        for row in self.rows:
+            if row.strategy == strategy:
+                return row
+        raise KeyError(f"no row '{strategy}'; rows: {', '.join(r.strategy for r in self.rows)}")
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def state_bytes_per_param(mixed_precision: str, optimizer: str) -> tuple[int, int, int]:
+    """Bytes per parameter of (parameters, gradients, optimizer state), unsharded."""
+    if mixed_precision not in PRECISIONS:
+        raise ValueError(f"mixed_precision '{mixed_precision}'; valid: {', '.join(PRECISIONS)}")
+    if optimizer not in OPTIMIZERS:
+        raise ValueError(f"optimizer '{optimizer}'; valid: {', '.join(OPTIMIZERS)}")
+    moments = 4 if optimizer == "sgd" else 8  # fp32 momentum, or Adam's two moments
+    if mixed_precision == "fp32":
+        return 4, 4, moments
+    return 2, 2, 4 + moments  # + fp32 master weights
+
+
+def _row(name, p, g, o, act, overhead, memory, host=0, gathered=0) -> Row:
+    p, g, o, act, host = (math.ceil(x) for x in (p, g, o, act, host))  # shards round up
+    total = p + g + o + act + gathered
+    required = math.ceil(round(total * overhead, 3))
+    fits = required <= memory
+    return Row(name, LABELS[name], p, g, o, act, gathered, total, required, fits, host)
+
+
+def _auto_stages(world_size: int, fits) -> int:
+    """The smallest number of pipeline stages (> 1, dividing the world) that fits, else the most."""
+    divisors = [p for p in range(2, world_size + 1) if world_size % p == 0]
+    for p in divisors:
+        if fits(p):
+            return p
+    return divisors[-1] if divisors else 1
+
+
+def _rows(phi, n, memory, precision, optimizer, act, stages, overhead, gather):
+    bp, bg, bo = state_bytes_per_param(precision, optimizer)
+    par, grad, opt = bp * phi, bg * phi, bo * phi  # P, G, O in the module docstring
+    args = (overhead, memory)
+    rows = [
+        _row("ddp", par, grad, opt, act, *args),
+        _row("zero1", par, grad, opt / n, act, *args),
+        _row("zero2", par, grad / n, opt / n, act, *args),
+        _row("fsdp_shard_grad_op", par, grad / n, opt / n, act, *args),
+        _row("zero3", par / n, grad / n, opt / n, act, *args, gathered=gather),
+    ]
+
+    def pipeline(p: int) -> Row:
+        return _row("pipeline", par / p, grad / p, opt / p, act, *args)
+
+    if stages is None:
+        stages = _auto_stages(n, lambda p: pipeline(p).fits)
+    if stages > 1:
+        rows.append(pipeline(stages))
+    rows.append(
+        _row("zero3_offload", par / n, grad / n, 0, act, *args, host=opt / n, gathered=gather)
+    )
+    return rows, stages
+
+
+def _recommend(rows: list[Row], world_size: int, memory: int, stages: int) -> Recommendation:
+    by_name = {r.strategy: r for r in rows}
+    gib = f"{memory / GIB:.1f} GiB"
+    reasons = {
+        "ddp": "model states and activations fit each device whole; plain DDP is simplest",
+        "zero2": "DDP does not fit; ZeRO-2 (or FSDP shard_grad_op) shards grads + optimizer state",
+        "zero3": "ZeRO-2 does not fit; ZeRO-3 / FSDP full_shard also shards the parameters",
+        "pipeline": "no data-parallel sharding fits; pipeline stages split the layers",
+        "zero3_offload": "nothing fits on the device alone; offload optimizer state to CPU "
+        "(last resort, slow)",
+    }
+    for name in ORDER:
+        row = by_name.get(name)
+        if row is None or not row.fits:
+            continue
+        if name == "ddp" and world_size == 1:
+            return Recommendation("single", f"fits one device ({gib}); no parallelism needed", row)
+        if name == "pipeline":
+            reason = reasons[name] + f" ({stages} stages x {world_size // stages} data-parallel)"
+        else:
+            reason = reasons[name]
+        return Recommendation(name, f"{reason}; needs {row.required / GIB:.1f} of {gib}", row)
+    smallest = min(rows, key=lambda r: r.total)
+    return Recommendation(
+        "none",
+        f"does not fit: the smallest is {smallest.label} at {smallest.required / GIB:.1f} GiB "
+        f"per rank (with overhead) against {gib}; add GPUs, shrink the micro-batch or enable "
+        "activation checkpointing",
+        None,
+    )
+
+
+def plan(
+    params: int,
+    world_size: int,
+    device_memory_bytes: int,
+    *,
+    mixed_precision: str = "bf16",
+    optimizer: str = "adamw",
+    activation_bytes_per_rank: int = 0,
+    pipeline_stages: int | None = None,
+    overhead: float = 1.1,
+    zero3_gather_bytes: int = 0,
+) -> Plan:
+    """Per-rank bytes of every strategy for ``params`` parameters on ``world_size`` devices of
+    ``device_memory_bytes`` each, and the simplest one that fits.
+
+    ``pipeline_stages``: None picks the fewest stages (dividing ``world_size``) that fit; 1
+    leaves the pipeline row out; otherwise it must divide ``world_size``.
+    ``zero3_gather_bytes``: transient bytes of the unsharded units ZeRO-3 / FSDP full_shard
+    gathers (``gpt_gather_bytes`` for the bundled GPT), added to the zero3 and offload rows.
+    """
+    _check(params=params, world_size=world_size, device_memory_bytes=device_memory_bytes)
+    for name, value in (
+        ("activation_bytes_per_rank", activation_bytes_per_rank),
+        ("zero3_gather_bytes", zero3_gather_bytes),
+    ):
+        if value < 0:
+            raise ValueError(f"{name} must be >= 0, got {value}")
+    if overhead < 1.0:
+        raise ValueError(f"overhead must be >= 1.0 (a multiplier), got {overhead}")
+    if pipeline_stages is not None and (pipeline_stages < 1 or world_size % pipeline_stages != 0):
+        raise ValueError(
+            f"pipeline_stages={pipeline_stages} must be >= 1 and divide world_size={world_size}"
+        )
+    rows, stages = _rows(
+        params,
+        world_size,
+        device_memory_bytes,
+        mixed_precision,
+        optimizer,
+        activation_bytes_per_rank,
+        pipeline_stages,
+        overhead,
+        zero3_gather_bytes,
+    )
+    return Plan(
+        params,
+        world_size,
+        device_memory_bytes,
+        mixed_precision,
+        optimizer,
+        overhead,
+        stages,
+        tuple(rows),
+        _recommend(rows, world_size, device_memory_bytes, stages),
+    )
+
+
+def _check(**positive) -> None:
+    for name, value in positive.items():
+        if value <= 0:
+            raise ValueError(f"{name} must be > 0, got {value}")
+
+
+def activation_bytes(
+    gpt_config,
+    micro_batch_size: int,
+    dtype_bytes: int = 2,
+    checkpointing: bool = False,
+    *,
+    seq_len: int | None = None,
+    attention_scores: bool = True,
+) -> int:
+    """Activation bytes of one microbatch through a ``GPTConfig`` model (s = sequence, b = batch,
+    h = dim, a = heads, L = layers, V = vocabulary).
+
+    Per transformer layer, from Korthikanti et al. 2022 ("Reducing Activation Recomputation in
+    Large Transformer Models", arXiv 2205.05198, eq. 1, no tensor parallelism), in half
+    precision: ``s·b·h·(34 + 5·a·s/h)`` bytes; ``34·s·b·h`` are the saved layer inputs, QKV,
+    MLP and norm activations (and 1-byte dropout masks), ``5·a·s²·b`` the attention scores,
+    softmax and its dropout mask. For ``dtype_bytes`` other than 2 it is scaled by
+    ``dtype_bytes / 2``. ``attention_scores=False`` drops the ``5·a·s/h`` term (fused SDPA /
+    flash attention keeps no s² matrices). Plus the head: logits ``s·b·V·dtype_bytes`` and their
+    fp32 copy for the loss ``s·b·V·4`` (``GPT.loss`` casts with ``.float()``; none in fp32).
+
+    With ``checkpointing`` (full recomputation per block) only each block's input is kept,
+    ``L·s·b·h·dtype_bytes``, plus one block's full activations while it is recomputed.
+    """
+    _check(micro_batch_size=micro_batch_size, dtype_bytes=dtype_bytes)
+    s = seq_len if seq_len is not None else gpt_config.seq_len
+    b, h, a = micro_batch_size, gpt_config.dim, gpt_config.heads
+    per_token = 34 + (5 * a * s / h if attention_scores else 0)
+    layer = s * b * h * per_token * dtype_bytes / 2
+    head = s * b * gpt_config.vocab_size * (dtype_bytes + (4 if dtype_bytes != 4 else 0))
+    if checkpointing:
+        blocks = gpt_config.layers * s * b * h * dtype_bytes + layer
+    else:
+        blocks = gpt_config.layers * layer
+    return int(blocks + head)
+
+
+def gpt_gather_bytes(gpt_config, mixed_precision: str = "bf16") -> int:
+    """Transient bytes ZeRO-3 / FSDP full_shard holds for the GPT's unsharded units: with
+    transformer-block wrapping the units are each block and the root (embeddings, tied head,
+    final norm); at worst the largest unit and the prefetched next one are gathered, plus the
+    largest unit's unsharded gradients before the reduce-scatter, i.e.
+    ``largest × (2 × param bytes + grad bytes)``."""
+    param_b, grad_b, _ = state_bytes_per_param(mixed_precision, "adamw")
+    root = (gpt_config.vocab_size + gpt_config.seq_len + 2) * gpt_config.dim
+    block = (gpt_config.num_parameters() - root) // gpt_config.layers
+    return max(root, block) * (2 * param_b + grad_b)
+
+
+# ---------------------------------------------------------------- command line
+
+
+def _number(kind, minimum, what):
+    def parse(text: str):
+        try:
+            value = float(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"'{text}' is not a number; pass {what}") from None
+        if kind is int and not value.is_integer():
+            raise argparse.ArgumentTypeError(f"'{text}' is not a whole number; pass {what}")
+        value = kind(value)
+        if value < minimum:
+            raise argparse.ArgumentTypeError(f"{text} must be >= {minimum}; pass {what}")
+        return value
+
+    return parse
+
+
+def _parser() -> argparse.ArgumentParser:
+    from shardwise.models.gpt import PRESETS
+
+    p = argparse.ArgumentParser(
+        prog="shardwise-plan",
+        description="Per-rank memory of DDP, ZeRO 1-3, FSDP, pipeline and offload, and the "
+        "simplest strategy that fits.",
+    )
+    p.add_argument("--params", type=_number(int, 1, "a parameter count such as 7e9"))
+    p.add_argument(
+        "--model", choices=sorted(PRESETS), help="take params and activations from a GPT preset"
+    )
+    p.add_argument("--gpus", type=_number(int, 1, "the number of GPUs, >= 1"), required=True)
+    p.add_argument("--gpu-mem", type=_number(float, 1e-9, "GiB per GPU such as 80"), required=True)
+    p.add_argument("--mixed-precision", choices=PRECISIONS, default="bf16")
+    p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
+    p.add_argument("--micro-batch", type=_number(int, 1, "a micro-batch size >= 1"), default=1)
+    p.add_argument("--seq-len", type=_number(int, 1, "a sequence length >= 1"))
+    p.add_argument("--activation-checkpointing", action="store_true")
+    p.add_argument(
+        "--activations-gib",
+        type=_number(float, 0, "GiB per rank, >= 0"),
+        help="activation memory per rank when no --model gives an estimate",
+    )
+    p.add_argument(
+        "--pipeline-stages",
+        type=_number(int, 1, "a stage count dividing --gpus"),
+        help="default: the fewest stages that fit",
+    )
+    p.add_argument("--overhead", type=_number(float, 1.0, "a multiplier >= 1.0"), default=1.1)
+    p.add_argument("--json", action="store_true", help="machine-readable output")
+    return p
+
+
+def _plan_from_args(args, parser) -> Plan:
+    from shardwise.models.gpt import PRESETS
+
+    if args.params is None and args.model is None:
+        parser.error("--params or --model is required; e.g. --params 7e9 or --model 1b")
+    if args.pipeline_stages is not None and args.gpus % args.pipeline_stages:
+        parser.error(f"--pipeline-stages {args.pipeline_stages} must divide --gpus {args.gpus}")
+    dtype = 4 if args.mixed_precision == "fp32" else 2
+    activations = int((args.activations_gib or 0) * GIB)
+    params, gather = args.params, 0
+    if args.model is not None:
+        cfg = PRESETS[args.model]
+        gather = gpt_gather_bytes(cfg, args.mixed_precision)
+        params = params or cfg.num_parameters()
+        if args.activations_gib is None:
+            activations = activation_bytes(
+                cfg, args.micro_batch, dtype, args.activation_checkpointing, seq_len=args.seq_len
+            )
+    return plan(
+        params,
+        args.gpus,
+        int(args.gpu_mem * GIB),
+        mixed_precision=args.mixed_precision,
+        optimizer=args.optimizer,
+        activation_bytes_per_rank=activations,
+        pipeline_stages=args.pipeline_stages,
+        overhead=args.overhead,
+        zero3_gather_bytes=gather,
+    )
+
+
+def format_table(result: Plan) -> str:
+    """A plain-text table, GiB per rank, and the recommendation."""
+    head = ("strategy", "params", "grads", "optimizer", "activations", "gathered", "total")
+    head += ("x overhead", "fits")
+    lines = [
+        f"{result.params / 1e9:.3g}B parameters, {result.world_size} GPUs x "
+        f"{result.device_memory_bytes / GIB:.1f} GiB, {result.mixed_precision}, "
+        f"{result.optimizer}, overhead {result.overhead:g} (GiB per rank)",
+        f"{head[0]:<24}" + "".join(f"{h:>12}" for h in head[1:]),
+    ]
+    for r in result.rows:
+        label = f"{r.label} ({result.pipeline_stages})" if r.strategy == "pipeline" else r.label
+        cells = (r.parameters, r.gradients, r.optimizer_state, r.activations, r.gathered)
+        cells += (r.total, r.required)
+        lines.append(
+            f"{label:<24}"
+            + "".join(f"{c / GIB:>12.2f}" for c in cells)
+            + f"{'yes' if r.fits else 'no':>12}"
+        )
+    rec = result.recommendation
+    lines.append(f"recommendation: {rec.strategy} ({rec.reason})")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = _parser()
+    try:
+        args = parser.parse_args(argv)
+        result = _plan_from_args(args, parser)
+    except SystemExit as exit_:  # argparse: --help (0) or a bad argument (2)
+        return int(exit_.code or 0)
+    except ValueError as error:
+        print(f"shardwise-plan: error: {error}", file=sys.stderr)
+        return 2
+    if args.json:
+        print(json.dumps(result.to_dict(), indent=2))
+    else:
+        print(format_table(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,62 @@
+"""``shardwise-plot RUN_DIR``: the loss and throughput curves of a run (its metrics.jsonl) as
+PNGs beside it (matplotlib)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def read(path: Path) -> list[dict]:
+    with open(path, encoding="utf-8") as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+def plot(run_dir: str | Path) -> list[Path]:
+    """Writes loss.png and throughput.png into ``run_dir`` from its metrics.jsonl."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    run_dir = Path(run_dir)
+    records = read(run_dir / "metrics.jsonl")
+    if not records:
+        raise ValueError(f"{run_dir / 'metrics.jsonl'} has no records; train first")
+    steps = [r["step"] for r in records]
+    written = []
+    for name, keys, label in (
+        ("loss", ["loss"], "loss (nats/token)"),
+        ("throughput", ["tokens_per_s"], "tokens/s (all ranks)"),
+    ):
+        fig, ax = plt.subplots(figsize=(7, 3.5))
+        for key in keys:
+            ax.plot(steps, [r[key] for r in records], label=key)
+        ax.set_xlabel("step")
+        ax.set_ylabel(label)
+        ax.grid(alpha=0.3)
+        fig.tight_layout()
+        path = run_dir / f"{name}.png"
+        fig.savefig(path, dpi=110)
+        plt.close(fig)
+        written.append(path)
+    return written
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="shardwise-plot", description=__doc__.splitlines()[0])
+    parser.add_argument("run_dir", help="the run's output directory (holds metrics.jsonl)")
+    args = parser.parse_args(argv)
+    if not (Path(args.run_dir) / "metrics.jsonl").is_file():
+        parser.error(
+            f"run_dir: {args.run_dir}/metrics.jsonl does not exist; pass a run's output_dir"
+        )
+    for path in plot(args.run_dir):
+        print(path)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,485 @@
+"""The parallelism strategies of ``shardwise-train`` behind one interface.
+
+Each strategy owns the wrapped model and its optimizer and offers:
+
+- ``train_step(batches, lr)``: one optimizer step over the gradient-accumulation micro-batches
+  (``batches``: a list of (inputs, targets)); returns the loss (mean over the micro-batches and
+  the data-parallel ranks) and the gradient norm before clipping;
+- ``save_slots()`` / ``load_slots()``: what this rank saves / owns of every parameter and AdamW
+  moment, as ``pieces.Slot``s, so checkpoints are world-size independent (``pieces.py``); ZeRO
+  keeps its C++ pieces (``payload()`` / ``load_payloads()``);
+- ``full_state_dict()``: the plain GPT's state dict on rank 0 (collective), for export and
+  sampling.
+
+The model code is the bundled GPT; the work happens in the C++ engines (FSDP, ZeRO, pipeline
+executor) and the fused AdamW. This module only wires them to the config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ..models.gpt import GPT, GPTConfig
+from ..optim import FusedAdamW
+from .pieces import Slot
+
+
+@dataclass
+class StrategyOptions:
+    gpt: GPTConfig
+    seed: int = 0
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    clip: float | None = 1.0
+    bf16: bool = True  # autocast the forward (DDP, pipeline; FSDP unless its own mixed precision)
+    checkpointing: bool = False
+    fsdp: dict = field(default_factory=dict)  # seed-002 keys
+    zero: dict = field(default_factory=dict)  # DeepSpeed keys
+    pipeline: dict = field(default_factory=dict)  # schedule, num_microbatches, split
+    mesh: list | None = None  # [[d, p], [kind, "pp"]] for the pipeline
+
+
+def build_model(options: StrategyOptions, checkpoint_blocks: bool | None = None) -> GPT:
+    """The GPT, identically initialized on every rank (the seed, not a broadcast); with
+    activation checkpointing, each block recomputes its activations in backward."""
+    torch.manual_seed(options.seed)
+    model = GPT(options.gpt)
+    if options.checkpointing if checkpoint_blocks is None else checkpoint_blocks:
+        for block in model.blocks:
+            forward = block.forward
+            block.forward = lambda x, f=forward: torch.utils.checkpoint.checkpoint(
+                f, x, use_reentrant=False
+            )
+    return model
+
+
+def _autocast(enabled: bool):
+    return torch.autocast("cpu", dtype=torch.bfloat16) if enabled else contextlib.nullcontext()
+
+
+def gpt_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def _adamw(params, options: StrategyOptions) -> FusedAdamW:
+    """The fused AdamW with its moments created now (so a checkpoint can fill them)."""
+    params = [p for p in params if p.requires_grad]
+    opt = FusedAdamW(params, lr=0.0, betas=options.betas, weight_decay=options.weight_decay)
+    for p in params:
+        opt.state[p] = {
+            "step": 0,
+            "exp_avg": torch.zeros_like(p, memory_format=torch.contiguous_format),
+            "exp_avg_sq": torch.zeros_like(p, memory_format=torch.contiguous_format),
+        }
+    return opt
+
+
+def _mean_over(value: float, group) -> float:
+    if group is None or dist.get_world_size(group) == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, group=group)
+    return t.item() / dist.get_world_size(group)
+
+
+class Strategy:
+    """Shared parts: the optimizer's slots and its step with a learning rate."""
+
+    name = "?"
+    data_group = None  # the data-parallel ranks (None: just this rank)
+    optimizer: FusedAdamW
+
+    def _optimizer_slots(self, named: dict[int, tuple[str, int]]) -> list[Slot]:
+        """Moment slots for every optimized parameter: named[id(p)] = (name, start)."""
+        slots = []
+        for p, state in self.optimizer.state.items():
+            name, start = named[id(p)]
+            for key in ("exp_avg", "exp_avg_sq"):
+                slots.append(Slot(f"{name}:{key}", start, state[key].view(-1)))
+        return slots
+
+    def optimizer_step_count(self) -> int:
+        return max((int(s["step"]) for s in self.optimizer.state.values()), default=0)
+
+    def model_state_bytes(self) -> int:
+        """Bytes this rank holds now for parameters, gradients and optimizer state (tensor
+        storages, each counted once), to compare with the planner's estimate."""
+        tensors = [*self._parameters()]
+        tensors += [t.grad for t in self._parameters() if t.grad is not None]
+        tensors += [
+            v
+            for st in self.optimizer.state.values()
+            for v in st.values()
+            if isinstance(v, torch.Tensor)
+        ]
+        seen, total = set(), 0
+        for t in tensors:
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+        return total
+
+    def _parameters(self) -> list[torch.Tensor]:
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    def set_optimizer_step_count(self, step: int) -> None:
+        for state in self.optimizer.state.values():
+            state["step"] = int(step)
+
+    def _step(self, lr: float, clip_norm) -> float:
+        """Clips (``clip_norm()`` returns the norm before clipping), steps, zeroes."""
+        norm = clip_norm()
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+
+class DDPStrategy(Strategy):
+    """Replicated model (torch DDP over the process group), fused AdamW."""
+
+    name = "ddp"
+
+    def __init__(self, options: StrategyOptions, group=None):
+        self.options = options
+        self.model = build_model(options)
+        self.data_group = group
+        self.wrapped = self.model
+        if group is not None and dist.get_world_size(group) > 1:
+            self.wrapped = nn.parallel.DistributedDataParallel(self.model, process_group=group)
+        self.optimizer = _adamw(self.model.parameters(), options)
+        self._names = {id(p): (n, 0) for n, p in self.model.named_parameters()}
+
+    def train_step(self, batches, lr: float) -> dict:
+        total = 0.0
+        for k, (x, y) in enumerate(batches):
+            last = k == len(batches) - 1
+            sync = contextlib.nullcontext() if last or self.wrapped is self.model else None
+            with sync or self.wrapped.no_sync(), _autocast(self.options.bf16):
+                loss = gpt_loss(self.wrapped(x), y) / len(batches)
+            loss.backward()
+            total += loss.item()
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        norm = self._step(lr, lambda: _clip(params, self.options.clip))
+        return {"loss": _mean_over(total, self.data_group), "grad_norm": norm}
+
+    def save_slots(self) -> list[Slot]:
+        rank0 = self.data_group is None or dist.get_rank(self.data_group) == 0
+        model = [Slot(n, 0, p.data.view(-1)) for n, p in self.model.named_parameters()]
+        return (model + self._optimizer_slots(self._names)) if rank0 else []
+
+    def load_slots(self) -> list[Slot]:
+        return [Slot(n, 0, p.data.view(-1)) for n, p in self.model.named_parameters()] + (
+            self._optimizer_slots(self._names)
+        )
+
+    def full_state_dict(self) -> dict:
+        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+
+
+def _clip(params: list[torch.Tensor], max_norm: float | None) -> float:
+    norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else math.inf)
+    return float(norm)
+
+
+def _fsdp_slots(fsdp, full_numels: dict[str, int]) -> dict[int, tuple[str, int, int]]:
+    """id(shard parameter) -> (name, start, valid elements) of what this rank owns."""
+    from ..ops import sharding as layout
+
+    engine, owned = fsdp._engine, {}
+    for unit, params in enumerate(fsdp._unit_params):
+        rank, size = engine.shard_rank(unit), engine.shard_size(unit)
+        for p in params:
+            name = fsdp._names[id(p)][0]
+            full = full_numels[name]
+            start = min(rank * layout.chunk(full, size), full) if size > 1 else 0
+            owned[id(p)] = (name, start, max(0, min(p.numel(), full - start)))
+    return owned
+
+
+class FSDPStrategy(Strategy):
+    """shardwise FSDP (the C++ engine) with the seed-002 keys; fused AdamW on the shards."""
+
+    name = "fsdp"
+
+    def __init__(self, options: StrategyOptions, group=None):
+        from ..fsdp import wrap
+        from ..fsdp.config import FSDPConfig
+
+        self.options = options
+        model = build_model(options, checkpoint_blocks=False)  # FSDP's units checkpoint
+        full = {n: p.numel() for n, p in model.named_parameters()}
+        cfg = FSDPConfig.from_mapping(
+            {
+                **options.fsdp,
+                "use_fsdp": True,
+                "gradient_checkpointing": options.checkpointing,
+            }
+        )
+        self.own_precision = bool(cfg.fsdp_mixed_precision)
+        self.model = wrap(model, cfg, process_group=group)
+        self.data_group = group or dist.group.WORLD
+        self.optimizer = _adamw(self.model.parameters(), options)
+        self._owned = _fsdp_slots(self.model, full)
+
+    def train_step(self, batches, lr: float) -> dict:
+        total = 0.0
+        autocast = self.options.bf16 and not self.own_precision
+        for k, (x, y) in enumerate(batches):
+            last = k == len(batches) - 1
+            with contextlib.nullcontext() if last else self.model.no_sync(), _autocast(autocast):
+                loss = gpt_loss(self.model(x), y) / len(batches)
+            loss.backward()
+            total += loss.item()
+        clip = self.options.clip or math.inf
+        norm = self._step(lr, lambda: float(self.model.clip_grad_norm_(clip)))
+        return {"loss": _mean_over(total, self.data_group), "grad_norm": norm}
+
+    def save_slots(self) -> list[Slot]:
+        return self.load_slots()
+
+    def load_slots(self) -> list[Slot]:
+        return _owned_slots(self.model.parameters(), self._owned, self.optimizer)
+
+    def full_state_dict(self) -> dict:
+        from ..fsdp import state_dict as fsdp_state
+
+        return fsdp_state.get(self.model, "full_state_dict")
+
+
+def _owned_slots(params, owned: dict, optimizer) -> list[Slot]:
+    """Slots of parameters and their AdamW moments: owned[id(p)] = (name, start, valid)."""
+    slots = []
+    for p in params:
+        if id(p) not in owned:
+            continue
+        name, start, valid = owned[id(p)]
+        slots.append(Slot(name, start, p.data.view(-1)[:valid]))
+        state = optimizer.state.get(p)
+        for key in ("exp_avg", "exp_avg_sq") if state else ():
+            slots.append(Slot(f"{name}:{key}", start, state[key].view(-1)[:valid]))
+    return slots
+
+
+class ZeroStrategy(Strategy):
+    """shardwise ZeRO stages 0-3 (C++ ZeroOptimizer) with DeepSpeed's keys. Its checkpoint is
+    the optimizer's own world-size-independent pieces (``payload()`` / ``load_payloads()``)."""
+
+    name = "zero"
+
+    def __init__(
+        self, options: StrategyOptions, group=None, accumulation: int = 1, micro_batch: int = 1
+    ):
+        from ..zero import ZeroEngine
+
+        self.options = options
+        config = {
+            "train_micro_batch_size_per_gpu": micro_batch,
+            "gradient_accumulation_steps": accumulation,
+            "bf16": {"enabled": options.bf16},
+            "gradient_clipping": options.clip or 0.0,
+            "optimizer": {
+                "type": "AdamW",
+                "params": {"betas": list(options.betas), "weight_decay": options.weight_decay},
+            },
+            **options.zero,
+        }
+        self.data_group = group or dist.group.WORLD
+        self.engine = ZeroEngine(build_model(options), config, self.data_group)
+
+    def train_step(self, batches, lr: float) -> dict:
+        self.engine.set_lr(lr)
+        total = 0.0
+        for x, y in batches:
+            loss = gpt_loss(self.engine(x), y)
+            self.engine.backward(loss)
+            total += loss.item() / len(batches)
+        self.engine.step()
+        norm = float(self.engine.optimizer.last_grad_norm())
+        return {"loss": _mean_over(total, self.data_group), "grad_norm": norm}
+
+    def payload(self) -> dict:
+        return self.engine.optimizer_state()
+
+    def load_payloads(self, payloads: list[dict]) -> None:
+        self.engine.load_optimizer_states(payloads)
+
+    def optimizer_step_count(self) -> int:
+        return int(self.engine.optimizer.step_count())
+
+    def model_state_bytes(self) -> int:
+        return sum(self.engine.memory_bytes().values())
+
+    def full_state_dict(self) -> dict:
+        from ..fsdp import state_dict as fsdp_state
+
+        if self.engine.stage == 3:
+            return fsdp_state.get(self.engine.module, "full_state_dict")
+        return {k: v.detach().float() for k, v in self.engine.module.state_dict().items()}
+
+
+class _AutocastStage(nn.Module):
+    """A pipeline stage under bf16 autocast whose output crosses to the next stage in fp32."""
+
+    def __init__(self, body: nn.Module, bf16: bool):
+        super().__init__()
+        self.body, self.bf16 = body, bf16
+
+    def forward(self, x):
+        with _autocast(self.bf16):
+            out = self.body(x)
+        return out.float() if out.is_floating_point() else out
+
+
+class PipelineStrategy(Strategy):
+    """The GPT cut into stages (``pipeline.split``: parameters or time) on a data × pipeline
+    mesh, run by the C++ executor under ``pipeline.schedule``; a tied embedding/head pair is
+    kept tied across the first and last stage. Stages are replicated (dp) or FSDP-sharded."""
+
+    name = "pipeline"
+
+    def __init__(self, options: StrategyOptions, world: int):
+        from .. import pipeline as pp
+        from ..fsdp import FullyShardedDataParallel
+
+        self.options = options
+        cfg = options.pipeline
+        self.mesh = pp.MeshGroups(options.mesh or [[1, world], ["dp", "pp"]])
+        p, v = self.mesh.pipeline_size, int(cfg.get("virtual_stages", 1))
+        kind = cfg.get("schedule", "1f1b")
+        model = build_model(options)
+        names = {id(t): n for n, t in model.named_parameters()}
+        blocks, tied = pp.gpt_blocks(model)
+        names[id(blocks[-1].head.weight)] = "embed.weight"  # the head's copy of the tie
+        if cfg.get("split", "parameters") == "time":
+            sample = torch.randint(0, options.gpt.vocab_size, (1, options.gpt.seq_len + 1))
+            with _autocast(options.bf16):
+                groups = pp.split_by_time(blocks, p * v, sample[:, :-1], 2, gpt_loss, sample[:, 1:])
+        else:
+            groups = pp.split_by_parameters(blocks, p * v)
+        self.stage_ids = [s for s in range(p * v) if s % p == self.mesh.pipeline_rank]
+        self.stages, self.global_names, self._owned = {}, {}, {}
+        for s in self.stage_ids:
+            body = nn.Sequential(*(blocks[i] for i in groups[s]))
+            self.global_names[s] = {n: names[id(t)] for n, t in body.named_parameters()}
+            stage = _AutocastStage(body, options.bf16)
+            if kind == "zb_h1":
+                pp.defer_weight_gradients(stage)
+            if self.mesh.data_kind == "fsdp":
+                full = {n: t.numel() for n, t in stage.named_parameters()}
+                stage = FullyShardedDataParallel(stage, process_group=self.mesh.data_group)
+                owned = _fsdp_slots(stage, full)
+                self._owned.update(
+                    {
+                        k: (self.global_names[s][n.removeprefix("body.")], a, c)
+                        for k, (n, a, c) in owned.items()
+                    }
+                )
+            else:
+                for n, t in stage.named_parameters():
+                    self._owned[id(t)] = (
+                        self.global_names[s][n.removeprefix("body.")],
+                        0,
+                        t.numel(),
+                    )
+            self.stages[s] = stage
+        self.tied = []
+        if tied:
+            last = p * v - 1
+            prefix = lambda s: "body." if self.mesh.data_kind != "fsdp" else "module.body."  # noqa: E731
+            self.tied = [
+                (
+                    0,
+                    prefix(0) + "0." + tied[0],
+                    last,
+                    f"{prefix(last)}{len(groups[last]) - 1}.{tied[1]}",
+                )
+            ]
+        schedule = pp.make_schedule(kind, p, int(cfg.get("num_microbatches", p)), v)
+        self.pipe = pp.Pipeline(
+            self.stages,
+            schedule,
+            gpt_loss,
+            group=self.mesh.pipeline_group,
+            rank=self.mesh.pipeline_rank,
+            data_parallel_group=self.mesh.data_group,
+            tied=self.tied,
+        )
+        self.params = [t for st in self.stages.values() for t in st.parameters()]
+        self.optimizer = _adamw(self.params, options)
+        self.data_group = self.mesh.data_group
+        self._head_copy = id(blocks[-1].head.weight) if tied else None
+        self.is_last = (p * v - 1) in self.stages
+
+    def train_step(self, batches, lr: float) -> dict:
+        total = 0.0
+        for x, y in batches:
+            total += self.pipe.step(x, y) / len(batches)
+        if len(batches) > 1:
+            for t in self.params:
+                if t.grad is not None:
+                    t.grad.div_(len(batches))
+        norm = self._step(lr, self._clip)
+        loss = torch.tensor([total if self.is_last else 0.0], dtype=torch.float64)
+        dist.all_reduce(loss, group=self.mesh.pipeline_group)  # only the last stage's is nonzero
+        return {"loss": _mean_over(loss.item(), self.data_group), "grad_norm": norm}
+
+    def _clip(self) -> float:
+        """The global norm: squares of what this rank owns (the head's tied copy once), summed
+        over the mesh; replicated stages count once (divided by the data-parallel size)."""
+        sq = sum(
+            t.grad.float().pow(2).sum().item()
+            for t in self.params
+            if t.grad is not None and id(t) != self._head_copy
+        )
+        total = torch.tensor([sq], dtype=torch.float64)
+        dist.all_reduce(total)
+        if self.mesh.data_kind == "dp":
+            total /= self.mesh.data_size
+        norm = math.sqrt(total.item())
+        clip = self.options.clip
+        if clip and norm > clip:
+            for t in self.params:
+                if t.grad is not None:
+                    t.grad.mul_(clip / (norm + 1e-6))
+        return norm
+
+    def save_slots(self) -> list[Slot]:
+        if self.mesh.data_kind == "dp" and self.mesh.data_rank != 0:
+            return []
+        return [
+            s
+            for s in self.load_slots()
+            if not s.name.startswith("embed.weight") or 0 in self.stages
+        ]
+
+    def load_slots(self) -> list[Slot]:
+        return _owned_slots(self.params, self._owned, self.optimizer)
+
+    def full_state_dict(self) -> dict:
+        from ..fsdp import state_dict as fsdp_state
+
+        mine = {}
+        for s, stage in self.stages.items():
+            if self.mesh.data_kind == "fsdp":
+                local = fsdp_state.get(stage, "full_state_dict")
+            else:
+                local = {n: t.detach().clone() for n, t in stage.state_dict().items()}
+            for n, t in local.items():
+                global_name = self.global_names[s].get(n.removeprefix("body."))
+                if global_name is not None:
+                    mine[global_name] = t
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, mine if self.mesh.data_rank == 0 else {})
+        merged = {k: v for part in gathered for k, v in part.items()}
+        merged["head.weight"] = merged["embed.weight"]
+        return merged

@@ -1,0 +1,282 @@
+"""The training loop of ``shardwise-train``.
+
+``Trainer(spec).run()``: set up the process group, check the memory plan, build the strategy
+(``strategies.py``) on identically initialized models, resume from the newest intact checkpoint,
+then per step: draw the gradient-accumulation micro-batches of this data rank, step with the
+scheduled learning rate, log the metrics, and checkpoint every ``checkpoint_every`` steps and on
+SIGTERM (then stop). At the end: a last checkpoint, the full model as safetensors, a text sample.
+
+A checkpoint holds, per rank: the strategy's world-size-independent pieces (or ZeRO's own), the
+optimizer step, this rank's RNG state and the data position; the manifest holds the config.
+"""
+
+from __future__ import annotations
+
+import math
+import os
+import socket
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from ..models.gpt import GPT, GPTConfig
+from . import checkpoint as ckpt
+from . import data as data_mod
+from . import metrics, pieces, strategies
+
+
+@dataclass
+class RunSpec:
+    """Everything the loop needs, resolved from the config (``config.py``)."""
+
+    gpt: GPTConfig
+    strategy: str  # ddp | fsdp | zero | pipeline
+    options: strategies.StrategyOptions
+    micro_batch_size: int = 4
+    accumulation: int = 1
+    learning_rate: float = 3e-4  # already scaled for the effective batch size
+    warmup_steps: int = 10
+    max_steps: int = 100
+    seed: int = 0
+    backend: str = "shardwise"
+    output_dir: Path = Path("outputs/run")
+    checkpoint_every: int = 50
+    keep_last: int = 3
+    resume: bool = True
+    log_every: int = 1
+    sample_tokens: int = 200
+    config_yaml: str = ""
+    effective_batch_size: int = 0
+    memory_note: str = ""
+    extra: dict = field(default_factory=dict)
+
+
+def init_distributed(backend: str) -> tuple[int, int]:
+    """The process group from torchrun's environment, or a one-rank group for a single process
+    (FSDP and ZeRO need one). Returns (rank, world)."""
+    if not dist.is_initialized():
+        if "MASTER_ADDR" not in os.environ:
+            os.environ["MASTER_ADDR"] = "127.0.0.1"
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", 0))
+                os.environ["MASTER_PORT"] = str(s.getsockname()[1])
+            os.environ.setdefault("RANK", "0")
+            os.environ.setdefault("WORLD_SIZE", "1")
+        if backend == "shardwise":
+            import shardwise  # noqa: F401  (registers the backend)
+        dist.init_process_group(backend)
+    return dist.get_rank(), dist.get_world_size()
+
+
+def lr_at(step: int, spec: RunSpec) -> float:
+    """Linear warm-up to the peak, then cosine decay to 10% of it at max_steps."""
+    if spec.warmup_steps and step <= spec.warmup_steps:
+        return spec.learning_rate * step / spec.warmup_steps
+    span = max(1, spec.max_steps - spec.warmup_steps)
+    progress = min(1.0, (step - spec.warmup_steps) / span)
+    return spec.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+
+
+def make_strategy(spec: RunSpec, world: int):
+    o = spec.options
+    if spec.strategy == "ddp":
+        return strategies.DDPStrategy(o, dist.group.WORLD)
+    if spec.strategy == "fsdp":
+        return strategies.FSDPStrategy(o, dist.group.WORLD)
+    if spec.strategy == "zero":
+        return strategies.ZeroStrategy(
+            o, dist.group.WORLD, spec.accumulation, spec.micro_batch_size
+        )
+    if spec.strategy == "pipeline":
+        return strategies.PipelineStrategy(o, world)
+    raise ValueError(f"strategy {spec.strategy!r}: use ddp, fsdp, zero or pipeline")
+
+
+class Trainer:
+    def __init__(self, spec: RunSpec):
+        self.spec = spec
+        self.rank, self.world = init_distributed(spec.backend)
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // _local_world(self.world)))
+        self.strategy = make_strategy(spec, self.world)
+        group = self.strategy.data_group
+        self.data_rank = dist.get_rank(group) if group is not None else 0
+        self.data_world = dist.get_world_size(group) if group is not None else 1
+        rows = spec.micro_batch_size
+        if spec.strategy == "pipeline":  # the pipeline cuts its batch into microbatches
+            rows *= int(spec.options.pipeline.get("num_microbatches", 1))
+        train_tokens, self.val_tokens = data_mod.corpus_splits()
+        self.stream = data_mod.TokenStream(
+            train_tokens, spec.gpt.seq_len, rows, self.data_rank, self.data_world, spec.seed
+        )
+        self.step = 0
+        self._slow, self._slow_streak = None, 0
+        self.sinks = metrics.Sinks(spec.output_dir, spec.max_steps, 0, self.rank == 0)
+
+    # --- checkpoints -----------------------------------------------------------------------
+
+    def _payload(self) -> dict:
+        s = self.strategy
+        payload = {
+            "step": self.step,
+            "optimizer_step": s.optimizer_step_count(),
+            "rng": torch.get_rng_state(),
+            "data": self.stream.state(),
+        }
+        if isinstance(s, strategies.ZeroStrategy):
+            payload["zero"] = s.payload()
+        else:
+            payload["pieces"] = pieces.to_pieces(s.save_slots())
+        return payload
+
+    def save(self) -> Path:
+        return ckpt.save(
+            self.spec.output_dir / "checkpoints",
+            self.step,
+            self._payload(),
+            self.rank,
+            self.world,
+            self.spec.config_yaml,
+            self.spec.keep_last,
+        )
+
+    def resume(self) -> bool:
+        path = ckpt.latest(self.spec.output_dir / "checkpoints")
+        if path is None:
+            return False
+        saved_world = ckpt.read_manifest(path)["world_size"]
+        payloads = [ckpt.load(path, r) for r in range(saved_world)]
+        s = self.strategy
+        if isinstance(s, strategies.ZeroStrategy):
+            if "zero" not in payloads[0]:
+                raise ValueError(f"{path}: not a ZeRO checkpoint; resume it with its strategy")
+            s.load_payloads([p["zero"] for p in payloads])
+        else:
+            if "pieces" not in payloads[0]:
+                raise ValueError(f"{path}: a ZeRO checkpoint; resume it with strategy zero")
+            pieces.fill(s.load_slots(), [x for p in payloads for x in p["pieces"]])
+            s.set_optimizer_step_count(payloads[0]["optimizer_step"])
+        mine = payloads[self.rank] if self.rank < saved_world else payloads[0]
+        if saved_world == self.world:  # the same ranks: this rank's own random stream
+            torch.set_rng_state(mine["rng"])
+        self.stream.load_state(payloads[0]["data"])
+        self.step = int(payloads[0]["step"])
+        self.sinks.note(f"resumed from {path} (step {self.step}, saved by {saved_world} ranks)")
+        return True
+
+    # --- the loop --------------------------------------------------------------------------
+
+    def run(self) -> dict:
+        spec = self.spec
+        if spec.resume:
+            self.resume()
+        if self.sinks.bar is not None:
+            self.sinks.bar.n = self.step
+        self.sinks.note(
+            f"strategy {spec.strategy}, world {self.world}, effective batch "
+            f"{spec.effective_batch_size} sequences of {spec.gpt.seq_len} tokens"
+            + (f"\n{spec.memory_note}" if spec.memory_note else "")
+        )
+        flops_token = metrics.flops_per_token(
+            spec.gpt.num_parameters(), spec.gpt.layers, spec.gpt.seq_len, spec.gpt.dim
+        )
+        peak = metrics.measured_peak_flops(torch.bfloat16 if spec.options.bf16 else torch.float32)
+        stop = ckpt.install_sigterm_handler()
+        self._first_step = self.step + 1
+        last = {}
+        try:
+            while self.step < spec.max_steps and not stop.requested:
+                last = self._one_step(flops_token, peak)
+                if self.step % spec.checkpoint_every == 0 or stop.requested:
+                    self.save()
+        finally:
+            stop.close()
+        if stop.requested:
+            self.sinks.note(f"SIGTERM: saved step {self.step}; stopping")
+        else:
+            self.save()
+            last.update(self._finish())
+        self.sinks.close()
+        return last
+
+    def _one_step(self, flops_token: float, peak: float) -> dict:
+        spec = self.spec
+        batches = [next(self.stream) for _ in range(spec.accumulation)]
+        self.step += 1
+        lr = lr_at(self.step, spec)
+        comm0 = _comm_seconds()
+        start = time.perf_counter()
+        out = self.strategy.train_step(batches, lr)
+        seconds = time.perf_counter() - start
+        comm = _comm_seconds() - comm0
+        per_rank = metrics.gather_floats([seconds, comm, float(metrics.peak_rss_bytes())])
+        step_s = max(r[0] for r in per_rank)
+        tokens = spec.effective_batch_size * spec.gpt.seq_len
+        record = {
+            "step": self.step,
+            "loss": out["loss"],
+            "lr": lr,
+            "grad_norm": out["grad_norm"],
+            "step_s": step_s,
+            "tokens_per_s": tokens / step_s,
+            "tokens_per_s_per_rank": tokens / step_s / self.world,
+            "mfu": flops_token * tokens / step_s / self.world / peak,
+            "comm_share": max(r[1] / r[0] for r in per_rank),
+            "peak_rss_mb_per_rank": [round(r[2] / 2**20, 1) for r in per_rank],
+        }
+        if self.step == self._first_step:  # after a full step: every buffer exists
+            state = metrics.gather_floats([float(self.strategy.model_state_bytes())])
+            record["model_state_bytes_per_rank"] = [int(r[0]) for r in state]
+        slow = metrics.straggler([r[0] - r[1] for r in per_rank])
+        self._slow_streak = self._slow_streak + 1 if slow is not None and slow == self._slow else 1
+        self._slow = slow
+        if slow is not None and self.world > 1 and self._slow_streak == 5:
+            self.sinks.note(
+                f"step {self.step}: rank {slow} is a straggler: its compute took "
+                f"{per_rank[slow][0] - per_rank[slow][1]:.3f}s, > 1.25x the median, 5 steps running"
+            )
+        if self.step % spec.log_every == 0 or self.step == spec.max_steps:
+            self.sinks.write(record)
+        return record
+
+    def _finish(self) -> dict:
+        """The full model as safetensors and a text sample (rank 0)."""
+        state = self.strategy.full_state_dict()
+        result = {}
+        if self.rank == 0:
+            path = self.spec.output_dir / "model.safetensors"
+            ckpt.export_safetensors(state, path)
+            result["safetensors"] = str(path)
+            result["sample"] = sample(state, self.spec.gpt, self.spec.sample_tokens)
+            self.sinks.note(f"wrote {path}\nsample:\n{result['sample']}")
+        dist.barrier()
+        return result
+
+
+def sample(state: dict, gpt: GPTConfig, tokens: int, prompt: str = "The ") -> str:
+    """Text from the trained weights: a plain GPT, temperature 0.8, top-k 20, seeded."""
+    model = GPT(gpt)
+    model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
+    model.eval()
+    tok = data_mod.ByteTokenizer()
+    ids = tok.encode(prompt)[None]
+    g = torch.Generator().manual_seed(0)
+    with torch.no_grad():
+        for _ in range(tokens):
+            logits = model(ids[:, -gpt.seq_len :])[0, -1] / 0.8
+            top = torch.topk(logits, 20)
+            choice = torch.multinomial(torch.softmax(top.values, -1), 1, generator=g)
+            ids = torch.cat([ids, top.indices[choice][None]], dim=1)
+    return tok.decode(ids[0])
+
+
+def _local_world(world: int) -> int:
+    return int(os.environ.get("LOCAL_WORLD_SIZE", world))
+
+
+def _comm_seconds() -> float:
+    from .. import _C
+
+    return _C.communication_seconds()

@@ -1,0 +1,450 @@
+"""Tests of ``shardwise.train.config``: the seed-001 distributed rules, value and key errors
+(with the dotted path and a suggestion), the seed-002 FSDP block taken unchanged, dotted
+overrides, the derived batch size and learning rate, and the bundled example configs."""
+
+import math
+from pathlib import Path
+
+import pytest
+import torch.distributed as dist
+from shardwise.train.config import (
+    TrainConfig,
+    load_config,
+    scale_learning_rate,
+    validate,
+)
+
+EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "configs"
+
+# Seed 002 (the FSDP guide), its "FSDP Configuration" and "Training Configuration" blocks verbatim.
+SEED_002_YAML = """\
+distributed:
+  # Enable FSDP
+  use_fsdp: true
+
+  # Sharding strategy
+  fsdp_sharding_strategy: "full_shard"  # full_shard, shard_grad_op, no_shard
+
+  # Backward prefetch
+  fsdp_backward_prefetch: "backward_pre"  # backward_pre, backward_post
+
+  # Forward prefetch
+  fsdp_forward_prefetch: false
+
+  # Auto-wrap policy
+  fsdp_auto_wrap_policy: "transformer_auto_wrap"
+  fsdp_min_num_params: 1000000  # Minimum parameters for wrapping
+
+  # State dict type for checkpointing
+  fsdp_state_dict_type: "full_state_dict"  # full_state_dict, local_state_dict, sharded_state_dict
+
+  # Mixed precision
+  fsdp_mixed_precision: true
+  fsdp_param_dtype: "bfloat16"
+  fsdp_reduce_dtype: "float32"
+  fsdp_buffer_dtype: "float32"
+"""
+SEED_002_TRAINING_YAML = """\
+training:
+  # Increase batch size for multiple GPUs
+  batch_size: 64  # Per GPU batch size
+
+  # Adjust learning rate for larger effective batch size
+  learning_rate: 2e-4  # Scale with number of GPUs
+
+  # Enable gradient checkpointing for memory efficiency
+  gradient_checkpointing: true
+
+  # Use mixed precision
+  bf16: true
+
+  # Gradient clipping
+  gradient_clip_norm: 1.0
+"""
+
+
+def load(*overrides, env=None, path=None) -> TrainConfig:
+    return load_config(path, list(overrides), env={} if env is None else env)
+
+
+def error_of(*overrides, env=None, path=None) -> str:
+    with pytest.raises(ValueError) as info:
+        load(*overrides, env=env, path=path)
+    return str(info.value)
+
+
+def test_defaults_are_a_single_process_ddp_run():
+    cfg = load()
+    assert cfg.distributed.strategy == "ddp"
+    assert (cfg.distributed.world_size, cfg.distributed.rank, cfg.distributed.local_rank) == (
+        1,
+        0,
+        0,
+    )
+    assert cfg.distributed.enabled is False
+    assert cfg.gpt_config().dim == 64  # the tiny preset
+
+
+# ---------------------------------------------------------------- seed 001 rules
+
+
+def test_seed_001_layout_is_accepted_with_derived_values():
+    cfg = load(
+        "distributed.world_size=8",
+        "distributed.num_nodes=2",
+        "distributed.num_processes_per_node=4",
+        "distributed.pipeline_parallel_size=2",
+        env={"RANK": "5", "LOCAL_RANK": "1"},
+    )
+    d = cfg.distributed
+    assert d.get_data_parallel_size() == 4 == cfg.data_parallel_size
+    assert d.strategy == "pipeline"  # derived from pipeline_parallel_size > 1
+    assert not d.is_main_process() and not d.is_local_main_process()
+
+
+def test_rule_world_size_equals_nodes_times_processes():
+    message = error_of(
+        "distributed.world_size=8",
+        "distributed.num_nodes=2",
+        "distributed.num_processes_per_node=3",
+    )
+    assert "world_size == num_nodes * num_processes_per_node" in message
+    assert "distributed.num_processes_per_node=3" in message
+
+
+def test_rule_tensor_times_pipeline_at_most_world_size():
+    message = error_of("distributed.world_size=2", "distributed.pipeline_parallel_size=4")
+    assert "tensor_parallel * pipeline_parallel <= world_size" in message
+    assert "4 > distributed.world_size=2" in message
+
+
+def test_rule_rank_below_world_size():
+    message = error_of("distributed.world_size=4", "distributed.rank=4")
+    assert "rank < world_size" in message and "distributed.rank=4" in message
+    assert "rank < world_size" in error_of(env={"WORLD_SIZE": "2", "RANK": "2"})
+
+
+def test_world_size_rank_and_local_rank_default_from_torchrun_env():
+    env = {"WORLD_SIZE": "4", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}
+    d = load(env=env).distributed
+    assert (d.world_size, d.rank, d.local_rank) == (4, 0, 0)
+    assert (d.num_nodes, d.num_processes_per_node) == (2, 2)
+    assert d.is_main_process() and d.is_local_main_process() and d.enabled
+
+
+def test_resolution_does_not_leak_between_configs():
+    first = load(env={"WORLD_SIZE": "4"})
+    second = load()
+    assert (first.distributed.world_size, second.distributed.world_size) == (4, 1)
+    assert TrainConfig().distributed.world_size is None
+
+
+def test_explicit_world_size_must_match_the_launcher():
+    message = error_of("distributed.world_size=2", env={"WORLD_SIZE": "4"})
+    assert "distributed.world_size=2" in message and "WORLD_SIZE=4" in message
+
+
+def test_tensor_parallelism_is_rejected_as_unsupported():
+    message = error_of("distributed.world_size=2", 'model.mesh_shape=[[1,2],["fsdp","tp"]]')
+    assert message.startswith("model.mesh_shape")
+    assert "tensor parallelism is not supported yet" in message
+    message = error_of("distributed.world_size=2", "distributed.tensor_parallel_size=2")
+    assert "tensor parallelism is not supported yet" in message
+
+
+def test_mesh_product_must_equal_world_size():
+    message = error_of("distributed.world_size=4", 'model.mesh_shape=[[2,1],["fsdp","tp"]]')
+    assert "model.mesh_shape" in message and "world_size=4" in message
+
+
+def test_mesh_axis_names_are_checked():
+    message = error_of("distributed.world_size=2", 'model.mesh_shape=[[2],["data"]]')
+    assert "'data'" in message and "fsdp, dp, tp, pp" in message
+
+
+def test_mesh_in_model_and_distributed_must_agree():
+    message = error_of(
+        "distributed.world_size=2",
+        'model.mesh_shape=[[2,1],["fsdp","tp"]]',
+        'distributed.mesh_shape=[[2,1],["dp","tp"]]',
+    )
+    assert "model.mesh_shape" in message and "distributed.mesh_shape" in message
+
+
+def test_seed_001_mesh_shape_with_axis_names():
+    cfg = load(
+        "distributed.world_size=4",
+        "distributed.mesh_shape=[2,2]",
+        'distributed.mesh_axis_names=["dp","pp"]',
+    )
+    assert cfg.mesh() == [[2, 2], ["dp", "pp"]]
+    assert cfg.distributed.strategy == "pipeline"
+    assert cfg.pipeline_mesh() == [[2, 2], ["dp", "pp"]]
+
+
+# ---------------------------------------------------------------- bad values and unknown keys
+
+
+@pytest.mark.parametrize(
+    "override, expected",
+    [
+        ("training.micro_batch_size=0", ["training.micro_batch_size", "0", "greater than 0"]),
+        ("training.lr_scaling=cubic", ["training.lr_scaling", "'cubic'", "'linear'"]),
+        ("training.learning_rate=fast", ["training.learning_rate", "'fast'"]),
+        ("model.preset=huge", ["model.preset", "'huge'", "tiny, small, medium, 1b"]),
+        ("data.corpus=wiki", ["data.corpus", "'wiki'", "'pydoc'"]),
+        ("distributed.backend=foo", ["distributed.backend", "'foo'", "'gloo'", "'nccl'", "'mpi'"]),
+        ("distributed.strategy=tp", ["distributed.strategy", "'tp'", "'pipeline'"]),
+        ("distributed.pipeline.schedule=fast", ["distributed.pipeline.schedule", "'zb_h1'"]),
+        ("distributed.pipeline.split=bytes", ["distributed.pipeline.split", "'time'"]),
+        (
+            "distributed.fsdp_sharding_strategy=half",
+            ["distributed.fsdp_sharding_strategy", "'half'", "shard_grad_op"],
+        ),
+        (
+            "distributed.fsdp.fsdp_param_dtype=int8",
+            ["distributed.fsdp.fsdp_param_dtype", "'int8'", "bfloat16"],
+        ),
+        (
+            "distributed.zero.zero_optimization.stage=5",
+            ["distributed.zero", "stage must be 0, 1, 2 or 3", "5"],
+        ),
+        ("training.checkpoint.keep_last=0", ["training.checkpoint.keep_last", "0"]),
+    ],
+)
+def test_bad_values_name_key_value_and_fix(override, expected):
+    message = error_of(override)
+    for part in expected:
+        assert part in message, (part, message)
+
+
+@pytest.mark.parametrize(
+    "override, bad_key, suggestion",
+    [
+        ("training.micro_batch_sze=3", "training.micro_batch_sze", "training.micro_batch_size"),
+        ("trainig.seed=1", "trainig", "training"),
+        (
+            "training.checkpoint.every_step=5",
+            "training.checkpoint.every_step",
+            "training.checkpoint.every_steps",
+        ),
+        ("distributed.world_sise=2", "distributed.world_sise", "distributed.world_size"),
+        (
+            "distributed.fsdp_sharding_strateg=full_shard",
+            "distributed.fsdp_sharding_strateg",
+            "distributed.fsdp_sharding_strategy",
+        ),
+        (
+            "distributed.fsdp.fsdp_forward_prefech=true",
+            "distributed.fsdp.fsdp_forward_prefech",
+            "distributed.fsdp.fsdp_forward_prefetch",
+        ),
+        (
+            "distributed.zero.zero_optimisation.stage=2",
+            "distributed.zero.zero_optimisation",
+            "distributed.zero.zero_optimization",
+        ),
+        (
+            "distributed.pipeline.num_microbatch=4",
+            "distributed.pipeline.num_microbatch",
+            "distributed.pipeline.num_microbatches",
+        ),
+    ],
+)
+def test_unknown_keys_get_a_did_you_mean(override, bad_key, suggestion):
+    message = error_of(override)
+    assert f"unknown key '{bad_key}'" in message
+    assert f"did you mean '{suggestion}'?" in message.lower()
+
+
+def test_seed_002_batch_size_and_micro_batch_size_are_one_setting():
+    assert load("training.batch_size=3").training.micro_batch_size == 3
+    message = error_of("training.batch_size=3", "training.micro_batch_size=4")
+    assert "training.batch_size is given twice" in message
+
+
+def test_mixed_precision_must_be_set_consistently():
+    message = error_of("training.bf16=true", "training.mixed_precision=fp16")
+    assert "training.bf16" in message and "training.mixed_precision" in message
+    assert load("training.bf16=false").mixed_precision == "no"
+    assert load("distributed.mixed_precision=bf16").mixed_precision == "bf16"
+
+
+def test_strategy_conflicts_with_sub_blocks():
+    message = error_of("distributed.strategy=ddp", "distributed.zero.zero_optimization.stage=2")
+    assert "distributed.zero" in message and "strategy=ddp" in message
+    message = error_of(
+        "distributed.world_size=2",
+        "distributed.pipeline_parallel_size=2",
+        "distributed.strategy=fsdp",
+    )
+    assert "distributed.strategy=fsdp" in message
+
+
+def test_zero_block_batch_sizes_are_checked_against_training():
+    message = error_of(
+        "distributed.zero.train_batch_size=10",
+        "training.micro_batch_size=4",
+        env={"WORLD_SIZE": "2"},
+    )
+    assert "distributed.zero" in message and "train_batch_size 10" in message
+    cfg = load(
+        "distributed.zero.train_batch_size=16",
+        "training.micro_batch_size=4",
+        "training.gradient_accumulation_steps=2",
+        env={"WORLD_SIZE": "2"},
+    )
+    assert cfg.distributed.strategy == "zero"
+    assert cfg.zero_config()["train_batch_size"] == 16 == cfg.effective_batch_size
+
+
+def test_pipeline_effective_batch_counts_the_microbatches():
+    """training.micro_batch_size is one pipeline microbatch: a step of a 2 x 2 dp x pp mesh
+    with 4 microbatches of 3 and accumulation 2 sees 3 * 4 * 2 * 2 sequences."""
+    cfg = load(
+        "distributed.world_size=4",
+        "model.mesh_shape=[[2,2],[dp,pp]]",
+        "training.micro_batch_size=3",
+        "training.gradient_accumulation_steps=2",
+        "distributed.pipeline.num_microbatches=4",
+    )
+    assert cfg.distributed.strategy == "pipeline"
+    assert cfg.effective_batch_size == 3 * 4 * 2 * 2
+
+
+def test_data_seq_len_cannot_exceed_the_model():
+    message = error_of("data.seq_len=65")  # tiny: seq_len 64
+    assert "data.seq_len=65" in message and "seq_len=64" in message
+
+
+# ---------------------------------------------------------------- seed 002, overrides, YAML
+
+
+def test_seed_002_fsdp_block_is_accepted_unchanged(tmp_path):
+    path = tmp_path / "fsdp.yaml"
+    path.write_text(SEED_002_YAML + SEED_002_TRAINING_YAML)
+    cfg = load(path=str(path), env={"WORLD_SIZE": "4"})
+    assert cfg.distributed.strategy == "fsdp"
+    fsdp = cfg.fsdp_config()
+    assert fsdp.fsdp_sharding_strategy == "full_shard"
+    assert fsdp.fsdp_min_num_params == 1_000_000
+    assert fsdp.fsdp_mixed_precision is True and fsdp.fsdp_param_dtype == "bfloat16"
+    assert fsdp.fsdp_backward_prefetch == "backward_pre" and fsdp.fsdp_forward_prefetch is False
+    assert cfg.training.micro_batch_size == 64  # seed 002's per-GPU "batch_size"
+    assert cfg.training.learning_rate == pytest.approx(2e-4)
+    assert cfg.mixed_precision == "bf16" and cfg.training.gradient_checkpointing
+    assert cfg.effective_batch_size == 64 * 4
+
+
+def test_dotted_overrides_with_the_mesh_list_syntax(tmp_path):
+    path = tmp_path / "run.yaml"
+    path.write_text("training:\n  micro_batch_size: 2\n  seed: 7\n")
+    cfg = load(
+        "training.micro_batch_size=8",
+        'model.mesh_shape=[[2,1],["fsdp","tp"]]',
+        path=str(path),
+        env={"WORLD_SIZE": "2"},
+    )
+    assert cfg.training.micro_batch_size == 8 and cfg.training.seed == 7
+    assert cfg.model.mesh_shape == [[2, 1], ["fsdp", "tp"]]
+    assert cfg.distributed.strategy == "fsdp"  # an fsdp axis > 1
+    assert cfg.data_parallel_size == 2
+
+
+def test_model_preset_shorthand_and_field_overrides():
+    cfg = load("model=small", "model.layers=2")
+    gpt = cfg.gpt_config()
+    assert (gpt.dim, gpt.layers, gpt.vocab_size) == (512, 2, 8192)
+
+
+def test_malformed_override_is_reported():
+    assert "override 'training.seed'" in error_of("training.seed")
+
+
+def test_to_yaml_round_trips_without_per_process_ranks(tmp_path):
+    cfg = load(
+        "training.lr_scaling=sqrt",
+        "training.base_batch_size=8",
+        "distributed.use_fsdp=true",
+        env={"WORLD_SIZE": "2", "RANK": "1", "LOCAL_RANK": "1"},
+    )
+    text = cfg.to_yaml()
+    assert "rank: null" in text and "fsdp:" in text
+    path = tmp_path / "saved.yaml"
+    path.write_text(text)
+    again = load(path=str(path), env={"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0"})
+    assert again.to_dict() == cfg.to_dict()
+    assert again.scaled_learning_rate == cfg.scaled_learning_rate
+
+
+# ---------------------------------------------------------------- derived values
+
+
+def test_effective_batch_size_is_micro_times_accumulation_times_data_parallel():
+    cfg = load(
+        "training.micro_batch_size=4",
+        "training.gradient_accumulation_steps=3",
+        env={"WORLD_SIZE": "4"},
+    )
+    assert cfg.effective_batch_size == 4 * 3 * 4
+    pipelined = load(
+        "training.micro_batch_size=4",
+        "training.gradient_accumulation_steps=3",
+        'model.mesh_shape=[[2,2],["dp","pp"]]',
+        env={"WORLD_SIZE": "4"},
+    )
+    assert pipelined.data_parallel_size == 2
+    # pipeline stages share a batch; each step has num_microbatches (default: p = 2) of 4
+    assert pipelined.effective_batch_size == 4 * 2 * 3 * 2
+
+
+def test_learning_rate_scaling_math():
+    assert scale_learning_rate(1e-3, 64, 16, "none") == 1e-3
+    assert scale_learning_rate(1e-3, 64, 16, "linear") == pytest.approx(4e-3)
+    assert scale_learning_rate(1e-3, 64, 16, "sqrt") == pytest.approx(2e-3)
+    assert scale_learning_rate(1e-3, 8, 32, "sqrt") == pytest.approx(1e-3 * math.sqrt(0.25))
+    base = ["training.learning_rate=0.001", "training.base_batch_size=16"]
+    env = {"WORLD_SIZE": "8"}  # effective batch 8 × 1 × 8 = 64
+    linear = load(*base, "training.lr_scaling=linear", "training.micro_batch_size=8", env=env)
+    sqrt = load(*base, "training.lr_scaling=sqrt", "training.micro_batch_size=8", env=env)
+    assert linear.scaled_learning_rate == pytest.approx(4e-3)
+    assert sqrt.scaled_learning_rate == pytest.approx(2e-3)
+
+
+def test_lr_scaling_needs_a_base_batch_size():
+    message = error_of("training.lr_scaling=linear")
+    assert "training.base_batch_size" in message
+
+
+def test_validation_touches_no_process_group(monkeypatch):
+    def forbidden(*args, **kwargs):
+        raise AssertionError("config validation must not call torch.distributed")
+
+    for name in ("init_process_group", "new_group", "get_world_size", "get_rank"):
+        monkeypatch.setattr(dist, name, forbidden)
+    cfg = load(path=str(EXAMPLES / "dp_x_pp.yaml"))
+    assert cfg.distributed.strategy == "pipeline"
+
+
+# ---------------------------------------------------------------- the example configs
+
+EXPECTED_STRATEGY = {
+    "ddp.yaml": "ddp",
+    "fsdp.yaml": "fsdp",
+    "zero2.yaml": "zero",
+    "pipeline_1f1b.yaml": "pipeline",
+    "dp_x_pp.yaml": "pipeline",
+}
+
+
+def test_every_example_is_covered():
+    assert sorted(p.name for p in EXAMPLES.glob("*.yaml")) == sorted(EXPECTED_STRATEGY)
+
+
+@pytest.mark.parametrize("name", sorted(EXPECTED_STRATEGY))
+def test_example_configs_load(name):
+    cfg = load(path=str(EXAMPLES / name))
+    assert cfg.distributed.strategy == EXPECTED_STRATEGY[name]
+    assert cfg.distributed.backend == "shardwise"
+    assert cfg.model.preset in ("tiny", "small")
+    assert validate(cfg.to_dict(), env={}).to_dict() == cfg.to_dict()

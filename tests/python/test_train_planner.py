@@ -1,0 +1,196 @@
+"""The per-rank memory planner: ZeRO formulas against hand-computed bytes, the recommendation
+order of the practice notes, the CLI, and the DDP-style model state against a measured AdamW step
+on the bundled GPT."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+import torch
+from shardwise.models.gpt import GPT, PRESETS
+from shardwise.train import planner
+from shardwise.train.planner import activation_bytes, gpt_gather_bytes, main, plan
+
+GB = 10**9
+PHI = 7 * GB  # 7e9 parameters
+N = 8
+
+
+def test_bf16_adam_rows_match_the_zero_formulas_for_7b_on_8():
+    result = plan(PHI, N, 80 * GB)
+    expected = {  # (parameters, gradients, optimizer state) in bytes, by hand
+        "ddp": (14e9, 14e9, 84e9),  # 2Φ + 2Φ + 12Φ = 112 GB
+        "zero1": (14e9, 14e9, 10.5e9),  # 2Φ + 2Φ + 12Φ/8 = 38.5 GB
+        "zero2": (14e9, 1.75e9, 10.5e9),  # 2Φ + 14Φ/8 = 26.25 GB
+        "fsdp_shard_grad_op": (14e9, 1.75e9, 10.5e9),
+        "zero3": (1.75e9, 1.75e9, 10.5e9),  # 16Φ/8 = 14 GB
+        "zero3_offload": (1.75e9, 1.75e9, 0),
+    }
+    for name, (p, g, o) in expected.items():
+        row = result.row(name)
+        assert (row.parameters, row.gradients, row.optimizer_state) == (p, g, o), name
+        assert row.total == p + g + o, name
+    assert result.row("ddp").total == 112 * GB
+    assert not result.row("ddp").fits  # 112 GB × 1.1 > 80 GB
+    assert result.row("zero2").total == 26.25e9 and result.row("zero2").fits
+    assert result.row("zero3_offload").host == 10.5e9
+    assert result.row("zero1").required == 42.35e9  # × 1.1
+
+
+def test_fp32_and_sgd_bytes_per_parameter():
+    fp32 = plan(PHI, N, 80 * GB, mixed_precision="fp32")
+    ddp = fp32.row("ddp")
+    assert (ddp.parameters, ddp.gradients, ddp.optimizer_state) == (28e9, 28e9, 56e9)  # 4+4+8
+    assert fp32.row("zero3").total == 112 * GB / N
+    sgd = plan(PHI, N, 80 * GB, optimizer="sgd").row("ddp")
+    assert sgd.optimizer_state == 8 * PHI  # fp32 master + momentum
+    with pytest.raises(ValueError, match="mixed_precision"):
+        plan(PHI, N, 80 * GB, mixed_precision="int4")
+
+
+def test_pipeline_divides_model_states_by_stages_and_keeps_activations():
+    result = plan(PHI, N, 80 * GB, pipeline_stages=4, activation_bytes_per_rank=3 * GB)
+    row = result.row("pipeline")
+    assert result.pipeline_stages == 4
+    assert row.total == 112 * GB / 4 + 3 * GB
+    assert all(r.activations == 3 * GB for r in result.rows)
+    assert "pipeline" not in [r.strategy for r in plan(PHI, N, 80 * GB, pipeline_stages=1).rows]
+    auto = plan(PHI, N, 80 * GB)  # fewest stages that fit: 112/2 × 1.1 = 61.6 GB
+    assert auto.pipeline_stages == 2
+    with pytest.raises(ValueError, match="divide"):
+        plan(PHI, N, 80 * GB, pipeline_stages=3)
+
+
+def test_overhead_factor_decides_fit():
+    # ZeRO-3 of 7B on 8: 14 GB. Fits 15 GB at × 1.0 but not at × 1.1.
+    assert plan(PHI, N, 15 * GB, overhead=1.0).row("zero3").fits
+    assert not plan(PHI, N, 15 * GB, overhead=1.1).row("zero3").fits
+
+
+@pytest.mark.parametrize(
+    "params, world, memory, gather, expected",
+    [
+        (1 * GB, 1, 80 * GB, 0, "single"),  # 16 GB on one device
+        (1 * GB, N, 80 * GB, 0, "ddp"),  # small model → DDP first
+        (PHI, N, 80 * GB, 0, "zero2"),  # DDP 112 GB, ZeRO-2 26.25 GB
+        (30 * GB, N, 80 * GB, 0, "zero3"),  # ZeRO-2 112.5 GB, ZeRO-3 60 GB
+        (30 * GB, N, 60 * GB, 1 * GB, "pipeline"),  # ZeRO-3 61 GB, pipeline(8) 60 GB
+        (70 * GB, N, 80 * GB, 0, "zero3_offload"),  # ZeRO-3 140 GB, offload 35 GB
+    ],
+)
+def test_recommendation_follows_the_practice_order(params, world, memory, gather, expected):
+    result = plan(params, world, memory, zero3_gather_bytes=gather, overhead=1.0)
+    rec = result.recommendation
+    assert rec.strategy == expected, rec.reason
+    assert rec.row is not None and rec.row.fits
+    if expected in ("zero3", "pipeline", "zero3_offload"):
+        assert not result.row("zero2").fits
+
+
+def test_nothing_fits_names_the_smallest():
+    result = plan(70 * GB, N, 30 * GB)  # offload smallest: 35 GB
+    rec = result.recommendation
+    assert rec.strategy == "none" and rec.row is None
+    assert "does not fit" in rec.reason and "zero3 + cpu offload" in rec.reason
+    assert f"{38.5e9 / 2**30:.1f} GiB per rank" in rec.reason  # offload 35 GB × 1.1
+
+
+def test_activation_estimate_follows_korthikanti():
+    cfg = PRESETS["1b"]
+    s, b, h, a, L, V = cfg.seq_len, 2, cfg.dim, cfg.heads, cfg.layers, cfg.vocab_size
+    layer = s * b * h * (34 + 5 * a * s / h)
+    head = s * b * V * (2 + 4)
+    assert activation_bytes(cfg, 2, 2) == int(L * layer + head)
+    assert activation_bytes(cfg, 2, 4) == int(2 * L * layer + s * b * V * 4)
+    ckpt = activation_bytes(cfg, 2, 2, checkpointing=True)
+    assert ckpt == int(L * s * b * h * 2 + layer + head)
+    assert ckpt < activation_bytes(cfg, 2, 2) / 5
+    no_scores = activation_bytes(cfg, 2, 2, attention_scores=False)
+    assert no_scores == int(L * s * b * h * 34 + head)
+    assert activation_bytes(cfg, 4, 2) == 2 * activation_bytes(cfg, 2, 2)
+
+
+def test_gather_bytes_of_the_gpt_units():
+    cfg = PRESETS["small"]
+    root = (cfg.vocab_size + cfg.seq_len + 2) * cfg.dim
+    block = (cfg.num_parameters() - root) // cfg.layers
+    assert sum(p.numel() for p in GPT(cfg).blocks[0].parameters()) == block
+    assert gpt_gather_bytes(cfg, "bf16") == max(root, block) * 6
+    assert gpt_gather_bytes(cfg, "fp32") == max(root, block) * 12
+
+
+def test_measured_adamw_state_of_tiny_gpt_matches_the_ddp_row():
+    """World 1, fp32, AdamW: parameters + grads + exp_avg + exp_avg_sq storages after one step
+    against the planner's 4Φ + 4Φ + 8Φ."""
+    torch.manual_seed(0)
+    cfg = PRESETS["tiny"]
+    model = GPT(cfg)
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    tokens = torch.randint(0, cfg.vocab_size, (2, cfg.seq_len))
+    model.loss(tokens, tokens).backward()
+    optimizer.step()
+    params = list(model.parameters())
+    tensors = params + [p.grad for p in params]
+    for state in optimizer.state.values():
+        tensors += [t for t in state.values() if torch.is_tensor(t) and t.dim() > 0]
+    storages = {t.untyped_storage().data_ptr(): t.untyped_storage().nbytes() for t in tensors}
+    measured = sum(storages.values())
+    assert sum(p.numel() for p in params) == cfg.num_parameters()
+    row = plan(cfg.num_parameters(), 1, 10 * GB, mixed_precision="fp32").row("ddp")
+    predicted = row.parameters + row.gradients + row.optimizer_state
+    assert abs(measured - predicted) <= 0.10 * predicted, (measured, predicted)
+    assert len(optimizer.state) == len(params)  # every parameter has Adam state
+
+
+def test_cli_table(capsys):
+    assert main(["--params", "7e9", "--gpus", "8", "--gpu-mem", "80"]) == 0
+    out = capsys.readouterr().out
+    lines = {line.split()[0]: line for line in out.splitlines() if line.strip()}
+    assert lines["ddp"].split()[-1] == "no"
+    assert lines["zero2"].split()[-1] == "yes"
+    assert f"{112e9 / 2**30:.2f}" in lines["ddp"]  # DDP total 104.31 GiB
+    assert "recommendation: zero2" in out
+    for label in ("zero1", "fsdp shard_grad_op", "zero3 / fsdp full_shard", "zero3 + cpu"):
+        assert label in out
+
+
+def test_cli_json_with_a_preset(capsys):
+    argv = ["--model", "small", "--gpus", "2", "--gpu-mem", "16", "--micro-batch", "4"]
+    assert main([*argv, "--seq-len", "128", "--json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    cfg = PRESETS["small"]
+    assert data["params"] == cfg.num_parameters()
+    assert data["world_size"] == 2 and data["device_memory_bytes"] == 16 * 2**30
+    rows = {r["strategy"]: r for r in data["rows"]}
+    assert rows["ddp"]["activations"] == activation_bytes(cfg, 4, 2, seq_len=128)
+    assert rows["zero3"]["gathered"] == gpt_gather_bytes(cfg, "bf16")
+    assert data["recommendation"]["strategy"] == "ddp"
+
+
+@pytest.mark.parametrize(
+    "argv, names",
+    [
+        (["--params", "7e9", "--gpus", "0", "--gpu-mem", "80"], "--gpus"),
+        (["--params", "-1", "--gpus", "8", "--gpu-mem", "80"], "--params"),
+        (["--params", "7e9", "--gpus", "8", "--gpu-mem", "-80"], "--gpu-mem"),
+        (["--model", "huge", "--gpus", "8", "--gpu-mem", "80"], "--model"),
+        (["--gpus", "8", "--gpu-mem", "80"], "--params or --model"),
+        (["--params", "7e9", "--gpus", "8", "--gpu-mem", "80", "--pipeline-stages", "3"], "divide"),
+        (["--params", "7e9", "--gpus", "2.5", "--gpu-mem", "80"], "whole number"),
+    ],
+)
+def test_cli_bad_arguments_exit_2_naming_the_argument(capsys, argv, names):
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert names in err and "error" in err
+
+
+def test_module_runs_as_a_script():
+    argv = ["--params", "1e9", "--gpus", "1", "--gpu-mem", "80", "--json"]
+    done = subprocess.run(
+        [sys.executable, "-m", "shardwise.train.planner", *argv], capture_output=True, text=True
+    )
+    assert done.returncode == 0, done.stderr
+    assert json.loads(done.stdout)["recommendation"]["strategy"] == "single"
+    assert "16Φ" in planner.__doc__  # the formulas are documented
