@@ -434,6 +434,7 @@ EXPECTED_STRATEGY = {
     "zero2.yaml": "zero",
     "pipeline_1f1b.yaml": "pipeline",
     "dp_x_pp.yaml": "pipeline",
+    "demo.yaml": "fsdp",
 }
 
 
@@ -448,3 +449,8 @@ def test_example_configs_load(name):
     assert cfg.distributed.backend == "shardwise"
     assert cfg.model.preset in ("tiny", "small")
     assert validate(cfg.to_dict(), env={}).to_dict() == cfg.to_dict()
+
+
+def test_bare_no_is_the_precision_word_not_false():
+    """YAML 1.1 reads ``mixed_precision: no`` (and the override ``=no``) as false."""
+    assert load("training.mixed_precision=no").mixed_precision == "no"

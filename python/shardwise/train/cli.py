@@ -42,6 +42,7 @@ def memory_check(cfg: TrainConfig, device_bytes: int) -> tuple[bool, str]:
         mixed_precision=precision,
         activation_bytes_per_rank=activations,
         pipeline_stages=stages if stages > 1 else 1,
+        largest_stage_params=lambda p: planner.gpt_largest_stage_params(gpt, p),
     )
     name = _plan_row(cfg)
     row = plan.row(name)

@@ -92,6 +92,11 @@ class CheckpointSection(_Section):
     keep_last: int = Field(3, gt=0)
 
 
+def _precision_word(value):
+    """YAML 1.1 reads a bare ``no`` as false: take it back as the word."""
+    return "no" if value is False else value
+
+
 class TrainingSection(_Section):
     micro_batch_size: int = Field(
         4, gt=0, validation_alias=AliasChoices("micro_batch_size", "batch_size")
@@ -109,6 +114,8 @@ class TrainingSection(_Section):
     seed: int = 0
     log_every: int = Field(1, gt=0)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+
+    _precision = field_validator("mixed_precision", mode="before")(_precision_word)
 
 
 class PipelineSection(_Section):
@@ -139,6 +146,8 @@ class DistributedSection(_Section):
     fsdp: dict[str, Any] | None = None
     zero: dict[str, Any] | None = None
     pipeline: PipelineSection | None = None
+
+    _precision = field_validator("mixed_precision", mode="before")(_precision_word)
 
     def get_data_parallel_size(self) -> int:
         return self.world_size // (self.tensor_parallel_size * self.pipeline_parallel_size)

@@ -147,7 +147,7 @@ def _auto_stages(world_size: int, fits) -> int:
     return divisors[-1] if divisors else 1
 
 
-def _rows(phi, n, memory, precision, optimizer, act, stages, overhead, gather):
+def _rows(phi, n, memory, precision, optimizer, act, stages, overhead, gather, stage_params):
     bp, bg, bo = state_bytes_per_param(precision, optimizer)
     par, grad, opt = bp * phi, bg * phi, bo * phi  # P, G, O in the module docstring
     args = (overhead, memory)
@@ -160,7 +160,8 @@ def _rows(phi, n, memory, precision, optimizer, act, stages, overhead, gather):
     ]
 
     def pipeline(p: int) -> Row:
-        return _row("pipeline", par / p, grad / p, opt / p, act, *args)
+        share = (stage_params(p) / phi) if stage_params else 1 / p  # the largest stage
+        return _row("pipeline", par * share, grad * share, opt * share, act, *args)
 
     if stages is None:
         stages = _auto_stages(n, lambda p: pipeline(p).fits)
@@ -204,6 +205,20 @@ def _recommend(rows: list[Row], world_size: int, memory: int, stages: int) -> Re
     )
 
 
+def gpt_largest_stage_params(cfg, stages: int) -> int:
+    """Parameters of the largest stage when the bundled GPT is cut into ``stages`` by parameter
+    count as ``shardwise.pipeline.split_by_parameters`` cuts it (embedding, whole blocks, and
+    the final norm with the head's copy of the tied embedding)."""
+    from .. import _C
+
+    d = cfg.dim
+    per_block = (cfg.num_parameters() - cfg.vocab_size * d - cfg.seq_len * d - 2 * d) // cfg.layers
+    sizes = [cfg.vocab_size * d + cfg.seq_len * d, *([per_block] * cfg.layers)]
+    sizes.append(2 * d + cfg.vocab_size * d)
+    starts = [*_C.balanced_partition([float(x) for x in sizes], stages), len(sizes)]
+    return max(sum(sizes[starts[k] : starts[k + 1]]) for k in range(stages))
+
+
 def plan(
     params: int,
     world_size: int,
@@ -215,6 +230,7 @@ def plan(
     pipeline_stages: int | None = None,
     overhead: float = 1.1,
     zero3_gather_bytes: int = 0,
+    largest_stage_params=None,
 ) -> Plan:
     """Per-rank bytes of every strategy for ``params`` parameters on ``world_size`` devices of
     ``device_memory_bytes`` each, and the simplest one that fits.
@@ -223,6 +239,8 @@ def plan(
     leaves the pipeline row out; otherwise it must divide ``world_size``.
     ``zero3_gather_bytes``: transient bytes of the unsharded units ZeRO-3 / FSDP full_shard
     gathers (``gpt_gather_bytes`` for the bundled GPT), added to the zero3 and offload rows.
+    ``largest_stage_params(p)``: parameters of the largest of p pipeline stages (for the bundled
+    GPT ``gpt_largest_stage_params``: whole blocks and the tied head's copy); default Φ / p.
     """
     _check(params=params, world_size=world_size, device_memory_bytes=device_memory_bytes)
     for name, value in (
@@ -247,6 +265,7 @@ def plan(
         pipeline_stages,
         overhead,
         zero3_gather_bytes,
+        largest_stage_params,
     )
     return Plan(
         params,

@@ -93,6 +93,7 @@ class Strategy:
     """Shared parts: the optimizer's slots and its step with a learning rate."""
 
     name = "?"
+    state_bytes = 0  # model_state_bytes() at the end of the last step, before zero_grad
     data_group = None  # the data-parallel ranks (None: just this rank)
     optimizer: FusedAdamW
 
@@ -140,6 +141,7 @@ class Strategy:
         for group in self.optimizer.param_groups:
             group["lr"] = lr
         self.optimizer.step()
+        self.state_bytes = self.model_state_bytes()  # the peak: gradients are still there
         self.optimizer.zero_grad(set_to_none=True)
         return norm
 
@@ -304,6 +306,7 @@ class ZeroStrategy(Strategy):
             self.engine.backward(loss)
             total += loss.item() / len(batches)
         self.engine.step()
+        self.state_bytes = self.model_state_bytes()
         norm = float(self.engine.optimizer.last_grad_norm())
         return {"loss": _mean_over(total, self.data_group), "grad_norm": norm}
 

@@ -143,7 +143,13 @@ class Trainer:
         )
 
     def resume(self) -> bool:
-        path = ckpt.latest(self.spec.output_dir / "checkpoints")
+        import warnings
+
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always", ckpt.CheckpointWarning)
+            path = ckpt.latest(self.spec.output_dir / "checkpoints")
+        for w in caught:  # a corrupt or incomplete newer checkpoint: say so, use the one before
+            self.sinks.note(f"warning: {w.message}")
         if path is None:
             return False
         saved_world = ckpt.read_manifest(path)["world_size"]
@@ -226,8 +232,8 @@ class Trainer:
             "comm_share": max(r[1] / r[0] for r in per_rank),
             "peak_rss_mb_per_rank": [round(r[2] / 2**20, 1) for r in per_rank],
         }
-        if self.step == self._first_step:  # after a full step: every buffer exists
-            state = metrics.gather_floats([float(self.strategy.model_state_bytes())])
+        if self.step == self._first_step:  # measured inside the step, gradients included
+            state = metrics.gather_floats([float(self.strategy.state_bytes)])
             record["model_state_bytes_per_rank"] = [int(r[0]) for r in state]
         slow = metrics.straggler([r[0] - r[1] for r in per_rank])
         self._slow_streak = self._slow_streak + 1 if slow is not None and slow == self._slow else 1
