@@ -28,10 +28,16 @@ ifdef CUDA_HOME
 export PYTORCH_NVCC ?= ccache $(CUDA_HOME)/bin/nvcc
 endif
 
-.PHONY: test test-cpp test-python test-cpu-torch build venv cpu-venv system-deps bench format \
-	lint clean
+.PHONY: demo test test-cpp test-python test-cpu-torch build venv cpu-venv system-deps bench \
+	format lint clean
 
 test: build test-cpp test-python test-cpu-torch ## build, then run every test suite
+
+demo: build ## 2-process CPU training of the bundled GPT (FSDP, bf16), ~2 minutes: outputs/demo/
+	rm -rf outputs/demo
+	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --standalone --nproc_per_node=2 -m shardwise.train \
+		--config examples/configs/demo.yaml
+	$(VENV)/bin/shardwise-plot outputs/demo
 
 system-deps: ## compilers' companions from Debian: GoogleTest, ccache, CMake, Ninja
 	@bash scripts/install_system_deps.sh

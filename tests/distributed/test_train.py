@@ -146,15 +146,16 @@ def test_planner_matches_the_bytes_training_holds(name):
     assert abs(measured - predicted) <= 0.10 * predicted, (name, measured, predicted)
 
 
-def _fsdp_reference():
+def _fsdp_reference(world: int = 2):
+    """8 FSDP steps with checkpoints at 4 and 8, global batch 8 at any world size."""
     return run(
-        "fsdp_ref",
-        2,
+        f"fsdp_ref{world}",
+        world,
         "fsdp.yaml",
         "training.max_steps=8",
         "training.checkpoint.every_steps=4",
         "training.checkpoint.keep_last=5",
-        "training.micro_batch_size=4",
+        f"training.micro_batch_size={8 // world}",
     )
 
 
@@ -168,23 +169,23 @@ def _copy_until(src: Path, dst: Path, step: int) -> None:
             shutil.copytree(d, dst / "checkpoints" / d.name)
 
 
-@pytest.mark.parametrize("world,micro", [(1, 8), (4, 2)])
-def test_sharded_checkpoint_loads_at_another_world_size(tmp_path, world, micro):
-    """2 → 1 and 2 → 4 ranks (same global batch): the FSDP shards saved by 2 ranks are cut
-    differently from the ones loading them; a piece copied to the wrong offset or a lost
-    optimizer moment changes the next losses."""
-    src, ref, _ = _fsdp_reference()
+@pytest.mark.parametrize("saved,loaded", [(2, 1), (4, 2), (2, 4)])
+def test_sharded_checkpoint_loads_at_another_world_size(tmp_path, saved, loaded):
+    """2 → 1, 4 → 2 and 2 → 4 ranks (the same global batch of 8): the FSDP shards saved by one
+    world are cut differently from the ones loading them; a piece copied to the wrong offset or
+    a lost optimizer moment changes the next losses, which must equal the saving run's."""
+    src, ref, _ = _fsdp_reference(saved)
     out = tmp_path / "resharded"
     _copy_until(src, out, 4)
     recs, log = train(
-        world,
+        loaded,
         "fsdp.yaml",
         out,
         "training.max_steps=8",
         "training.checkpoint.every_steps=4",
-        f"training.micro_batch_size={micro}",
+        f"training.micro_batch_size={8 // loaded}",
     )
-    assert "saved by 2 ranks" in log, log[-2000:]
+    assert f"saved by {saved} ranks" in log, log[-2000:]
     ours, theirs = losses(recs), losses(ref)
     assert sorted(ours) == [5, 6, 7, 8]
     for step in ours:
@@ -275,6 +276,20 @@ def test_sigterm_saves_and_resume_continues_exactly(tmp_path):
     assert set(range(stopped + 1, 151)) <= set(ours)
     for step in range(stopped + 1, 151):
         assert ours[step] == pytest.approx(theirs[step], rel=1e-6), step
+
+
+def test_plot_renders_the_run(tmp_path):
+    """shardwise-plot: loss and throughput PNGs from a run's metrics.jsonl."""
+    out, _, _ = strategy_run("ddp")
+    proc = subprocess.run(
+        [sys.executable, "-m", "shardwise.train.plot", str(out)],
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert proc.returncode == 0, proc.stderr
+    for name in ("loss.png", "throughput.png"):
+        assert (out / name).stat().st_size > 5000
 
 
 def test_bad_config_is_refused_before_any_work(tmp_path):

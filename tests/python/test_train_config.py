@@ -454,3 +454,14 @@ def test_example_configs_load(name):
 def test_bare_no_is_the_precision_word_not_false():
     """YAML 1.1 reads ``mixed_precision: no`` (and the override ``=no``) as false."""
     assert load("training.mixed_precision=no").mixed_precision == "no"
+
+
+def test_fp16_needs_the_zero_engine_loss_scaler():
+    message = error_of("training.mixed_precision=fp16", "distributed.strategy=ddp")
+    assert "training.mixed_precision=fp16" in message and "strategy=zero" in message
+    cfg = load(
+        "training.mixed_precision=fp16",
+        "distributed.strategy=zero",
+        "distributed.zero.zero_optimization.stage=2",
+    )
+    assert cfg.mixed_precision == "fp16"

@@ -194,3 +194,17 @@ def test_module_runs_as_a_script():
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["recommendation"]["strategy"] == "single"
     assert "16Φ" in planner.__doc__  # the formulas are documented
+
+
+def test_cli_plans_a_training_config(capsys):
+    """--config: the model, world and precision come from a shardwise-train YAML."""
+    from pathlib import Path
+
+    from shardwise.models.gpt import PRESETS
+
+    config = Path(__file__).resolve().parents[2] / "examples" / "configs" / "fsdp.yaml"
+    assert main(["--config", str(config), "--gpus", "2", "--gpu-mem", "16", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    assert out["params"] == PRESETS["small"].num_parameters()
+    assert out["world_size"] == 2 and out["mixed_precision"] == "bf16"
+    assert main(["training.max_steps=3"]) == 2  # overrides without --config

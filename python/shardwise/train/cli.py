@@ -91,6 +91,7 @@ def run_spec(cfg: TrainConfig, resume: bool, memory_note: str) -> RunSpec:
         seed=t.seed,
         clip=t.gradient_clip_norm or None,
         bf16=cfg.mixed_precision == "bf16",
+        fp16=cfg.mixed_precision == "fp16",
         checkpointing=t.gradient_checkpointing,
         fsdp=dict(d.fsdp or {}),
         zero=dict(d.zero or {}),

@@ -657,6 +657,11 @@ def _check_training(cfg: TrainConfig) -> None:
             f"training.lr_scaling={t.lr_scaling} needs training.base_batch_size (the batch "
             f"size training.learning_rate was tuned for); set it or use lr_scaling=none"
         )
+    if cfg.mixed_precision == "fp16" and cfg.distributed.strategy != "zero":
+        raise ValueError(
+            f"training.mixed_precision=fp16 with strategy {cfg.distributed.strategy}: fp16 needs "
+            "loss scaling, which the ZeRO engine does (distributed.strategy=zero); use bf16 here"
+        )
     if t.warmup_steps > t.max_steps:
         raise ValueError(
             f"training.warmup_steps={t.warmup_steps} exceeds training.max_steps="

@@ -362,12 +362,18 @@ def _parser() -> argparse.ArgumentParser:
         description="Per-rank memory of DDP, ZeRO 1-3, FSDP, pipeline and offload, and the "
         "simplest strategy that fits.",
     )
+    p.add_argument("--config", help="a shardwise-train YAML: model, world, precision from it")
+    p.add_argument("overrides", nargs="*", help="with --config: dotted overrides")
     p.add_argument("--params", type=_number(int, 1, "a parameter count such as 7e9"))
     p.add_argument(
         "--model", choices=sorted(PRESETS), help="take params and activations from a GPT preset"
     )
-    p.add_argument("--gpus", type=_number(int, 1, "the number of GPUs, >= 1"), required=True)
-    p.add_argument("--gpu-mem", type=_number(float, 1e-9, "GiB per GPU such as 80"), required=True)
+    p.add_argument("--gpus", type=_number(int, 1, "the number of GPUs, >= 1"))
+    p.add_argument(
+        "--gpu-mem",
+        type=_number(float, 1e-9, "GiB per GPU such as 80"),
+        help="default with --config: this host's memory (or GPU's) per local rank",
+    )
     p.add_argument("--mixed-precision", choices=PRECISIONS, default="bf16")
     p.add_argument("--optimizer", choices=OPTIMIZERS, default="adamw")
     p.add_argument("--micro-batch", type=_number(int, 1, "a micro-batch size >= 1"), default=1)
@@ -388,9 +394,51 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def _plan_from_config(args, parser) -> Plan:
+    """The plan for a shardwise-train config: its GPT, world, precision, micro-batch."""
+    from .config import load_config
+
+    env = {"WORLD_SIZE": str(args.gpus)} if args.gpus else {}
+    cfg = load_config(args.config, args.overrides, env=env)
+    gpt, world = cfg.gpt_config(), cfg.distributed.world_size
+    precision = {"no": "fp32"}.get(cfg.mixed_precision, cfg.mixed_precision)
+    if args.gpu_mem is not None:
+        memory = int(args.gpu_mem * GIB)
+    else:
+        from .cli import device_memory_bytes
+
+        memory = device_memory_bytes(cfg.distributed.num_processes_per_node or world)
+    stages = cfg.distributed.pipeline_parallel_size
+    return plan(
+        gpt.num_parameters(),
+        world,
+        memory,
+        mixed_precision=precision,
+        optimizer=args.optimizer,
+        activation_bytes_per_rank=activation_bytes(
+            gpt,
+            cfg.training.micro_batch_size,
+            4 if precision == "fp32" else 2,
+            cfg.training.gradient_checkpointing,
+        ),
+        pipeline_stages=stages if stages > 1 else None,
+        overhead=args.overhead,
+        zero3_gather_bytes=gpt_gather_bytes(gpt, precision),
+        largest_stage_params=lambda p: gpt_largest_stage_params(gpt, p),
+    )
+
+
 def _plan_from_args(args, parser) -> Plan:
     from shardwise.models.gpt import PRESETS
 
+    if args.config is not None:
+        return _plan_from_config(args, parser)
+    if args.overrides:
+        parser.error(f"overrides {args.overrides} need --config FILE")
+    if args.gpus is None or args.gpu_mem is None:
+        parser.error(
+            "--gpus and --gpu-mem are required without --config; e.g. --gpus 8 --gpu-mem 80"
+        )
     if args.params is None and args.model is None:
         parser.error("--params or --model is required; e.g. --params 7e9 or --model 1b")
     if args.pipeline_stages is not None and args.gpus % args.pipeline_stages:

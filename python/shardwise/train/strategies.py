@@ -39,6 +39,7 @@ class StrategyOptions:
     betas: tuple[float, float] = (0.9, 0.95)
     clip: float | None = 1.0
     bf16: bool = True  # autocast the forward (DDP, pipeline; FSDP unless its own mixed precision)
+    fp16: bool = False  # ZeRO only: fp16 parameters with the dynamic loss scaler
     checkpointing: bool = False
     fsdp: dict = field(default_factory=dict)  # seed-002 keys
     zero: dict = field(default_factory=dict)  # DeepSpeed keys
@@ -288,6 +289,7 @@ class ZeroStrategy(Strategy):
             "train_micro_batch_size_per_gpu": micro_batch,
             "gradient_accumulation_steps": accumulation,
             "bf16": {"enabled": options.bf16},
+            "fp16": {"enabled": options.fp16},
             "gradient_clipping": options.clip or 0.0,
             "optimizer": {
                 "type": "AdamW",

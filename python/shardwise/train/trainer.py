@@ -229,7 +229,10 @@ class Trainer:
             "tokens_per_s": tokens / step_s,
             "tokens_per_s_per_rank": tokens / step_s / self.world,
             "mfu": flops_token * tokens / step_s / self.world / peak,
-            "comm_share": max(r[1] / r[0] for r in per_rank),
+            # the shardwise backend's busy time (other backends do not report theirs)
+            "comm_share": max(r[1] / r[0] for r in per_rank)
+            if spec.backend == "shardwise"
+            else None,
             "peak_rss_mb_per_rank": [round(r[2] / 2**20, 1) for r in per_rank],
         }
         if self.step == self._first_step:  # measured inside the step, gradients included
