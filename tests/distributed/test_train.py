@@ -292,43 +292,34 @@ def test_plot_renders_the_run(tmp_path):
         assert (out / name).stat().st_size > 5000
 
 
-def test_bad_config_is_refused_before_any_work(tmp_path):
-    """A typo'd key and a mesh that does not match the world: exit code 2 with the key named,
-    before a process group exists."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "shardwise.train",
-            "--config",
-            str(CONFIGS / "ddp.yaml"),
-            "training.micro_batch_sze=4",
-        ],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert proc.returncode == 2
-    assert "training.micro_batch_size" in proc.stderr, proc.stderr
-
-
-def test_a_run_that_cannot_fit_is_refused(tmp_path):
-    """The planner's verdict: the 1B preset on one process whose memory is far too small is
-    refused (exit 3) with the per-rank estimate, unless --ignore-memory-check."""
-    proc = subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "shardwise.train",
-            "--config",
-            str(CONFIGS / "ddp.yaml"),
-            "model.preset=1b",
-            "training.micro_batch_size=64",
-            f"training.checkpoint.dir={tmp_path}",
-        ],
+def single_process(*args: str) -> subprocess.CompletedProcess:
+    """``python -m shardwise.train --config ddp.yaml ARGS`` in this process's environment."""
+    return subprocess.run(
+        [sys.executable, "-m", "shardwise.train", "--config", str(CONFIGS / "ddp.yaml"), *args],
         capture_output=True,
         text=True,
         timeout=120,
+    )
+
+
+def test_bad_config_is_refused_before_any_work(tmp_path):
+    """A typo'd key and a mesh that does not match the world: exit code 2 with the key named
+    and the fix, before a process group exists."""
+    proc = single_process("training.micro_batch_sze=4")
+    assert proc.returncode == 2
+    assert "training.micro_batch_size" in proc.stderr, proc.stderr
+    proc = single_process(
+        "model.mesh_shape=[[2,1],[fsdp,tp]]", f"training.checkpoint.dir={tmp_path}"
+    )
+    assert proc.returncode == 2
+    assert "mesh_shape" in proc.stderr and "world" in proc.stderr, proc.stderr
+
+
+def test_a_run_that_cannot_fit_is_refused(tmp_path):
+    """The planner's verdict: the 1B preset with micro-batches of 64 on one process of this
+    machine is refused (exit 3) with the per-rank estimate, before the model is built."""
+    proc = single_process(
+        "model.preset=1b", "training.micro_batch_size=64", f"training.checkpoint.dir={tmp_path}"
     )
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "refusing a run that will not fit" in proc.stderr and "GiB" in proc.stderr
