@@ -28,11 +28,8 @@ def memory_check(cfg: TrainConfig, device_bytes: int) -> tuple[bool, str]:
     gpt = cfg.gpt_config()
     world = cfg.distributed.world_size
     precision = {"no": "fp32"}.get(cfg.mixed_precision, cfg.mixed_precision)
-    activations = planner.activation_bytes(
-        gpt,
-        cfg.training.micro_batch_size,
-        2 if precision != "fp32" else 4,
-        cfg.training.gradient_checkpointing,
+    activations = planner.gpt_activation_bytes(
+        gpt, cfg.training.micro_batch_size, precision, cfg.training.gradient_checkpointing
     )
     stages = cfg.distributed.pipeline_parallel_size
     plan = planner.plan(

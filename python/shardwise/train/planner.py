@@ -323,6 +323,59 @@ def activation_bytes(
     return int(blocks + head)
 
 
+def _saved_bytes(gpt_config, micro_batch_size: int, bf16: bool) -> int:
+    """Bytes autograd saves for backward in one forward + loss of the bundled GPT (storages
+    other than the parameters, each counted once), measured with saved_tensors_hooks."""
+    import torch
+
+    from ..models.gpt import GPT
+
+    torch.manual_seed(0)
+    model = GPT(gpt_config)
+    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+    saved: dict[int, int] = {}
+
+    def pack(t):
+        storage = t.untyped_storage()
+        if storage.data_ptr() not in params:
+            saved[storage.data_ptr()] = storage.nbytes()
+        return t
+
+    tokens = torch.zeros(micro_batch_size, gpt_config.seq_len, dtype=torch.long)
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            model.loss(tokens, tokens)
+    return sum(saved.values())
+
+
+def gpt_activation_bytes(
+    gpt_config, micro_batch_size: int, mixed_precision: str = "bf16", checkpointing: bool = False
+) -> int:
+    """Activation bytes of one microbatch through the bundled GPT as shardwise-train runs it
+    (bf16 autocast or fp32), measured rather than modelled. What autograd saves in a forward is
+    ``f(L, b) = c0 + cL·L + b·(s0 + sL·L)`` for L layers and b sequences: per-forward constants
+    (under autocast the bf16 copies of the weights, cL per layer) and per-sequence bytes (sL per
+    layer, s0 for embeddings, head and loss). Four forwards of the same model with L, b in
+    {1, 2} give the four terms. With activation checkpointing each block keeps only its input
+    (b·s·h·4 bytes: the residual stream stays fp32) and one block's activations exist at a
+    time while it is recomputed."""
+    from dataclasses import replace
+
+    bf16 = mixed_precision != "fp32"
+    f = {
+        (n, b): _saved_bytes(replace(gpt_config, layers=n), b, bf16) for n in (1, 2) for b in (1, 2)
+    }
+    s_layer = f[2, 2] - f[1, 2] - (f[2, 1] - f[1, 1])
+    c_layer = f[2, 1] - f[1, 1] - s_layer
+    s_rest = f[1, 2] - f[1, 1] - s_layer
+    c_rest = f[1, 1] - c_layer - s_rest - s_layer
+    b, layers = micro_batch_size, gpt_config.layers
+    if checkpointing:
+        inputs = layers * gpt_config.seq_len * gpt_config.dim * 4
+        return int(c_rest + c_layer * layers + b * (s_rest + s_layer + inputs))
+    return int(c_rest + c_layer * layers + b * (s_rest + s_layer * layers))
+
+
 def gpt_gather_bytes(gpt_config, mixed_precision: str = "bf16") -> int:
     """Transient bytes ZeRO-3 / FSDP full_shard holds for the GPT's unsharded units: with
     transformer-block wrapping the units are each block and the root (embeddings, tied head,
@@ -415,11 +468,8 @@ def _plan_from_config(args, parser) -> Plan:
         memory,
         mixed_precision=precision,
         optimizer=args.optimizer,
-        activation_bytes_per_rank=activation_bytes(
-            gpt,
-            cfg.training.micro_batch_size,
-            4 if precision == "fp32" else 2,
-            cfg.training.gradient_checkpointing,
+        activation_bytes_per_rank=gpt_activation_bytes(
+            gpt, cfg.training.micro_batch_size, precision, cfg.training.gradient_checkpointing
         ),
         pipeline_stages=stages if stages > 1 else None,
         overhead=args.overhead,

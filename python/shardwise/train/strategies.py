@@ -307,8 +307,8 @@ class ZeroStrategy(Strategy):
             loss = gpt_loss(self.engine(x), y)
             self.engine.backward(loss)
             total += loss.item() / len(batches)
+        self.state_bytes = self.model_state_bytes()  # the peak: before the step frees gradients
         self.engine.step()
-        self.state_bytes = self.model_state_bytes()
         norm = float(self.engine.optimizer.last_grad_norm())
         return {"loss": _mean_over(total, self.data_group), "grad_norm": norm}
 

@@ -274,7 +274,8 @@ def sample(state: dict, gpt: GPTConfig, tokens: int, prompt: str = "The ") -> st
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
         for _ in range(tokens):
-            logits = model(ids[:, -gpt.seq_len :])[0, -1] / 0.8
+            # only the tokenizer's ids (a preset may have a larger vocabulary than bytes)
+            logits = model(ids[:, -gpt.seq_len :])[0, -1, : tok.vocab_size] / 0.8
             top = torch.topk(logits, 20)
             choice = torch.multinomial(torch.softmax(top.values, -1), 1, generator=g)
             ids = torch.cat([ids, top.indices[choice][None]], dim=1)
