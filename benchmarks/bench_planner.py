@@ -17,26 +17,28 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = {
-    # name: (processes, config, overrides, planner row, precision)
-    "DDP (fp32)": (2, "ddp.yaml", ["training.mixed_precision=no"], "ddp", "fp32"),
-    "FSDP full_shard (fp32 params, bf16 autocast)": (2, "fsdp.yaml", [], "zero3", "fp32"),
+    # name: (processes, config, overrides, planner row, state precision, bf16 autocast)
+    "DDP (fp32)": (2, "ddp.yaml", ["training.mixed_precision=no"], "ddp", "fp32", False),
+    "FSDP full_shard (fp32 params, bf16 autocast)": (2, "fsdp.yaml", [], "zero3", "fp32", True),
     "ZeRO-1 (bf16)": (
         2,
         "zero2.yaml",
         ["distributed.zero.zero_optimization.stage=1"],
         "zero1",
         "bf16",
+        True,
     ),
-    "ZeRO-2 (bf16)": (2, "zero2.yaml", [], "zero2", "bf16"),
+    "ZeRO-2 (bf16)": (2, "zero2.yaml", [], "zero2", "bf16", True),
     "ZeRO-3 (bf16)": (
         2,
         "zero2.yaml",
         ["distributed.zero.zero_optimization.stage=3"],
         "zero3",
         "bf16",
+        True,
     ),
-    "pipeline 1F1B, 2 stages (fp32)": (2, "pipeline_1f1b.yaml", [], "pipeline", "fp32"),
-    "dp × pp 2 × 2 (fp32)": (4, "dp_x_pp.yaml", [], "pipeline", "fp32"),
+    "pipeline 1F1B, 2 stages (fp32)": (2, "pipeline_1f1b.yaml", [], "pipeline", "fp32", False),
+    "dp × pp 2 × 2 (fp32)": (4, "dp_x_pp.yaml", [], "pipeline", "fp32", False),
 }
 
 
@@ -79,14 +81,19 @@ def main() -> int:
         "",
         f"- command: `python benchmarks/bench_planner.py {' '.join(sys.argv[1:])}`",
         f"- GPT `{args.model}`: {gpt.num_parameters():,} parameters; AdamW; CPU",
-        "- measured: storages of parameters, gradients and optimizer state (masters, moments) "
-        "on the largest rank in step 1 at its peak: after backward (ZeRO) or the optimizer step (the others), before gradients are freed",
+        "- model state measured: storages of parameters, gradients and optimizer state (masters, "
+        "moments) on the largest rank in step 1 at its peak: after backward (ZeRO) or the "
+        "optimizer step (the others), before gradients are freed",
+        "- activations measured: what autograd saves in one forward + loss of the whole model "
+        "at micro-batch 2 (saved_tensors_hooks, parameters excluded), in the run's precision; "
+        "the planner's number is fitted on 1- and 2-layer copies with 1 and 2 sequences",
         "",
-        "| run | planner row | planner MiB | measured MiB | measured / planner |",
-        "|---|---|---:|---:|---:|",
+        "| run | planner row | model state: planner MiB | measured MiB | ratio "
+        "| activations: planner MiB | measured MiB | ratio |",
+        "|---|---|---:|---:|---:|---:|---:|---:|",
     ]
     with tempfile.TemporaryDirectory() as workdir:
-        for name, (nproc, config, overrides, row_name, precision) in RUNS.items():
+        for name, (nproc, config, overrides, row_name, precision, bf16) in RUNS.items():
             measured = measure(nproc, config, overrides, args.model, workdir)
             stages = 2 if row_name == "pipeline" else 1
             plan = planner.plan(
@@ -99,9 +106,12 @@ def main() -> int:
             )
             row = plan.row(row_name)
             predicted = row.parameters + row.gradients + row.optimizer_state
+            act_plan = planner.gpt_activation_bytes(gpt, 2, "bf16" if bf16 else "fp32")
+            act_meas = planner._saved_bytes(gpt, 2, bf16)
             lines.append(
                 f"| {name} | {row.label} | {predicted / 2**20:.2f} | {measured / 2**20:.2f} | "
-                f"{measured / predicted:.3f} |"
+                f"{measured / predicted:.3f} | {act_plan / 2**20:.1f} | {act_meas / 2**20:.1f} | "
+                f"{act_meas / act_plan:.3f} |"
             )
             print(lines[-1], flush=True)
     text = "\n".join(lines) + "\n"
