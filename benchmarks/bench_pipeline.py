@@ -59,23 +59,39 @@ def splits(blocks, cfg, args, dist):
     """The two ways of cutting the GPT into 2 stages: "even" (embedding and the first half of
     the transformer blocks | the rest and the head: what a torch.distributed.pipelining user
     writes by hand) and "balanced" (shardwise.pipeline.split_by_time over attention/MLP halves,
-    with the loss on the head; costs measured on every rank and averaged, so all agree)."""
+    with the loss on the head, refined by timing whole stages; rank 0 times while the others
+    wait, then broadcasts). Also the per-sublayer costs rank 0 measured, for the report."""
     import shardwise.pipeline as pp
     import torch
 
     n = len(blocks)  # embedding, 2 halves per transformer block, head
     even_cut = 1 + cfg.layers  # = 1 + 2 * (layers // 2) halves
-    tokens = torch.randint(0, cfg.vocab_size, (args.micro, cfg.seq_len + 1))
-    with torch.autocast("cpu", dtype=torch.bfloat16):
-        costs = pp.block_times(blocks, tokens[:, :-1], 5, loss_fn, tokens[:, 1:])
-    t = torch.tensor(costs, dtype=torch.float64)
-    dist.all_reduce(t)
-    starts = pp._C.balanced_partition((t / dist.get_world_size()).tolist(), args.world)
-    bounds = [*starts, n]
-    return {
-        "even": [list(range(0, even_cut)), list(range(even_cut, n))],
-        "balanced": [list(range(bounds[k], bounds[k + 1])) for k in range(args.world)],
-    }, (t / dist.get_world_size()).tolist()
+    balanced = costs = None
+    if dist.get_rank() == 0:
+        g = torch.Generator().manual_seed(0)
+        tokens = torch.randint(0, cfg.vocab_size, (args.micro, cfg.seq_len + 1), generator=g)
+        with torch.autocast("cpu", dtype=torch.bfloat16):
+            costs = pp.block_times(blocks, tokens[:, :-1], 5, loss_fn, tokens[:, 1:])
+            balanced = pp.split_by_time(
+                blocks, args.world, tokens[:, :-1], 5, loss_fn, tokens[:, 1:]
+            )
+    box = [balanced, costs]
+    dist.broadcast_object_list(box, src=0)
+    balanced, costs = box
+    return {"even": [list(range(0, even_cut)), list(range(even_cut, n))], "balanced": balanced}, (
+        costs
+    )
+
+
+def step_ideal(actions, times, m: int, p: int) -> dict:
+    """From one executed step: its makespan and the ideal for it, the busiest rank's compute
+    (its F/B/I/W action times, measured in that very step) × (m + p − 1) / m."""
+    busy = [
+        sum(end - start for name, (start, end) in zip(names, ts, strict=True) if name[0] in "FBIW")
+        for names, ts in zip(actions, times, strict=True)
+    ]
+    makespan = max(t[-1][1] for t in times if t)
+    return {"makespan_s": makespan, "ideal_s": max(busy) * (m + p - 1) / m}
 
 
 def run_rank(args) -> None:
@@ -148,16 +164,26 @@ def run_rank(args) -> None:
             dist.all_reduce(peak_t, op=dist.ReduceOp.MAX)
             peak = int(peak_t.item())
         rows.append({"framework": name, "step_s": t.item(), "peak": peak})
-    pictures = {}
-    for name in ("shardwise 1f1b, even split", "shardwise zb_h1, balanced split"):
-        actions, measured = pipes[name].gather_times()
+    pictures, in_step = {}, {}
+    for name, pipe in pipes.items():  # the last timed step of every shardwise run
+        actions, measured = pipe.gather_times()
         pictures[name] = (actions, measured)
-    # The ideal per split: the slower stage's forward + backward per microbatch (the sum of its
-    # sublayers' times measured above, in these processes) × (m + p − 1).
+        in_step[name] = step_ideal(actions, measured, m, world)
+    # The ideal per split: the slower stage's forward + backward per microbatch, each stage
+    # timed whole on rank 0 (the fastest of 5, bf16 autocast, as in the runs) × (m + p − 1).
     ideal = {}
     for split, stage_groups in groups.items():
-        stage_s = max(sum(costs[i] for i in group) for group in stage_groups)
-        ideal[split] = {"stage_s": stage_s, "ideal_s": stage_s * (m + world - 1)}
+        stage_s = 0.0
+        if rank == 0:
+            g = torch.Generator().manual_seed(0)
+            tokens = torch.randint(0, cfg.vocab_size, (args.micro, cfg.seq_len + 1), generator=g)
+            with torch.autocast("cpu", dtype=torch.bfloat16):
+                stage_s = max(
+                    pp.group_times(blocks, stage_groups, tokens[:, :-1], 5, loss_fn, tokens[:, 1:])
+                )
+        box = [stage_s]
+        dist.broadcast_object_list(box, src=0)
+        ideal[split] = {"stage_s": box[0], "ideal_s": box[0] * (m + world - 1)}
     if rank == 0:
         from shardwise.pipeline import timeline
 
@@ -169,7 +195,11 @@ def run_rank(args) -> None:
                     "ideal": ideal,
                     "groups": groups,
                     "costs": costs,
-                    "text": {n: timeline.render_text(*pic) for n, pic in pictures.items()},
+                    "in_step": in_step,
+                    "text": {
+                        n: timeline.render_text(*pictures[n])
+                        for n in ("shardwise 1f1b, even split", "shardwise zb_h1, balanced split")
+                    },
                     "png": str(
                         timeline.plot(*pictures[name], args.png, f"{name}, p={world}, m={m}:")
                     ),
@@ -225,29 +255,32 @@ def main() -> int:
         f"{args.warmup}, every run once per round (interleaved)",
         "- splits: **even** = embedding + the first half of the transformer blocks | the rest + "
         "head (what a torch.distributed.pipelining user writes by hand); **balanced** = "
-        "`split_by_time` over attention/MLP halves with the loss on the head (shardwise's "
-        "splitter)",
+        "`split_by_time` over attention/MLP halves with the loss on the head, refined by timing "
+        "whole stages (shardwise's splitter)",
     ]
     for split, groups in result["groups"].items():
         ideal = result["ideal"][split]
         lines.append(
-            f"- {split}: stages [{'] ['.join(describe(g) for g in groups)}]; slower stage "
+            f"- {split}: stages [{'] ['.join(describe(g) for g in groups)}]; slower stage alone: "
             f"forward + backward per microbatch {ideal['stage_s'] * 1e3:.1f} ms; ideal step = "
             f"that × (m + p − 1) = {ideal['ideal_s'] * 1e3:.1f} ms"
         )
     lines += [
-        "- measured per-sublayer forward + backward ms (mean over ranks, before the runs): "
+        "- per-sublayer forward + backward ms (rank 0, fastest of 5, before the runs): "
         + ", ".join(f"{n} {c * 1e3:.1f}" for n, c in zip(names, result["costs"], strict=True)),
         "",
-        "| run | step ms | vs ideal of its split | tokens/s | vs torch Schedule1F1B (even) "
-        "| vs torch Schedule1F1B, same split | peak stashed / rank |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "| run | step ms | vs ideal (stages timed alone) | vs ideal (compute in the step) "
+        "| tokens/s | vs torch Schedule1F1B (even) | vs torch Schedule1F1B, same split "
+        "| peak stashed / rank |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, r in rows.items():
         split = name.rsplit(", ", 1)[1].split()[0]
+        own = result["in_step"].get(name)
+        in_step = f"{own['makespan_s'] / own['ideal_s']:.3f}x" if own else "-"
         lines.append(
             f"| {name} | {r['step_s'] * 1e3:.1f} | "
-            f"{r['step_s'] / result['ideal'][split]['ideal_s']:.3f}x | "
+            f"{r['step_s'] / result['ideal'][split]['ideal_s']:.3f}x | {in_step} | "
             f"{tokens / r['step_s']:.0f} | {anchor / r['step_s']:.2f}x | "
             f"{same_split_anchor[split] / r['step_s']:.2f}x | "
             f"{r['peak'] if r['peak'] is not None else '-'} |"

@@ -365,10 +365,17 @@ class PipelineStrategy(Strategy):
         names = {id(t): n for n, t in model.named_parameters()}
         blocks, tied = pp.gpt_blocks(model)
         names[id(blocks[-1].head.weight)] = "embed.weight"  # the head's copy of the tie
-        if cfg.get("split", "parameters") == "time":
-            sample = torch.randint(0, options.gpt.vocab_size, (1, options.gpt.seq_len + 1))
-            with _autocast(options.bf16):
-                groups = pp.split_by_time(blocks, p * v, sample[:, :-1], 2, gpt_loss, sample[:, 1:])
+        if cfg.get("split", "parameters") == "time":  # timed on rank 0 alone, then shared
+            groups = None
+            if dist.get_rank() == 0:
+                g = torch.Generator().manual_seed(0)  # leaves the global RNG as other ranks'
+                shape = (1, options.gpt.seq_len + 1)
+                sample = torch.randint(0, options.gpt.vocab_size, shape, generator=g)
+                with _autocast(options.bf16):
+                    groups = pp.split_by_time(
+                        blocks, p * v, sample[:, :-1], 2, gpt_loss, sample[:, 1:]
+                    )
+            groups = pp.broadcast_groups(groups)
         else:
             groups = pp.split_by_parameters(blocks, p * v)
         self.stage_ids = [s for s in range(p * v) if s % p == self.mesh.pipeline_rank]
