@@ -330,3 +330,28 @@ def test_a_run_that_cannot_fit_is_refused(tmp_path):
     )
     assert proc.returncode == 3, proc.stderr[-2000:]
     assert "refusing a run that will not fit" in proc.stderr and "GiB" in proc.stderr
+
+
+def test_pipeline_checkpoint_resumes_as_ddp_on_one_process(tmp_path):
+    """Pieces are named as in the plain GPT, whatever cut the model: a 2-stage pipeline's
+    checkpoint (the tied embedding saved once, its head copy refilled from it) resumes as DDP
+    in one process with the same global batch, and continues with the pipeline's losses."""
+    src = tmp_path / "pipe"
+    common = ("training.max_steps=8", "training.checkpoint.every_steps=4")
+    ref, _ = train(2, "pipeline_1f1b.yaml", src, *common, "training.micro_batch_size=2")
+    out = tmp_path / "ddp"
+    _copy_until(src, out, 4)
+    recs, log = train(
+        1,
+        "ddp.yaml",
+        out,
+        *common,
+        "training.micro_batch_size=8",
+        "training.gradient_accumulation_steps=1",
+        "training.lr_scaling=none",  # ddp.yaml scales the rate; the pipeline's does not
+    )
+    assert "saved by 2 ranks" in log, log[-2000:]
+    ours, theirs = losses(recs), losses(ref)
+    assert sorted(ours) == [5, 6, 7, 8]
+    for step in ours:
+        assert abs(ours[step] - theirs[step]) <= 1e-5 * abs(theirs[step]), (step, ours, theirs)
