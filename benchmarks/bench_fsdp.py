@@ -26,6 +26,8 @@ import sys
 import time
 from pathlib import Path
 
+from report import emit
+
 FRAMEWORKS = ("shardwise", "fsdp2", "ddp", "shardwise-mp", "fsdp2-mp")
 
 
@@ -201,10 +203,7 @@ def main() -> int:
     for framework in args.frameworks.split(","):
         results.append(launch(framework, args))
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
-    text = "\n".join(table(results, args)) + "\n"
-    print(text)
-    if args.output:
-        args.output.write_text(text)
+    emit(table(results, args), args.output)
     return 0
 
 

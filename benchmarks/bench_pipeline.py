@@ -26,6 +26,7 @@ import time
 from pathlib import Path
 
 from bench_fsdp import launch as launch_ranks
+from report import emit
 
 
 class Stage:
@@ -288,10 +289,7 @@ def main() -> int:
     for name, text in result["text"].items():
         lines += ["", f"Executed timeline, {name} (last timed step):", "", "```", text, "```"]
     lines += ["", f"![timeline]({Path(result['png']).name})"]
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.output:
-        args.output.write_text(text)
+    emit(lines, args.output)
     return 0
 
 

@@ -15,6 +15,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+from report import emit
+
 ROOT = Path(__file__).resolve().parents[1]
 RUNS = {
     # name: (processes, config, overrides, planner row, state precision, bf16 autocast)
@@ -114,10 +116,7 @@ def main() -> int:
                 f"{act_meas / act_plan:.3f} |"
             )
             print(lines[-1], flush=True)
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.output:
-        args.output.write_text(text)
+    emit(lines, args.output)
     return 0
 
 

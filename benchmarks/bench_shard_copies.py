@@ -28,6 +28,7 @@ from pathlib import Path
 import shardwise
 import torch
 import torch.nn.functional as F
+from report import emit
 from shardwise.models import GPT, PRESETS
 from shardwise.ops import sharding as ops
 
@@ -208,10 +209,7 @@ def main() -> int:
             f"| {name} | {t * 1e3:.2f} | {nbytes / t / 1e9:.2f} | {o * 1e3:.2f} | "
             f"{nbytes / o / 1e9:.2f} | {t / o:.2f}x | {nbytes / m / 1e9:.2f} |"
         )
-    text = "\n".join(lines) + "\n"
-    print(text)
-    if args.output:
-        args.output.write_text(text)
+    emit(lines, args.output)
     return 0
 
 

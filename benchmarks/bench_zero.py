@@ -25,6 +25,7 @@ import time
 from pathlib import Path
 
 from bench_fsdp import launch as launch_ranks
+from report import emit
 
 FRAMEWORKS = ("zero1", "zero2", "zero3", "ddp", "torch-zero1")
 
@@ -179,10 +180,7 @@ def main() -> int:
     for framework in args.frameworks.split(","):
         results.append(launch_ranks(framework, args, __file__))
         print(json.dumps(results[-1]), file=sys.stderr, flush=True)
-    text = "\n".join(table(results, args)) + "\n"
-    print(text)
-    if args.output:
-        args.output.write_text(text)
+    emit(table(results, args), args.output)
     return 0
 
 

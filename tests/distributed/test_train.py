@@ -73,6 +73,14 @@ def losses(recs: list[dict]) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in recs}
 
 
+def assert_continues(recs: list[dict], ref: list[dict], steps: list[int], rel: float) -> None:
+    """The resumed run logged exactly ``steps``, each with the reference run's loss."""
+    ours, theirs = losses(recs), losses(ref)
+    assert sorted(ours) == steps, sorted(ours)
+    for step in steps:
+        assert abs(ours[step] - theirs[step]) <= rel * abs(theirs[step]), (step, ours, theirs)
+
+
 @functools.cache
 def run(name: str, nproc: int, config: str, *overrides: str) -> tuple[Path, list[dict], str]:
     base = Path(os.environ.get("SHARDWISE_TEST_TMP", "/tmp")) / f"shardwise-train-{os.getpid()}"
@@ -193,10 +201,7 @@ def test_sharded_checkpoint_loads_at_another_world_size(tmp_path, saved, loaded)
         f"training.micro_batch_size={8 // loaded}",
     )
     assert f"saved by {saved} ranks" in log, log[-2000:]
-    ours, theirs = losses(recs), losses(ref)
-    assert sorted(ours) == [5, 6, 7, 8]
-    for step in ours:
-        assert abs(ours[step] - theirs[step]) <= 1e-5 * abs(theirs[step]), (step, ours, theirs)
+    assert_continues(recs, ref, [5, 6, 7, 8], 1e-5)
 
 
 def test_checkpoint_of_one_rank_loads_on_two(tmp_path):
@@ -222,9 +227,7 @@ def test_checkpoint_of_one_rank_loads_on_two(tmp_path):
         "training.micro_batch_size=4",
     )
     assert "saved by 1 ranks" in log, log[-2000:]
-    ours, theirs = losses(recs), losses(ref)
-    for step in (4, 5, 6):
-        assert abs(ours[step] - theirs[step]) <= 1e-5 * abs(theirs[step]), (step, ours, theirs)
+    assert_continues(recs, ref, [4, 5, 6], 1e-5)
 
 
 def test_corrupted_checkpoint_falls_back_to_the_previous(tmp_path):
@@ -247,10 +250,7 @@ def test_corrupted_checkpoint_falls_back_to_the_previous(tmp_path):
     )
     assert "rank-00001.pt" in log and "sha-256 mismatch" in log.lower(), log[-3000:]
     assert "step-00000004" in log
-    ours, theirs = losses(recs), losses(ref)
-    assert sorted(ours) == [5, 6, 7, 8]
-    for step in ours:
-        assert ours[step] == pytest.approx(theirs[step], rel=1e-6)
+    assert_continues(recs, ref, [5, 6, 7, 8], 1e-6)
 
 
 def test_sigterm_saves_and_resume_continues_exactly(tmp_path):
@@ -351,7 +351,4 @@ def test_pipeline_checkpoint_resumes_as_ddp_on_one_process(tmp_path):
         "training.lr_scaling=none",  # ddp.yaml scales the rate; the pipeline's does not
     )
     assert "saved by 2 ranks" in log, log[-2000:]
-    ours, theirs = losses(recs), losses(ref)
-    assert sorted(ours) == [5, 6, 7, 8]
-    for step in ours:
-        assert abs(ours[step] - theirs[step]) <= 1e-5 * abs(theirs[step]), (step, ours, theirs)
+    assert_continues(recs, ref, [5, 6, 7, 8], 1e-5)
