@@ -53,6 +53,7 @@ set(SHARDWISE_TORCH_SOURCES
   csrc/precision/cast_ops.cpp
   csrc/precision/cast_autograd.cpp
   csrc/sharding/shard_ops.cpp
+  csrc/sharding/checkpoint_pieces.cpp
   csrc/fsdp/fsdp_unit.cpp
   csrc/fsdp/fsdp_engine.cpp
   csrc/fsdp/storage.cpp
@@ -70,4 +71,5 @@ set(SHARDWISE_TORCH_TEST_SOURCES
   tests/cpp/torch/test_fsdp_libtorch.cc
   tests/cpp/torch/test_zero_libtorch.cc
   tests/cpp/torch/test_pipeline_libtorch.cc
+  tests/cpp/torch/test_checkpoint_pieces_libtorch.cc
 )

@@ -12,6 +12,7 @@
 #include "common/cpu_features.h"
 #include "fsdp/fsdp_python.h"
 #include "pipeline/pipeline_python.h"
+#include "sharding/checkpoint_pieces.h"
 #include "zero/zero_python.h"
 
 namespace py = pybind11;
@@ -40,6 +41,24 @@ PYBIND11_MODULE(_C, m) {
       "Lower the CPU instruction set the kernels use ('scalar', 'avx512', 'avx512_bf16'), or "
       "None to use the best one again.");
 
+  m.def(
+      "fill_from_pieces",
+      [](const std::vector<std::tuple<std::string, int64_t, at::Tensor>>& slots,
+         const std::vector<std::tuple<std::string, int64_t, at::Tensor>>& pieces, bool strict) {
+        auto convert = [](const auto& list) {
+          std::vector<shardwise::sharding::TensorSlice> out;
+          for (const auto& [name, start, values] : list) out.push_back({name, start, values});
+          return out;
+        };
+        try {
+          shardwise::sharding::fill_from_pieces(convert(slots), convert(pieces), strict);
+        } catch (const std::invalid_argument& e) {
+          throw py::value_error(e.what());
+        }
+      },
+      py::arg("slots"), py::arg("pieces"), py::arg("strict") = true,
+      "Copies the overlaps of saved (name, start, values) pieces into (name, start, view) slots "
+      "(sharding/checkpoint_pieces.h).");
   m.def("communication_seconds", &shardwise::backend::communication_seconds,
         "Seconds this process's shardwise backends have spent communicating (all groups).");
   m.def(

@@ -1,4 +1,4 @@
-"""World-size-independent checkpoint pieces.
+"""World-size-independent checkpoint pieces (the copying is C++: ``sharding/checkpoint_pieces.h``).
 
 Every strategy saves what its rank holds as *pieces*: ``(name, start, values)``, where ``values``
 are elements ``[start, start + len(values))`` of the flattened full tensor ``name`` (a parameter
@@ -34,26 +34,13 @@ def to_pieces(slots: list[Slot]) -> list[dict]:
 
 
 def fill(slots: list[Slot], pieces: list[dict], strict: bool = True) -> None:
-    """Copies into every slot the overlapping elements of the pieces of its name. With
-    ``strict``, an element no piece covers is an error naming the tensor and the range."""
-    by_name: dict[str, list[dict]] = {}
-    for piece in pieces:
-        by_name.setdefault(piece["name"], []).append(piece)
-    for slot in slots:
-        lo, hi = slot.start, slot.start + slot.view.numel()
-        covered = 0
-        for piece in by_name.get(slot.name, []):
-            p_lo = piece["start"]
-            p_hi = p_lo + piece["values"].numel()
-            a, b = max(lo, p_lo), min(hi, p_hi)
-            if a >= b:
-                continue
-            with torch.no_grad():
-                slot.view[a - lo : b - lo].copy_(piece["values"][a - p_lo : b - p_lo])
-            covered += b - a
-        if strict and covered < hi - lo:
-            raise ValueError(
-                f"checkpoint: the saved pieces cover only {covered} of the {hi - lo} elements "
-                f"[{lo}, {hi}) of {slot.name!r}; the checkpoint is of another model (compare "
-                "its model.* config with this run's) or is missing a rank's file"
-            )
+    """Copies into every slot the overlapping elements of the pieces of its name (C++:
+    ``sharding/checkpoint_pieces.h``). With ``strict``, an element no piece covers is a
+    ValueError naming the tensor and the range."""
+    from .. import _C
+
+    _C.fill_from_pieces(
+        [(s.name, int(s.start), s.view) for s in slots],
+        [(p["name"], int(p["start"]), p["values"]) for p in pieces],
+        strict,
+    )
