@@ -98,15 +98,6 @@ class Strategy:
     data_group = None  # the data-parallel ranks (None: just this rank)
     optimizer: FusedAdamW
 
-    def _optimizer_slots(self, named: dict[int, tuple[str, int]]) -> list[Slot]:
-        """Moment slots for every optimized parameter: named[id(p)] = (name, start)."""
-        slots = []
-        for p, state in self.optimizer.state.items():
-            name, start = named[id(p)]
-            for key in ("exp_avg", "exp_avg_sq"):
-                slots.append(Slot(f"{name}:{key}", start, state[key].view(-1)))
-        return slots
-
     def optimizer_step_count(self) -> int:
         return max((int(s["step"]) for s in self.optimizer.state.values()), default=0)
 
@@ -160,16 +151,17 @@ class DDPStrategy(Strategy):
         if group is not None and dist.get_world_size(group) > 1:
             self.wrapped = nn.parallel.DistributedDataParallel(self.model, process_group=group)
         self.optimizer = _adamw(self.model.parameters(), options)
-        self._names = {id(p): (n, 0) for n, p in self.model.named_parameters()}
+        self._owned = {id(p): (n, 0, p.numel()) for n, p in self.model.named_parameters()}
 
     def train_step(self, batches, lr: float) -> dict:
         total = 0.0
+        no_sync = getattr(self.wrapped, "no_sync", contextlib.nullcontext)
         for k, (x, y) in enumerate(batches):
-            last = k == len(batches) - 1
-            sync = contextlib.nullcontext() if last or self.wrapped is self.model else None
-            with sync or self.wrapped.no_sync(), _autocast(self.options.bf16):
-                loss = gpt_loss(self.wrapped(x), y) / len(batches)
-            loss.backward()
+            # the backward must run inside no_sync too, or every micro-batch all-reduces
+            with contextlib.nullcontext() if k == len(batches) - 1 else no_sync():
+                with _autocast(self.options.bf16):
+                    loss = gpt_loss(self.wrapped(x), y) / len(batches)
+                loss.backward()
             total += loss.item()
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = self._step(lr, lambda: _clip(params, self.options.clip))
@@ -177,13 +169,10 @@ class DDPStrategy(Strategy):
 
     def save_slots(self) -> list[Slot]:
         rank0 = self.data_group is None or dist.get_rank(self.data_group) == 0
-        model = [Slot(n, 0, p.data.view(-1)) for n, p in self.model.named_parameters()]
-        return (model + self._optimizer_slots(self._names)) if rank0 else []
+        return self.load_slots() if rank0 else []  # replicated: rank 0 saves for all
 
     def load_slots(self) -> list[Slot]:
-        return [Slot(n, 0, p.data.view(-1)) for n, p in self.model.named_parameters()] + (
-            self._optimizer_slots(self._names)
-        )
+        return _owned_slots(self.model.parameters(), self._owned, self.optimizer)
 
     def full_state_dict(self) -> dict:
         return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
@@ -239,9 +228,11 @@ class FSDPStrategy(Strategy):
         autocast = self.options.bf16 and not self.own_precision
         for k, (x, y) in enumerate(batches):
             last = k == len(batches) - 1
-            with contextlib.nullcontext() if last else self.model.no_sync(), _autocast(autocast):
-                loss = gpt_loss(self.model(x), y) / len(batches)
-            loss.backward()
+            # the backward must run inside no_sync too, or every micro-batch reduce-scatters
+            with contextlib.nullcontext() if last else self.model.no_sync():
+                with _autocast(autocast):
+                    loss = gpt_loss(self.model(x), y) / len(batches)
+                loss.backward()
             total += loss.item()
         clip = self.options.clip or math.inf
         norm = self._step(lr, lambda: float(self.model.clip_grad_norm_(clip)))
