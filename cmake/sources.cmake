@@ -28,6 +28,8 @@ set(SHARDWISE_CORE_SOURCES
   csrc/pipeline/schedule_zero_bubble.cc
   csrc/pipeline/schedule_validator.cc
   csrc/pipeline/partition.cc
+  csrc/mesh/mesh_layout.cc
+  csrc/tensor_parallel/tp_shapes.cc
 )
 set(SHARDWISE_CORE_TEST_SOURCES
   tests/cpp/test_collectives.cc
@@ -40,6 +42,7 @@ set(SHARDWISE_CORE_TEST_SOURCES
   tests/cpp/test_optim_math.cc
   tests/cpp/test_pipeline_schedule.cc
   tests/cpp/test_pipeline_partition.cc
+  tests/cpp/test_mesh_layout.cc
 )
 set(SHARDWISE_TORCH_SOURCES
   csrc/backend/functional_ops.cpp
@@ -65,6 +68,11 @@ set(SHARDWISE_TORCH_SOURCES
   csrc/pipeline/deferred_linear.cpp
   csrc/optim/fused_optim_checks.cpp
   csrc/optim/fused_optim_ops.cpp
+  csrc/tensor_parallel/regions.cpp
+  csrc/tensor_parallel/parallel_linear.cpp
+  csrc/tensor_parallel/parallel_attention.cpp
+  csrc/tensor_parallel/vocab_parallel.cpp
+  csrc/tensor_parallel/shard_tensor.cpp
 )
 set(SHARDWISE_TORCH_TEST_SOURCES
   tests/cpp/torch/test_cast_ops_libtorch.cc
@@ -72,4 +80,5 @@ set(SHARDWISE_TORCH_TEST_SOURCES
   tests/cpp/torch/test_zero_libtorch.cc
   tests/cpp/torch/test_pipeline_libtorch.cc
   tests/cpp/torch/test_checkpoint_pieces_libtorch.cc
+  tests/cpp/torch/test_tensor_parallel_libtorch.cc
 )

@@ -13,6 +13,7 @@
 #include "fsdp/fsdp_python.h"
 #include "pipeline/pipeline_python.h"
 #include "sharding/checkpoint_pieces.h"
+#include "tensor_parallel/tp_python.h"
 #include "zero/zero_python.h"
 
 namespace py = pybind11;
@@ -82,4 +83,5 @@ PYBIND11_MODULE(_C, m) {
   shardwise::fsdp::bind_fsdp(m);
   shardwise::zero::bind_zero(m);
   shardwise::pipeline::bind_pipeline(m);
+  shardwise::tensor_parallel::bind_tensor_parallel(m);
 }

@@ -16,6 +16,7 @@ import pipeline_checks
 import shardwise  # noqa: F401  (registers the backend)
 import torch
 import torch.distributed as dist
+import tp_checks
 import zero_checks
 
 DTYPES = [
@@ -395,6 +396,7 @@ SCENARIOS = {
     "zero": zero_checks.CHECKS,
     "pipeline": pipeline_checks.CHECKS,
     "pipeline_fault": [pipeline_checks.fault_pipeline_stage_dies],
+    "tensor_parallel": tp_checks.CHECKS,
 }
 
 

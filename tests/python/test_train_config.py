@@ -144,12 +144,59 @@ def test_explicit_world_size_must_match_the_launcher():
     assert "distributed.world_size=2" in message and "WORLD_SIZE=4" in message
 
 
-def test_tensor_parallelism_is_rejected_as_unsupported():
-    message = error_of("distributed.world_size=2", 'model.mesh_shape=[[1,2],["fsdp","tp"]]')
-    assert message.startswith("model.mesh_shape")
-    assert "tensor parallelism is not supported yet" in message
-    message = error_of("distributed.world_size=2", "distributed.tensor_parallel_size=2")
-    assert "tensor parallelism is not supported yet" in message
+def test_every_seed_000_mesh_validates():
+    """[[1,2]], [[2,1]], [[2,2]] fsdp x tp, and [[8,2]] for 16 ranks on 2 nodes."""
+    cfg = load("distributed.world_size=2", 'model.mesh_shape=[[1,2],["fsdp","tp"]]')
+    assert (cfg.distributed.tensor_parallel_size, cfg.distributed.strategy) == (2, "ddp")
+    cfg = load("distributed.world_size=2", 'model.mesh_shape=[[2,1],["fsdp","tp"]]')
+    assert (cfg.distributed.tensor_parallel_size, cfg.distributed.strategy) == (1, "fsdp")
+    cfg = load("distributed.world_size=4", 'model.mesh_shape=[[2,2],["fsdp","tp"]]')
+    assert (cfg.distributed.tensor_parallel_size, cfg.distributed.strategy) == (2, "fsdp")
+    assert cfg.data_parallel_size == 2
+    cfg = load(
+        "distributed.world_size=16",
+        "distributed.num_nodes=2",
+        'model.mesh_shape=[[8,2],["fsdp","tp"]]',
+        "model.heads=8",
+    )
+    assert (cfg.distributed.tensor_parallel_size, cfg.data_parallel_size) == (2, 8)
+
+
+def test_seed_001_axis_names_and_sizes():
+    cfg = load(
+        "distributed.world_size=4",
+        "distributed.mesh_shape=[2,2]",
+        "distributed.mesh_axis_names=[data,model]",
+    )
+    assert cfg.distributed.tensor_parallel_size == 2 and cfg.data_parallel_size == 2
+    cfg = load("distributed.world_size=4", "distributed.tensor_parallel_size=2")
+    assert cfg.distributed.strategy == "ddp" and cfg.data_parallel_size == 2
+
+
+def test_tensor_parallel_refusals_name_the_key_and_the_fix():
+    mesh = 'model.mesh_shape=[[1,4],["fsdp","tp"]]'
+    message = error_of("distributed.world_size=4", mesh, "model.heads=6", "model.dim=96")
+    assert "model.heads = 6 is not divisible by the tensor-parallel size 4" in message
+    message = error_of("distributed.world_size=4", mesh, "model.vocab_size=258")
+    assert "model.vocab_size = 258" in message and "choose a tp size" in message
+    message = error_of(
+        "distributed.world_size=4", mesh, "distributed.sequence_parallel=true", "data.seq_len=30"
+    )
+    assert "data.seq_len (sequence parallelism) = 30" in message
+    message = error_of("distributed.world_size=2", "distributed.sequence_parallel=true")
+    assert "needs tensor parallelism" in message
+    message = error_of("distributed.world_size=4", mesh, "distributed.strategy=zero")
+    assert "strategy=zero is not supported yet" in message and "ddp or fsdp" in message
+    message = error_of(
+        "distributed.world_size=4",
+        'model.mesh_shape=[[2,2],["dp","tp"]]',
+        "distributed.strategy=fsdp",
+    )
+    assert "name it 'fsdp'" in message
+    message = error_of(
+        "distributed.world_size=2", mesh.replace("1,4", "1,2"), "distributed.strategy=fsdp"
+    )
+    assert "shards nothing" in message
 
 
 def test_mesh_product_must_equal_world_size():
@@ -158,8 +205,8 @@ def test_mesh_product_must_equal_world_size():
 
 
 def test_mesh_axis_names_are_checked():
-    message = error_of("distributed.world_size=2", 'model.mesh_shape=[[2],["data"]]')
-    assert "'data'" in message and "fsdp, dp, tp, pp" in message
+    message = error_of("distributed.world_size=2", 'model.mesh_shape=[[2],["tensor"]]')
+    assert "'tensor'" in message and "fsdp, dp, tp, pp" in message
 
 
 def test_mesh_in_model_and_distributed_must_agree():

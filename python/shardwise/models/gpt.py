@@ -44,6 +44,7 @@ class Block(nn.Module):
     def __init__(self, cfg: GPTConfig):
         super().__init__()
         self.heads = cfg.heads
+        self.head_dim = cfg.dim // cfg.heads
         self.norm1 = nn.LayerNorm(cfg.dim)
         self.qkv = nn.Linear(cfg.dim, 3 * cfg.dim)
         self.proj = nn.Linear(cfg.dim, cfg.dim)
@@ -53,9 +54,12 @@ class Block(nn.Module):
         self.dropout = cfg.dropout
 
     def attention(self, x: torch.Tensor) -> torch.Tensor:
-        """The attention half with its residual (pipeline splitting may cut between halves)."""
-        b, t, d = x.shape
-        q, k, v = self.qkv(self.norm1(x)).view(b, t, 3, self.heads, d // self.heads).unbind(2)
+        """The attention half with its residual (pipeline splitting may cut between halves).
+        The head count and sequence length come from the QKV output, so the block also runs
+        with its heads split across tensor-parallel ranks and its tokens sequence-parallel."""
+        qkv = self.qkv(self.norm1(x))
+        b, t = qkv.shape[:2]
+        q, k, v = qkv.view(b, t, 3, -1, self.head_dim).unbind(2)
         attn = F.scaled_dot_product_attention(
             q.transpose(1, 2),
             k.transpose(1, 2),
@@ -63,7 +67,7 @@ class Block(nn.Module):
             is_causal=True,
             dropout_p=self.dropout if self.training else 0.0,
         )
-        return x + self.proj(attn.transpose(1, 2).reshape(b, t, d))
+        return x + self.proj(attn.transpose(1, 2).reshape(b, t, -1))
 
     def mlp(self, x: torch.Tensor) -> torch.Tensor:
         """The MLP half with its residual."""
@@ -99,6 +103,10 @@ class GPT(nn.Module):
             x = block(x)
         return self.head(self.norm(x))
 
-    def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-        logits = self(tokens)
+    def cross_entropy(self, logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        """The mean token loss; tensor parallelism's ``LossParallel`` replaces it on the instance
+        by the vocabulary-parallel loss of logits split on the vocabulary."""
         return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+    def loss(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        return self.cross_entropy(self(tokens), targets)

@@ -94,6 +94,8 @@ def run_spec(cfg: TrainConfig, resume: bool, memory_note: str) -> RunSpec:
         zero=dict(d.zero or {}),
         pipeline=d.pipeline.model_dump() if d.pipeline else {},
         mesh=cfg.pipeline_mesh() if d.strategy == "pipeline" else None,
+        tensor_parallel=d.tensor_parallel_size,
+        sequence_parallel=d.sequence_parallel,
     )
     return RunSpec(
         gpt=gpt,

@@ -44,6 +44,7 @@ from ..zero.config import load as load_zero
 BACKENDS = ("shardwise", "gloo", "nccl", "mpi")
 STRATEGIES = ("ddp", "fsdp", "zero", "pipeline")
 MESH_AXES = ("fsdp", "dp", "tp", "pp")
+MESH_ALIASES = {"data": "dp", "model": "tp", "pipeline": "pp"}  # seed 001's axis names
 PRECISIONS = ("no", "fp16", "bf16")
 FSDP_KEYS = tuple(f.name for f in fields(FSDPConfig) if f.name != "extra")
 # Seed-002 keys that may sit flat under ``distributed:`` (they are moved into ``fsdp:``).
@@ -139,6 +140,7 @@ class DistributedSection(_Section):
     master_addr: str | None = None
     master_port: int | None = Field(None, gt=0, lt=65536)
     tensor_parallel_size: int | None = Field(None, gt=0)
+    sequence_parallel: bool = False  # with tp > 1: norms and residuals split along the sequence
     pipeline_parallel_size: int | None = Field(None, gt=0)
     mesh_shape: list | None = None
     mesh_axis_names: list[str] | None = None
@@ -287,6 +289,7 @@ def validate(data: Mapping, env: Mapping[str, str] | None = None) -> TrainConfig
     _resolve_precision(cfg)
     _resolve_layout(cfg, env)
     _resolve_strategy(cfg)
+    _check_tensor_parallel(cfg)
     _check_sub_blocks(cfg, lifted)
     _check_training(cfg)
     return cfg
@@ -393,7 +396,7 @@ def _normalize_mesh(key: str, mesh, names=None) -> list:
         mesh = [list(mesh), list(names)]
     try:
         sizes, axes = mesh
-        sizes, axes = list(sizes), [str(a) for a in axes]
+        sizes, axes = list(sizes), [MESH_ALIASES.get(str(a), str(a)) for a in axes]
     except (TypeError, ValueError):
         raise ValueError(
             f"{key}: invalid value {mesh!r}; write [[sizes...], [axis names...]], {example}"
@@ -406,7 +409,8 @@ def _normalize_mesh(key: str, mesh, names=None) -> list:
     for axis in axes:
         if axis not in MESH_AXES:
             raise ValueError(
-                f"{key}: axis name {axis!r} in {mesh!r} is not valid; valid: {', '.join(MESH_AXES)}"
+                f"{key}: axis name {axis!r} in {mesh!r} is not valid; valid: "
+                f"{', '.join(MESH_AXES)} (or {', '.join(MESH_ALIASES)})"
             )
     if len(set(axes)) != len(axes):
         raise ValueError(f"{key}: {mesh!r} names an axis twice; name each axis once")
@@ -494,12 +498,6 @@ def _resolve_layout(cfg: TrainConfig, env: Mapping) -> None:
     d.pipeline_parallel_size = _axis_size(
         d.pipeline_parallel_size, axis, "pp", "pipeline_parallel_size"
     )
-    if d.tensor_parallel_size > 1:
-        raise ValueError(
-            f"{mesh_key or 'distributed.tensor_parallel_size'}: tensor parallelism is not "
-            f"supported yet (tp={d.tensor_parallel_size}); set the tp size to 1 and use the "
-            f"fsdp/dp and pp axes"
-        )
     _check_world_split(cfg, mesh_key, mesh)
 
 
@@ -583,6 +581,67 @@ def _resolve_strategy(cfg: TrainConfig) -> None:
         )
     if d.strategy == "pipeline" and d.pipeline is None:
         d.pipeline = PipelineSection()
+
+
+def _check_tensor_parallel(cfg: TrainConfig) -> None:
+    """tp > 1: the strategies that compose with it (ddp, fsdp over the data axis), the data
+    axis's name, and every dimension the tp size must divide, before any process starts."""
+    d = cfg.distributed
+    tp = d.tensor_parallel_size
+    key = "distributed.tensor_parallel_size" if _given_mesh(cfg)[0] is None else _given_mesh(cfg)[0]
+    if tp == 1:
+        if d.sequence_parallel:
+            raise ValueError(
+                "distributed.sequence_parallel=true needs tensor parallelism (a tp axis > 1); "
+                "set distributed.tensor_parallel_size or drop sequence_parallel"
+            )
+        return
+    if d.strategy not in ("ddp", "fsdp"):
+        raise ValueError(
+            f"{key}: tensor parallelism (tp={tp}) with distributed.strategy={d.strategy} is not "
+            "supported yet; use strategy ddp or fsdp over the data axis"
+        )
+    mesh = cfg.mesh()
+    axes = dict(zip(mesh[1], mesh[0], strict=True)) if mesh else {}
+    data = d.world_size // (tp * d.pipeline_parallel_size)
+    if d.strategy == "fsdp":
+        if axes.get("dp", 1) > 1:
+            raise ValueError(
+                f"{key}: the data axis is named 'dp' but distributed.strategy=fsdp; name it "
+                f"'fsdp' (e.g. [[{data}, {tp}], ['fsdp', 'tp']]) or use strategy ddp"
+            )
+        if data == 1:
+            raise ValueError(
+                f"{key}: FSDP over a data axis of size 1 shards nothing; use strategy ddp with "
+                f"tp={tp}, or launch more processes for an fsdp axis > 1"
+            )
+        sharding = cfg.fsdp_config().fsdp_sharding_strategy
+        if sharding not in ("full_shard", "shard_grad_op"):
+            raise ValueError(
+                f"distributed.fsdp.fsdp_sharding_strategy={sharding} with tensor parallelism is "
+                "not supported yet; use full_shard or shard_grad_op"
+            )
+    elif axes.get("fsdp", 1) > 1:
+        raise ValueError(
+            f"{key}: the data axis is named 'fsdp' but distributed.strategy={d.strategy}; name "
+            f"it 'dp' or use strategy fsdp"
+        )
+    gpt = cfg.gpt_config()
+    seq = cfg.data.seq_len or gpt.seq_len
+    dims = [
+        ("model.heads", gpt.heads),
+        ("model.vocab_size", gpt.vocab_size),
+        ("model.dim", gpt.dim),
+        ("model.dim × model.mlp_ratio", gpt.dim * gpt.mlp_ratio),
+    ]
+    if d.sequence_parallel:
+        dims.append(("data.seq_len (sequence parallelism)", seq))
+    for name, value in dims:
+        if value % tp:
+            raise ValueError(
+                f"{key}: {name} = {value} is not divisible by the tensor-parallel size {tp}; "
+                f"choose a tp size that divides {value} or change {name.split(' ')[0]}"
+            )
 
 
 def _zero_mapping(cfg: TrainConfig) -> dict:

@@ -24,6 +24,7 @@ class Slot:
     name: str
     start: int
     view: torch.Tensor  # 1-D, writable, the rank's storage of that slice
+    tp_split: bool = False  # a tensor-parallel shard's piece (else the same on every tp rank)
 
 
 def to_pieces(slots: list[Slot]) -> list[dict]:

@@ -45,6 +45,9 @@ class StrategyOptions:
     zero: dict = field(default_factory=dict)  # DeepSpeed keys
     pipeline: dict = field(default_factory=dict)  # schedule, num_microbatches, split
     mesh: list | None = None  # [[d, p], [kind, "pp"]] for the pipeline
+    tensor_parallel: int = 1  # the tp axis of a [[d, t], [kind, "tp"]] mesh (ddp and fsdp)
+    sequence_parallel: bool = False
+    tp_group: object = None  # set by the trainer from the mesh
 
 
 def build_model(options: StrategyOptions, checkpoint_blocks: bool | None = None) -> GPT:
@@ -52,6 +55,11 @@ def build_model(options: StrategyOptions, checkpoint_blocks: bool | None = None)
     activation checkpointing, each block recomputes its activations in backward."""
     torch.manual_seed(options.seed)
     model = GPT(options.gpt)
+    model.full_shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    if options.tp_group is not None:  # the transforms in order: TP, then checkpointing
+        from .. import tensor_parallel as tp
+
+        tp.parallelize(model, options.tp_group, tp.gpt_plan(model, options.sequence_parallel))
     if options.checkpointing if checkpoint_blocks is None else checkpoint_blocks:
         for block in model.blocks:
             forward = block.forward
@@ -151,7 +159,10 @@ class DDPStrategy(Strategy):
         if group is not None and dist.get_world_size(group) > 1:
             self.wrapped = nn.parallel.DistributedDataParallel(self.model, process_group=group)
         self.optimizer = _adamw(self.model.parameters(), options)
-        self._owned = {id(p): (n, 0, p.numel()) for n, p in self.model.named_parameters()}
+        self._owned = {
+            id(p): (n, 0, p.numel(), _tp_runs(self.model, n, p, options.tp_group))
+            for n, p in self.model.named_parameters()
+        }
 
     def train_step(self, batches, lr: float) -> dict:
         total = 0.0
@@ -160,27 +171,61 @@ class DDPStrategy(Strategy):
             # the backward must run inside no_sync too, or every micro-batch all-reduces
             with contextlib.nullcontext() if k == len(batches) - 1 else no_sync():
                 with _autocast(self.options.bf16):
-                    loss = gpt_loss(self.wrapped(x), y) / len(batches)
+                    loss = self.model.cross_entropy(self.wrapped(x), y) / len(batches)
                 loss.backward()
             total += loss.item()
         params = [p for p in self.model.parameters() if p.grad is not None]
-        norm = self._step(lr, lambda: _clip(params, self.options.clip))
+        norm = self._step(lr, lambda: _clip(params, self.options.clip, self.options.tp_group))
         return {"loss": _mean_over(total, self.data_group), "grad_norm": norm}
 
     def save_slots(self) -> list[Slot]:
         rank0 = self.data_group is None or dist.get_rank(self.data_group) == 0
-        return self.load_slots() if rank0 else []  # replicated: rank 0 saves for all
+        # replicated over the data axis: its rank 0 saves for all (and of the tp ranks, each
+        # saves its splits, tp rank 0 the replicated parameters)
+        return _tp_filter(self.load_slots(), self.options.tp_group) if rank0 else []
 
     def load_slots(self) -> list[Slot]:
         return _owned_slots(self.model.parameters(), self._owned, self.optimizer)
 
     def full_state_dict(self) -> dict:
-        return {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        state = {k: v.detach().clone() for k, v in self.model.state_dict().items()}
+        return _gather_tp(self.model, state, self.options.tp_group)
 
 
-def _clip(params: list[torch.Tensor], max_norm: float | None) -> float:
+def _clip(params: list[torch.Tensor], max_norm: float | None, tp_group=None) -> float:
+    if tp_group is not None:
+        from .. import tensor_parallel as tp
+
+        return tp.clip_grad_norm_(params, max_norm or 0.0, tp_group)
     norm = torch.nn.utils.clip_grad_norm_(params, max_norm if max_norm else math.inf)
     return float(norm)
+
+
+def _tp_runs(model: nn.Module, name: str, p: torch.Tensor, tp_group):
+    """Where this rank's tensor-parallel shard of parameter ``name`` lies in the full
+    parameter (``tensor_parallel.shard_runs``), None for a parameter that is not split."""
+    from .. import tensor_parallel as tp
+
+    if tp_group is None or tp.tp_info(p) is None:
+        return None
+    return tp.shard_runs(model.full_shapes[name], tp.tp_info(p), tp_group)
+
+
+def _tp_filter(slots: list[Slot], tp_group) -> list[Slot]:
+    """Drops the replicated parameters' slots on tp ranks other than 0 (they hold copies)."""
+    if tp_group is None or dist.get_rank(tp_group) == 0:
+        return slots
+    return [s for s in slots if s.tp_split]
+
+
+def _gather_tp(model: nn.Module, state: dict, tp_group) -> dict:
+    """The full tensors of a state dict of tensor-parallel shards (collective over tp)."""
+    if tp_group is None:
+        return state
+    from .. import tensor_parallel as tp
+
+    infos = {n: tp.tp_info(p) for n, p in model.named_parameters(remove_duplicate=False)}
+    return {n: tp.full_tensor(t, infos.get(n), tp_group) for n, t in state.items()}
 
 
 def _fsdp_slots(fsdp, full_numels: dict[str, int]) -> dict[int, tuple[str, int, int]]:
@@ -218,10 +263,19 @@ class FSDPStrategy(Strategy):
             }
         )
         self.own_precision = bool(cfg.fsdp_mixed_precision)
+        self.gpt = model
         self.model = wrap(model, cfg, process_group=group)
         self.data_group = group or dist.group.WORLD
         self.optimizer = _adamw(self.model.parameters(), options)
         self._owned = _fsdp_slots(self.model, full)
+        named = dict(model.named_parameters())
+        self._split = set()
+        if options.tp_group is not None:  # FSDP shards of tensor-parallel shards
+            for k, (n, a, c) in self._owned.items():
+                runs = _tp_runs(model, n, named[n], options.tp_group)
+                self._owned[k] = (n, a, c, runs)
+                if runs is not None:
+                    self._split.add(k)
 
     def train_step(self, batches, lr: float) -> dict:
         total = 0.0
@@ -231,15 +285,28 @@ class FSDPStrategy(Strategy):
             # the backward must run inside no_sync too, or every micro-batch reduce-scatters
             with contextlib.nullcontext() if last else self.model.no_sync():
                 with _autocast(autocast):
-                    loss = gpt_loss(self.model(x), y) / len(batches)
+                    loss = self.gpt.cross_entropy(self.model(x), y) / len(batches)
                 loss.backward()
             total += loss.item()
         clip = self.options.clip or math.inf
-        norm = self._step(lr, lambda: float(self.model.clip_grad_norm_(clip)))
+        norm = self._step(lr, lambda: self._clip(clip))
         return {"loss": _mean_over(total, self.data_group), "grad_norm": norm}
 
+    def _clip(self, clip: float) -> float:
+        if self.options.tp_group is None:
+            return float(self.model.clip_grad_norm_(clip))
+        from .. import tensor_parallel as tp
+
+        return tp.clip_grad_norm_(
+            self.model.parameters(),
+            0.0 if math.isinf(clip) else clip,
+            self.options.tp_group,
+            split=self._split,
+            shard_group=self.data_group,
+        )
+
     def save_slots(self) -> list[Slot]:
-        return self.load_slots()
+        return _tp_filter(self.load_slots(), self.options.tp_group)
 
     def load_slots(self) -> list[Slot]:
         return _owned_slots(self.model.parameters(), self._owned, self.optimizer)
@@ -247,21 +314,41 @@ class FSDPStrategy(Strategy):
     def full_state_dict(self) -> dict:
         from ..fsdp import state_dict as fsdp_state
 
-        return fsdp_state.get(self.model, "full_state_dict")
+        state = fsdp_state.get(self.model, "full_state_dict")
+        return _gather_tp(self.gpt, state, self.options.tp_group)
 
 
 def _owned_slots(params, owned: dict, optimizer) -> list[Slot]:
-    """Slots of parameters and their AdamW moments: owned[id(p)] = (name, start, valid)."""
+    """Slots of parameters and their AdamW moments: owned[id(p)] = (name, start, valid) or
+    (name, start, valid, runs): ``p`` holds elements [start, start + valid) of the parameter,
+    or, with tensor-parallel ``runs``, of this rank's shard, which the runs place in the full
+    parameter (one slot per run it overlaps)."""
     slots = []
     for p in params:
         if id(p) not in owned:
             continue
-        name, start, valid = owned[id(p)]
-        slots.append(Slot(name, start, p.data.view(-1)[:valid]))
+        name, start, valid, *rest = owned[id(p)]
+        runs = rest[0] if rest else None
         state = optimizer.state.get(p)
-        for key in ("exp_avg", "exp_avg_sq") if state else ():
-            slots.append(Slot(f"{name}:{key}", start, state[key].view(-1)[:valid]))
+        for full_start, offset, length in _pieces(start, valid, runs):
+            views = [(name, p.data)]
+            views += [(f"{name}:{k}", state[k]) for k in ("exp_avg", "exp_avg_sq") if state]
+            for slot_name, tensor in views:
+                view = tensor.view(-1)[offset : offset + length]
+                slots.append(Slot(slot_name, full_start, view, tp_split=runs is not None))
     return slots
+
+
+def _pieces(start: int, valid: int, runs) -> list[tuple[int, int, int]]:
+    """(full_start, offset in p, length) of local elements [start, start + valid)."""
+    if runs is None:
+        return [(start, 0, valid)]
+    out = []
+    for full_start, local_start, length in runs:
+        lo, hi = max(start, local_start), min(start + valid, local_start + length)
+        if lo < hi:
+            out.append((full_start + lo - local_start, lo - start, hi - lo))
+    return out
 
 
 class ZeroStrategy(Strategy):

@@ -82,10 +82,17 @@ def lr_at(step: int, spec: RunSpec) -> float:
 
 def make_strategy(spec: RunSpec, world: int):
     o = spec.options
+    data_group = dist.group.WORLD
+    if o.tensor_parallel > 1:  # a [[d, t], [dp|fsdp, "tp"]] mesh: tp adjacent, data across
+        from ..mesh import Mesh
+
+        kind = "fsdp" if spec.strategy == "fsdp" else "dp"
+        mesh = Mesh([[world // o.tensor_parallel, o.tensor_parallel], [kind, "tp"]])
+        o.tp_group, data_group = mesh.group("tp"), mesh.group(kind)
     if spec.strategy == "ddp":
-        return strategies.DDPStrategy(o, dist.group.WORLD)
+        return strategies.DDPStrategy(o, data_group)
     if spec.strategy == "fsdp":
-        return strategies.FSDPStrategy(o, dist.group.WORLD)
+        return strategies.FSDPStrategy(o, data_group)
     if spec.strategy == "zero":
         return strategies.ZeroStrategy(
             o, dist.group.WORLD, spec.accumulation, spec.micro_batch_size

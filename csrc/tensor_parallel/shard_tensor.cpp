@@ -1,0 +1,34 @@
+#include "tensor_parallel/shard_tensor.h"
+
+#include <ATen/ATen.h>
+
+#include <stdexcept>
+
+#include "tensor_parallel/tp_shapes.h"
+
+namespace shardwise::tensor_parallel {
+
+at::Tensor shard_tensor(const at::Tensor& full, const ShardSpec& spec) {
+  TORCH_CHECK_VALUE(spec.dim >= 0 && spec.dim < full.dim(), "tensor parallel: module '",
+                    spec.module, "': ", spec.name, " has shape ", full.sizes(), ", no dimension ",
+                    spec.dim, " to split");
+  TORCH_CHECK_VALUE(spec.chunks >= 1 && full.size(spec.dim) % spec.chunks == 0,
+                    "tensor parallel: module '", spec.module, "': ", spec.name, " dimension ",
+                    spec.dim, " (", full.size(spec.dim), ") is not ", spec.chunks,
+                    " fused parts of equal size");
+  std::vector<at::Tensor> slices;
+  for (const at::Tensor& part : full.chunk(spec.chunks, spec.dim)) {
+    ShardRange range;
+    try {
+      range = shard_range(part.size(spec.dim), spec.rank, spec.size, spec.module,
+                          spec.name + ".shape[" + std::to_string(spec.dim) + "]" +
+                              (spec.chunks > 1 ? " / " + std::to_string(spec.chunks) : ""));
+    } catch (const std::invalid_argument& e) {
+      TORCH_CHECK_VALUE(false, e.what());
+    }
+    slices.push_back(part.narrow(spec.dim, range.start, range.size));
+  }
+  return at::cat(slices, spec.dim).contiguous();
+}
+
+}  // namespace shardwise::tensor_parallel

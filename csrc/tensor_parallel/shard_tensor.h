@@ -1,0 +1,26 @@
+// Cutting a full tensor into this rank's tensor-parallel shard. A fused dimension (e.g. a QKV
+// weight's rows [q; k; v]) is treated as `chunks` equal parts, each split over the ranks, and
+// the rank's slices of every part are concatenated, so the shard holds its own heads of q, of k
+// and of v.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <string>
+
+namespace shardwise::tensor_parallel {
+
+struct ShardSpec {
+  int64_t dim = 0;     // the split dimension
+  int64_t chunks = 1;  // fused parts along it (3 for QKV)
+  int rank = 0;        // this rank in the tensor-parallel group
+  int size = 1;        // the group's size
+  std::string module;  // for error messages: the module the tensor belongs to
+  std::string name;    // and its name there (weight, bias)
+};
+
+// A contiguous copy of `full`'s shard. Throws c10::ValueError naming spec.module when the
+// dimension does not split evenly.
+at::Tensor shard_tensor(const at::Tensor& full, const ShardSpec& spec);
+
+}  // namespace shardwise::tensor_parallel

@@ -1,0 +1,170 @@
+// Tensor parallelism from LibTorch, no Python: two ranks (threads) over the shardwise backend run
+// a column -> row MLP (with and without sequence parallelism), head-split attention, the
+// vocabulary-parallel embedding and cross-entropy, each against the unsplit computation on one
+// rank: outputs and every gradient (shards compared with the matching slice of the full one).
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <functional>
+#include <string>
+#include <thread>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
+#include <vector>
+
+#include "tensor_parallel/parallel_attention.h"
+#include "tensor_parallel/parallel_linear.h"
+#include "tensor_parallel/shard_tensor.h"
+#include "tensor_parallel/vocab_parallel.h"
+#include "thread_group.h"
+
+namespace tp = shardwise::tensor_parallel;
+
+namespace {
+
+constexpr int kWorld = 2;
+
+// Runs fn(rank, group) on kWorld thread ranks; fails the test with any rank's exception.
+void on_ranks(const std::string& name, const std::function<void(int, tp::Group)>& fn) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::string> errors(kWorld);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < kWorld; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        fn(rank, make_thread_group(store, rank, kWorld, name));
+      } catch (const std::exception& e) {
+        errors[rank] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int rank = 0; rank < kWorld; ++rank) ASSERT_EQ(errors[rank], "") << "rank " << rank;
+}
+
+torch::Tensor shard(const torch::Tensor& full, int64_t dim, int rank, int64_t chunks = 1) {
+  return tp::shard_tensor(full, tp::ShardSpec{dim, chunks, rank, kWorld, "test", "w"});
+}
+
+double rel(const torch::Tensor& a, const torch::Tensor& b) {
+  return ((a.to(torch::kDouble) - b.to(torch::kDouble)).norm() /
+          b.to(torch::kDouble).norm().clamp_min(1e-30))
+      .item<double>();
+}
+
+struct Mlp {  // the unsplit reference: x -> gelu(x W1^T + b1) W2^T + b2
+  torch::Tensor w1, b1, w2, b2, x;
+};
+
+Mlp make_mlp() {
+  torch::manual_seed(0);
+  return {torch::randn({32, 8}), torch::randn({32}), torch::randn({8, 32}) * 0.2, torch::randn({8}),
+          torch::randn({2, 6, 8})};
+}
+
+void mlp_matches_unsplit(bool sequence_parallel) {
+  const Mlp m = make_mlp();
+  std::vector<torch::Tensor> ref;  // out, dx, dw1, db1, dw2, db2
+  {
+    auto w1 = m.w1.clone().requires_grad_(), b1 = m.b1.clone().requires_grad_();
+    auto w2 = m.w2.clone().requires_grad_(), b2 = m.b2.clone().requires_grad_();
+    auto x = m.x.clone().requires_grad_();
+    auto out = torch::linear(torch::gelu(torch::linear(x, w1, b1)), w2, b2);
+    (out * out).sum().backward();
+    ref = {out.detach(), x.grad(), w1.grad(), b1.grad(), w2.grad(), b2.grad()};
+  }
+  on_ranks(sequence_parallel ? "mlp_sp" : "mlp", [&](int rank, tp::Group group) {
+    tp::ParallelOptions options{group, sequence_parallel, 1};
+    auto w1 = shard(m.w1, 0, rank).requires_grad_(), b1 = shard(m.b1, 0, rank).requires_grad_();
+    auto w2 = shard(m.w2, 1, rank).requires_grad_(), b2 = m.b2.clone().requires_grad_();
+    auto x_full = m.x.clone();
+    auto x = (sequence_parallel ? shard(x_full, 1, rank) : x_full).requires_grad_();
+    auto out = tp::row_parallel_linear(torch::gelu(tp::column_parallel_linear(x, w1, b1, options)),
+                                       w2, b2, options);
+    const auto out_ref = sequence_parallel ? shard(ref[0], 1, rank) : ref[0];
+    EXPECT_LT(rel(out, out_ref), 1e-6);
+    (out * out).sum().backward();
+    const auto dx_ref = sequence_parallel ? shard(ref[1], 1, rank) : ref[1];
+    EXPECT_LT(rel(x.grad(), dx_ref), 1e-6) << "input gradient, rank " << rank;
+    EXPECT_LT(rel(w1.grad(), shard(ref[2], 0, rank)), 1e-6) << "column weight, rank " << rank;
+    EXPECT_LT(rel(b1.grad(), shard(ref[3], 0, rank)), 1e-6) << "column bias, rank " << rank;
+    EXPECT_LT(rel(w2.grad(), shard(ref[4], 1, rank)), 1e-6) << "row weight, rank " << rank;
+    EXPECT_LT(rel(b2.grad(), ref[5]), 1e-6) << "row bias (replicated), rank " << rank;
+  });
+}
+
+TEST(TensorParallelLibTorch, ColumnThenRowMlpMatchesUnsplit) { mlp_matches_unsplit(false); }
+
+TEST(TensorParallelLibTorch, SequenceParallelMlpMatchesUnsplit) { mlp_matches_unsplit(true); }
+
+TEST(TensorParallelLibTorch, HeadSplitAttentionMatchesUnsplit) {
+  torch::manual_seed(1);
+  const int64_t heads = 4, dim = 16;
+  const auto wqkv = torch::randn({3 * dim, dim}) * 0.3, bqkv = torch::randn({3 * dim});
+  const auto wo = torch::randn({dim, dim}) * 0.3, bo = torch::randn({dim});
+  const auto x = torch::randn({2, 5, dim});
+  auto full_w = wqkv.clone().requires_grad_();
+  auto qkv = torch::linear(x, full_w, bqkv).view({2, 5, 3, heads, dim / heads}).unbind(2);
+  auto attn = torch::scaled_dot_product_attention(qkv[0].transpose(1, 2), qkv[1].transpose(1, 2),
+                                                  qkv[2].transpose(1, 2), {}, 0.0, true);
+  auto ref = torch::linear(attn.transpose(1, 2).reshape({2, 5, dim}), wo, bo);
+  ref.sum().backward();
+  on_ranks("attention", [&](int rank, tp::Group group) {
+    auto w = shard(wqkv, 0, rank, 3).requires_grad_();
+    tp::AttentionWeights weights{w, shard(bqkv, 0, rank, 3), shard(wo, 1, rank), bo};
+    auto out = tp::parallel_self_attention(x, weights, heads / kWorld, true, {group, false, 1});
+    EXPECT_LT(rel(out, ref), 1e-6);
+    out.sum().backward();
+    EXPECT_LT(rel(w.grad(), shard(full_w.grad(), 0, rank, 3)), 1e-6) << "rank " << rank;
+  });
+}
+
+TEST(TensorParallelLibTorch, VocabParallelEmbeddingAndCrossEntropyMatchUnsplit) {
+  torch::manual_seed(2);
+  const int64_t vocab = 10;
+  const auto table = torch::randn({vocab, 4});
+  const auto ids = torch::randint(0, vocab, {3, 5});
+  auto targets = torch::randint(0, vocab, {3, 5});
+  targets.index_put_({0, 1}, -100);  // ignored tokens leave the mean
+  targets.index_put_({2, 4}, -100);
+  auto full = table.clone().requires_grad_();
+  auto emb = torch::embedding(full, ids);
+  auto logits_full = torch::matmul(emb, full.t());  // tied head
+  auto ref =
+      torch::nn::functional::cross_entropy(logits_full.reshape({-1, vocab}), targets.reshape({-1}));
+  ref.backward();
+  on_ranks("vocab", [&](int rank, tp::Group group) {
+    auto w = shard(table, 0, rank).requires_grad_();
+    const int64_t start = rank * vocab / kWorld;
+    auto e = tp::vocab_parallel_embedding(ids, w, start, {group, false, 1});
+    EXPECT_LT(rel(e, emb), 1e-6);
+    auto logits = tp::column_parallel_linear(e, w, std::nullopt, {group, false, 1});
+    tp::CrossEntropyOptions ce;
+    ce.group = group;
+    ce.vocab_start = start;
+    auto loss = tp::vocab_parallel_cross_entropy(logits, targets, ce);
+    EXPECT_NEAR(loss.item<double>(), ref.item<double>(), 1e-6 * ref.item<double>());
+    loss.backward();
+    EXPECT_LT(rel(w.grad(), shard(full.grad(), 0, rank)), 1e-6) << "rank " << rank;
+  });
+}
+
+TEST(TensorParallelLibTorch, BadArgumentsAreNamed) {
+  on_ranks("bad", [&](int rank, tp::Group group) {
+    (void)rank;
+    try {
+      tp::column_parallel_linear(torch::randn({2, 3}), torch::randn({4, 5}), std::nullopt,
+                                 {group, false, 1});
+      ADD_FAILURE() << "no error";
+    } catch (const c10::ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("in_features"), std::string::npos) << e.what();
+    }
+    try {
+      tp::shard_tensor(torch::randn({6, 4}), tp::ShardSpec{0, 1, 0, 4, "blocks.0.up", "weight"});
+      ADD_FAILURE() << "no error";
+    } catch (const c10::ValueError& e) {
+      EXPECT_NE(std::string(e.what()).find("blocks.0.up"), std::string::npos) << e.what();
+    }
+  });
+}
+
+}  // namespace
