@@ -90,3 +90,21 @@ def test_checkpoint_moves_between_tp_and_plain_layouts(tmp_path, saved, loaded):
     nproc, overrides = (2, ()) if loaded == "ddp2" else MESHES[loaded][:2]
     recs, log = train(nproc, "ddp.yaml", out, *COMMON, *overrides)
     assert_continues(recs, ref, [5, 6, 7, 8], 1e-5)
+
+
+@pytest.mark.parametrize("name,row_name", [("tp2", "ddp"), ("fsdp2_x_tp2_sp", "zero3")])
+def test_planner_counts_tp_shards(name, row_name):
+    """The planner's per-rank parameters + gradients + AdamW state for a tp run (the split
+    model's parameters per tp rank, then DDP or FSDP over the data axis) against the tensor
+    storages each rank holds after its first step, within 2% (a parameter counted as split but
+    replicated, or the tied head counted twice, breaks it)."""
+    from shardwise.models import PRESETS
+    from shardwise.train import planner
+
+    _, recs, _ = _mesh_run(name)
+    nproc, _, data_ranks = MESHES[name]
+    measured = max(recs[0]["model_state_bytes_per_rank"])
+    params = planner.gpt_tp_parameters(PRESETS["tiny"], nproc // data_ranks)
+    row = planner.plan(params, data_ranks, 2**40, mixed_precision="fp32").row(row_name)
+    predicted = row.parameters + row.gradients + row.optimizer_state
+    assert abs(measured - predicted) <= 0.02 * predicted, (name, measured, predicted)

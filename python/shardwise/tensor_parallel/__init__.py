@@ -25,6 +25,7 @@ from .parallelize import (
     gpt_plan,
     llama_plan,
     parallelize,
+    parameters_per_rank,
     shard_runs,
     tp_info,
 )
@@ -54,6 +55,7 @@ __all__ = [
     "llama_plan",
     "parallel_self_attention",
     "parallelize",
+    "parameters_per_rank",
     "reduce_from_region",
     "reduce_scatter_along",
     "row_parallel_linear",

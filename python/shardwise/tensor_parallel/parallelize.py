@@ -47,6 +47,26 @@ def parallelize(model: nn.Module, tp_group, plan: dict) -> nn.Module:
     return model
 
 
+def parameters_per_rank(model: nn.Module, plan: dict, tp_size: int) -> int:
+    """Parameter elements one tp rank holds after ``parallelize(model, group, plan)`` with a
+    group of ``tp_size`` (shared parameters once): the planner's and benchmarks' theory. The
+    model may live on the meta device."""
+    split: dict[int, int] = {}  # id(parameter) -> its shard's numel
+    for name, module in model.named_modules():
+        style = next((plan[p] for p in plan if fnmatch.fnmatchcase(name, p)), None)
+        cut = {
+            st.ColwiseParallel: ("weight", "bias"),
+            st.LossParallel: ("weight", "bias"),
+            st.RowwiseParallel: ("weight",),
+            st.VocabParallelEmbedding: ("weight",),
+        }.get(type(style), ())
+        for attr in cut:
+            p = getattr(module, attr, None)
+            if p is not None:
+                split[id(p)] = p.numel() // tp_size
+    return sum(split.get(id(p), p.numel()) for p in model.parameters())
+
+
 def _validate(style, module: nn.Module, name: str, tp: int) -> None:
     """The divisibility checks of ``style`` on ``module``, before any parameter is cut."""
     dims = {

@@ -24,28 +24,16 @@ from .trainer import RunSpec, Trainer
 
 
 def memory_check(cfg: TrainConfig, device_bytes: int) -> tuple[bool, str]:
-    """(fits, the planner's lines for this run's strategy) per rank."""
-    gpt = cfg.gpt_config()
-    world = cfg.distributed.world_size
-    precision = {"no": "fp32"}.get(cfg.mixed_precision, cfg.mixed_precision)
-    activations = planner.gpt_activation_bytes(
-        gpt, cfg.training.micro_batch_size, precision, cfg.training.gradient_checkpointing
-    )
-    stages = cfg.distributed.pipeline_parallel_size
-    plan = planner.plan(
-        gpt.num_parameters(),
-        world,
-        device_bytes,
-        mixed_precision=precision,
-        activation_bytes_per_rank=activations,
-        pipeline_stages=stages if stages > 1 else 1,
-        largest_stage_params=lambda p: planner.gpt_largest_stage_params(gpt, p),
-    )
+    """(fits, the planner's lines for this run's strategy) per rank (``plan_for_config``, the
+    same plan ``shardwise-plan --config`` prints)."""
+    tp = cfg.distributed.tensor_parallel_size
+    plan = planner.plan_for_config(cfg, device_bytes)
     name = _plan_row(cfg)
     row = plan.row(name)
     gib = 1024**3
     text = (
-        f"memory per rank ({row.label}): parameters {row.parameters / gib:.3f} GiB, gradients "
+        (f"tensor parallel {tp}: " if tp > 1 else "")
+        + f"memory per rank ({row.label}): parameters {row.parameters / gib:.3f} GiB, gradients "
         f"{row.gradients / gib:.3f} GiB, optimizer {row.optimizer_state / gib:.3f} GiB, "
         f"activations {row.activations / gib:.3f} GiB; total × {plan.overhead} = "
         f"{row.required / gib:.3f} GiB of {device_bytes / gib:.1f} GiB"

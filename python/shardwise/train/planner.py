@@ -205,6 +205,20 @@ def _recommend(rows: list[Row], world_size: int, memory: int, stages: int) -> Re
     )
 
 
+def gpt_tp_parameters(cfg, tp: int, sequence_parallel: bool = False) -> int:
+    """Parameters per tensor-parallel rank of the bundled GPT under ``gpt_plan`` (exact: counted
+    on a meta-device model; activations are still estimated unsplit, an over-estimate)."""
+    import torch
+
+    from .. import tensor_parallel
+    from ..models.gpt import GPT
+
+    with torch.device("meta"):
+        model = GPT(cfg)
+    plan = tensor_parallel.gpt_plan(model, sequence_parallel)
+    return tensor_parallel.parameters_per_rank(model, plan, tp)
+
+
 def gpt_largest_stage_params(cfg, stages: int) -> int:
     """Parameters of the largest stage when the bundled GPT is cut into ``stages`` by parameter
     count as ``shardwise.pipeline.split_by_parameters`` cuts it (embedding, whole blocks, and
@@ -447,35 +461,50 @@ def _parser() -> argparse.ArgumentParser:
     return p
 
 
+def plan_for_config(cfg, memory: int, optimizer: str = "adamw", overhead: float = 1.1) -> Plan:
+    """The plan of a validated shardwise-train config (``config.TrainConfig``): its GPT,
+    precision, micro-batch and stages; with a tp axis, the rows are the strategies over the data
+    axis of the tensor-parallel model (its parameters per tp rank). ``shardwise-train``'s memory
+    check and ``shardwise-plan --config`` both call this, so they cannot disagree."""
+    gpt, world = cfg.gpt_config(), cfg.distributed.world_size
+    tp = cfg.distributed.tensor_parallel_size
+    params = gpt.num_parameters()
+    if tp > 1:
+        params = gpt_tp_parameters(gpt, tp, cfg.distributed.sequence_parallel)
+        world //= tp
+    precision = {"no": "fp32"}.get(cfg.mixed_precision, cfg.mixed_precision)
+    stages = cfg.distributed.pipeline_parallel_size
+    return plan(
+        params,
+        world,
+        memory,
+        mixed_precision=precision,
+        optimizer=optimizer,
+        activation_bytes_per_rank=gpt_activation_bytes(
+            gpt, cfg.training.micro_batch_size, precision, cfg.training.gradient_checkpointing
+        ),
+        pipeline_stages=stages if stages > 1 else None,
+        overhead=overhead,
+        zero3_gather_bytes=gpt_gather_bytes(gpt, precision),
+        largest_stage_params=lambda p: gpt_largest_stage_params(gpt, p),
+    )
+
+
 def _plan_from_config(args, parser) -> Plan:
-    """The plan for a shardwise-train config: its GPT, world, precision, micro-batch."""
+    """The plan for a shardwise-train config (``plan_for_config``)."""
     from .config import load_config
 
     env = {"WORLD_SIZE": str(args.gpus)} if args.gpus else {}
     cfg = load_config(args.config, args.overrides, env=env)
-    gpt, world = cfg.gpt_config(), cfg.distributed.world_size
-    precision = {"no": "fp32"}.get(cfg.mixed_precision, cfg.mixed_precision)
     if args.gpu_mem is not None:
         memory = int(args.gpu_mem * GIB)
     else:
         from .cli import device_memory_bytes
 
-        memory = device_memory_bytes(cfg.distributed.num_processes_per_node or world)
-    stages = cfg.distributed.pipeline_parallel_size
-    return plan(
-        gpt.num_parameters(),
-        world,
-        memory,
-        mixed_precision=precision,
-        optimizer=args.optimizer,
-        activation_bytes_per_rank=gpt_activation_bytes(
-            gpt, cfg.training.micro_batch_size, precision, cfg.training.gradient_checkpointing
-        ),
-        pipeline_stages=stages if stages > 1 else None,
-        overhead=args.overhead,
-        zero3_gather_bytes=gpt_gather_bytes(gpt, precision),
-        largest_stage_params=lambda p: gpt_largest_stage_params(gpt, p),
-    )
+        memory = device_memory_bytes(
+            cfg.distributed.num_processes_per_node or cfg.distributed.world_size
+        )
+    return plan_for_config(cfg, memory, args.optimizer, args.overhead)
 
 
 def _plan_from_args(args, parser) -> Plan:
