@@ -33,6 +33,16 @@ MESHES = {
         ),
         2,
     ),
+    # not tp, but a 2-D data mesh: it runs as hybrid sharding (it used to run as full sharding)
+    "dp2_x_fsdp2_hybrid": (
+        4,
+        (
+            'model.mesh_shape=[[2,2],["dp","fsdp"]]',
+            "distributed.strategy=fsdp",
+            "distributed.fsdp.fsdp_sharding_strategy=hybrid_shard",
+        ),
+        4,
+    ),
 }
 
 
@@ -108,3 +118,17 @@ def test_planner_counts_tp_shards(name, row_name):
     row = planner.plan(params, data_ranks, 2**40, mixed_precision="fp32").row(row_name)
     predicted = row.parameters + row.gradients + row.optimizer_state
     assert abs(measured - predicted) <= 0.02 * predicted, (name, measured, predicted)
+
+
+def test_hybrid_mesh_shards_within_the_fsdp_axis():
+    """[[2,2],["dp","fsdp"]] holds half the model state per rank (2 shards), not a quarter (full
+    sharding over 4 ranks, what the config used to run silently)."""
+    from shardwise.models import PRESETS
+    from shardwise.train import planner
+
+    _, recs, _ = _mesh_run("dp2_x_fsdp2_hybrid")
+    measured = max(recs[0]["model_state_bytes_per_rank"])
+    row = planner.plan(PRESETS["tiny"].num_parameters(), 2, 2**40, mixed_precision="fp32")
+    predicted = sum(getattr(row.row("zero3"), k) for k in ("parameters", "gradients"))
+    predicted += row.row("zero3").optimizer_state
+    assert abs(measured - predicted) <= 0.05 * predicted, (measured, predicted)

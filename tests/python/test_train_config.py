@@ -512,3 +512,26 @@ def test_fp16_needs_the_zero_engine_loss_scaler():
         "distributed.zero.zero_optimization.stage=2",
     )
     assert cfg.mixed_precision == "fp16"
+
+
+def test_dp_by_fsdp_mesh_runs_hybrid_or_is_refused():
+    """[[2,2],["dp","fsdp"]] used to run as full sharding over all 4 ranks, silently."""
+    mesh = 'model.mesh_shape=[[2,2],["dp","fsdp"]]'
+    message = error_of("distributed.world_size=4", mesh)
+    assert "hybrid sharding" in message and "fsdp_sharding_strategy=hybrid_shard" in message
+    cfg = load(
+        "distributed.world_size=4",
+        mesh,
+        "distributed.strategy=fsdp",
+        "distributed.fsdp.fsdp_sharding_strategy=hybrid_shard",
+    )
+    assert cfg.fsdp_config().mesh_shape == ((2, 2), ("dp", "fsdp"))
+
+
+def test_zb_h1_with_fsdp_x_pp_is_refused_before_start():
+    message = error_of(
+        "distributed.world_size=4",
+        'model.mesh_shape=[[2,2],["fsdp","pp"]]',
+        "distributed.pipeline.schedule=zb_h1",
+    )
+    assert "zb_h1 with an fsdp x pp mesh" in message and "1f1b" in message

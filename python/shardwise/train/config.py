@@ -663,6 +663,7 @@ def _delegate(path: str, check) -> Any:
 
 def _check_sub_blocks(cfg: TrainConfig, lifted: Sequence[str]) -> None:
     d, t = cfg.distributed, cfg.training
+    _check_hybrid_mesh(cfg)
     if d.fsdp is not None:
         _check_keys("distributed.fsdp", d.fsdp, FSDP_KEYS)
         try:
@@ -688,12 +689,40 @@ def _check_sub_blocks(cfg: TrainConfig, lifted: Sequence[str]) -> None:
         _check_pipeline(cfg)
 
 
+def _check_hybrid_mesh(cfg: TrainConfig) -> None:
+    """A mesh with both dp and fsdp axes > 1 is hybrid sharding: it runs as FSDP's hybrid_shard
+    over that mesh (the mesh handed to FSDP), or is refused with the fix; never silently as
+    full sharding over the whole world."""
+    d, mesh = cfg.distributed, cfg.mesh()
+    axes = dict(zip(mesh[1], mesh[0], strict=True)) if mesh else {}
+    if axes.get("dp", 1) == 1 or axes.get("fsdp", 1) == 1 or d.strategy == "pipeline":
+        return
+    sharding = (d.fsdp or {}).get("fsdp_sharding_strategy")
+    if d.strategy != "fsdp" or sharding != "hybrid_shard":
+        raise ValueError(
+            f"mesh {mesh} has dp and fsdp axes: that is hybrid sharding (replicate across dp, "
+            f"shard within fsdp); set distributed.strategy=fsdp and "
+            f"distributed.fsdp.fsdp_sharding_strategy=hybrid_shard, or use one data axis"
+        )
+    d.fsdp = {**d.fsdp, "mesh_shape": [[axes["dp"], axes["fsdp"]], ["dp", "fsdp"]]}
+
+
 def _check_pipeline(cfg: TrainConfig) -> None:
     from .. import pipeline as pp  # the C++ schedule builder; pure, no process group
 
     p, stages = cfg.distributed.pipeline, cfg.distributed.pipeline_parallel_size
     if p.num_microbatches is None:
         p.num_microbatches = stages
+    mesh = cfg.mesh()
+    if (
+        p.schedule == "zb_h1"
+        and mesh
+        and dict(zip(mesh[1], mesh[0], strict=True)).get("fsdp", 1) > 1
+    ):
+        raise ValueError(
+            "distributed.pipeline.schedule=zb_h1 with an fsdp x pp mesh: FSDP reduces gradients "
+            "during the backward, which ZB-H1 splits; use schedule 1f1b, or a dp x pp mesh"
+        )
     _delegate(
         "distributed.pipeline",
         lambda: pp.make_schedule(p.schedule, stages, p.num_microbatches, p.virtual_stages),
