@@ -11,8 +11,8 @@ from test_train import _copy_until, assert_continues, losses, run, train
 COMMON = ("training.max_steps=8", "training.checkpoint.every_steps=4")
 
 
-def _run(name: str, nproc: int, *overrides: str):
-    return run(name, nproc, "ddp.yaml", *COMMON, "training.checkpoint.keep_last=5", *overrides)
+def _run(name: str, nproc: int, *overrides: str, config: str = "ddp.yaml"):
+    return run(name, nproc, config, *COMMON, "training.checkpoint.keep_last=5", *overrides)
 
 
 def _ddp(world: int):
@@ -21,7 +21,7 @@ def _ddp(world: int):
 
 
 MESHES = {
-    # name: (processes, overrides, data ranks of the reference DDP run)
+    # name: (processes, overrides, data ranks of the reference DDP run; 0: the 2-stage pipeline)
     "tp2": (2, ('model.mesh_shape=[[1,2],["fsdp","tp"]]',), 1),
     "fsdp2": (2, ('model.mesh_shape=[[2,1],["fsdp","tp"]]', "distributed.strategy=fsdp"), 2),
     "fsdp2_x_tp2_sp": (
@@ -33,6 +33,8 @@ MESHES = {
         ),
         2,
     ),
+    # 3-D composition: pipeline stages holding tp layers, the tied embedding/head across them
+    "pp2_x_tp2": (4, ('model.mesh_shape=[[2,2],["pp","tp"]]', "distributed.world_size=4"), 0),
     # not tp, but a 2-D data mesh: it runs as hybrid sharding (it used to run as full sharding)
     "dp2_x_fsdp2_hybrid": (
         4,
@@ -46,25 +48,36 @@ MESHES = {
 }
 
 
+def _pipeline_reference():
+    return _run("pp2_ref", 2, config="pipeline_1f1b.yaml")
+
+
 def _mesh_run(name: str):
-    nproc, overrides, _ = MESHES[name]
-    return _run(name, nproc, *overrides)
+    nproc, overrides, data_ranks = MESHES[name]
+    config = "pipeline_1f1b.yaml" if data_ranks == 0 else "ddp.yaml"
+    return _run(name, nproc, *overrides, config=config)
 
 
 @pytest.mark.parametrize("name", list(MESHES))
 def test_seed_000_mesh_matches_plain_data_parallel(name):
     """[[1,2]], [[2,1]] and [[2,2]] (with sequence parallelism) against DDP over the same data
-    ranks: a tp layer that drops a reduction, TP ranks reading different batches, a clip norm
-    that counts replicated parameters twice or misses the other rank's shards, all change the
-    losses (clipping at 1.0 is active in these runs)."""
+    ranks, and [[2,2],["pp","tp"]] against the 2-stage pipeline: a tp layer that drops a
+    reduction, TP ranks reading different batches, a clip norm that counts replicated parameters
+    twice or misses the other rank's shards, a head that loses its tp forward when a stage copies
+    it, all change the losses (clipping at 1.0 is active in these runs); the export loads into
+    the plain GPT."""
     _, _, data_ranks = MESHES[name]
-    _, ref, _ = _ddp(data_ranks)
-    _, recs, log = _mesh_run(name)
+    _, ref, _ = _ddp(data_ranks) if data_ranks else _pipeline_reference()
+    out, recs, log = _mesh_run(name)
     assert sorted(losses(recs)) == list(range(1, 9)), log[-2000:]
     for step, loss in losses(recs).items():
         assert abs(loss - losses(ref)[step]) <= 1e-5 * losses(ref)[step], (step, recs, ref)
     for ours, theirs in zip(recs, ref, strict=True):
         assert abs(ours["grad_norm"] - theirs["grad_norm"]) <= 1e-4 * theirs["grad_norm"]
+    from safetensors.torch import load_file
+    from shardwise.models import GPT, PRESETS
+
+    GPT(PRESETS["tiny"]).load_state_dict(load_file(out / "model.safetensors"), strict=True)
 
 
 def test_tp_run_exports_the_full_model():

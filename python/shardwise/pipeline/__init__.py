@@ -4,6 +4,8 @@ microbatches and hands nn.Modules and a loss function to the executor."""
 
 from __future__ import annotations
 
+import copy
+import types
 from collections.abc import Callable, Sequence
 
 import torch
@@ -34,8 +36,6 @@ def defer_weight_gradients(module: nn.Module) -> nn.Module:
     weight gradients a zero-bubble schedule (``zb_h1``) computes in its W actions instead of in
     the backward that the previous stage waits for. Outside such a schedule the layers compute
     exactly what ``nn.Linear`` computes. Returns ``module`` (changed in place)."""
-    import types
-
     for sub in module.modules():
         if type(sub) is nn.Linear:
             sub.forward = types.MethodType(_deferred_linear_forward, sub)
@@ -192,8 +192,14 @@ def gpt_blocks(model, sublayers: bool = False) -> tuple[list[nn.Module], tuple[s
     class Head(nn.Module):
         def __init__(self, norm, head):
             super().__init__()
-            self.norm, self.head = norm, nn.Linear(head.in_features, head.out_features, bias=False)
-            self.head.weight = nn.Parameter(head.weight.detach().clone())
+            self.norm, self.head = norm, copy.copy(head)  # keeps a tensor-parallel forward
+            self.head._parameters = dict(head._parameters)
+            weight = nn.Parameter(head.weight.detach().clone())
+            if hasattr(head.weight, "tp_shard"):  # a tensor-parallel shard stays one
+                weight.tp_shard = head.weight.tp_shard
+            self.head.weight = weight
+            if "forward" in head.__dict__:  # a style's forward, bound to the original module
+                self.head.forward = types.MethodType(head.forward.__func__, self.head)
 
         def forward(self, x):
             return self.head(self.norm(x))

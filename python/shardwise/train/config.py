@@ -529,7 +529,7 @@ def _check_world_split(cfg: TrainConfig, mesh_key: str | None, mesh: list | None
             f"{mesh_key}: {mesh} has {math.prod(mesh[0])} ranks but distributed.world_size="
             f"{world}; make the product of the sizes equal the world size"
         )
-    if mesh is not None and "pp" in mesh[1] and mesh[0][mesh[1].index("pp")] > 1:
+    if mesh is not None and "pp" in mesh[1] and mesh[0][mesh[1].index("pp")] > 1 and tp == 1:
         if mesh[1][-1] != "pp":
             raise ValueError(
                 f"{mesh_key}: put the 'pp' axis last (a pipeline is a run of "
@@ -596,13 +596,26 @@ def _check_tensor_parallel(cfg: TrainConfig) -> None:
                 "set distributed.tensor_parallel_size or drop sequence_parallel"
             )
         return
-    if d.strategy not in ("ddp", "fsdp"):
+    if d.strategy not in ("ddp", "fsdp", "pipeline"):
         raise ValueError(
             f"{key}: tensor parallelism (tp={tp}) with distributed.strategy={d.strategy} is not "
-            "supported yet; use strategy ddp or fsdp over the data axis"
+            "supported yet; use strategy ddp or fsdp over the data axis, or pipeline"
         )
     mesh = cfg.mesh()
     axes = dict(zip(mesh[1], mesh[0], strict=True)) if mesh else {}
+    if d.strategy == "pipeline":
+        p = d.pipeline
+        if axes.get("fsdp", 1) > 1:
+            raise ValueError(
+                f"{key}: fsdp x pp x tp is not supported yet; use a dp axis "
+                f"(e.g. [[d, p, t], ['dp', 'pp', 'tp']])"
+            )
+        if p.schedule == "zb_h1" or p.split == "time":
+            raise ValueError(
+                "distributed.pipeline: with tensor parallelism use a schedule other than zb_h1 "
+                "and split=parameters (zb_h1's deferred layers and a cut timed on one rank do "
+                "not run tensor-parallel layers)"
+            )
     data = d.world_size // (tp * d.pipeline_parallel_size)
     if d.strategy == "fsdp":
         if axes.get("dp", 1) > 1:

@@ -430,16 +430,19 @@ class PipelineStrategy(Strategy):
 
     name = "pipeline"
 
-    def __init__(self, options: StrategyOptions, world: int):
+    def __init__(self, options: StrategyOptions, world: int, mesh=None):
         from .. import pipeline as pp
         from ..fsdp import FullyShardedDataParallel
 
         self.options = options
         cfg = options.pipeline
-        self.mesh = pp.MeshGroups(options.mesh or [[1, world], ["dp", "pp"]])
+        # with tensor parallelism the trainer's 3-D mesh (pp outermost, tp innermost)
+        self.mesh = mesh or pp.MeshGroups(options.mesh or [[1, world], ["dp", "pp"]])
+        tp_group = options.tp_group
         p, v = self.mesh.pipeline_size, int(cfg.get("virtual_stages", 1))
         kind = cfg.get("schedule", "1f1b")
         model = build_model(options)
+        self.gpt = model
         names = {id(t): n for n, t in model.named_parameters()}
         blocks, tied = pp.gpt_blocks(model)
         names[id(blocks[-1].head.weight)] = "embed.weight"  # the head's copy of the tie
@@ -457,20 +460,29 @@ class PipelineStrategy(Strategy):
         else:
             groups = pp.split_by_parameters(blocks, p * v)
         self.stage_ids = [s for s in range(p * v) if s % p == self.mesh.pipeline_rank]
-        self.stages, self.global_names, self._owned = {}, {}, {}
+        self.stages, self.global_names, self._owned, self._tp_infos = {}, {}, {}, {}
         for s in self.stage_ids:
             body = nn.Sequential(*(blocks[i] for i in groups[s]))
             self.global_names[s] = {n: names[id(t)] for n, t in body.named_parameters()}
             stage = _AutocastStage(body, options.bf16)
             if kind == "zb_h1":
                 pp.defer_weight_gradients(stage)
+            local = dict(stage.named_parameters())
+            for n, t in local.items():
+                self._tp_infos[self.global_names[s][n.removeprefix("body.")]] = getattr(
+                    t, "tp_shard", None
+                )
+            runs = {  # where a tensor-parallel shard lies in the full parameter
+                n: _tp_runs(model, self.global_names[s][n.removeprefix("body.")], t, tp_group)
+                for n, t in local.items()
+            }
             if self.mesh.data_kind == "fsdp":
                 full = {n: t.numel() for n, t in stage.named_parameters()}
                 stage = FullyShardedDataParallel(stage, process_group=self.mesh.data_group)
                 owned = _fsdp_slots(stage, full)
                 self._owned.update(
                     {
-                        k: (self.global_names[s][n.removeprefix("body.")], a, c)
+                        k: (self.global_names[s][n.removeprefix("body.")], a, c, runs[n])
                         for k, (n, a, c) in owned.items()
                     }
                 )
@@ -480,6 +492,7 @@ class PipelineStrategy(Strategy):
                         self.global_names[s][n.removeprefix("body.")],
                         0,
                         t.numel(),
+                        runs[n],
                     )
             self.stages[s] = stage
         self.tied = []
@@ -498,13 +511,14 @@ class PipelineStrategy(Strategy):
         self.pipe = pp.Pipeline(
             self.stages,
             schedule,
-            gpt_loss,
+            model.cross_entropy,  # the vocabulary-parallel loss under tensor parallelism
             group=self.mesh.pipeline_group,
             rank=self.mesh.pipeline_rank,
             data_parallel_group=self.mesh.data_group,
             tied=self.tied,
         )
         self.params = [t for st in self.stages.values() for t in st.parameters()]
+        self._split = {k for k, v in self._owned.items() if v[3] is not None}
         self.optimizer = _adamw(self.params, options)
         self.data_group = self.mesh.data_group
         self._head_copy = id(blocks[-1].head.weight) if tied else None
@@ -525,9 +539,11 @@ class PipelineStrategy(Strategy):
 
     def _clip(self) -> float:
         """The global norm: squares of what this rank owns (the head's tied copy once), summed
-        over the mesh; replicated stages count once (divided by the data-parallel size)."""
+        over the mesh; replicated stages count once (divided by the data-parallel size), and so
+        do parameters replicated over the tp ranks (divided by the tp size)."""
+        tp = dist.get_world_size(self.options.tp_group) if self.options.tp_group else 1
         sq = sum(
-            t.grad.float().pow(2).sum().item()
+            t.grad.float().pow(2).sum().item() / (1 if id(t) in self._split else tp)
             for t in self.params
             if t.grad is not None and id(t) != self._head_copy
         )
@@ -548,7 +564,7 @@ class PipelineStrategy(Strategy):
             return []
         return [
             s
-            for s in self.load_slots()
+            for s in _tp_filter(self.load_slots(), self.options.tp_group)
             if not s.name.startswith("embed.weight") or 0 in self.stages
         ]
 
@@ -567,6 +583,11 @@ class PipelineStrategy(Strategy):
             for n, t in local.items():
                 global_name = self.global_names[s].get(n.removeprefix("body."))
                 if global_name is not None:
+                    if self.options.tp_group is not None:  # whole tensors from the tp shards
+                        from .. import tensor_parallel as tp
+
+                        info = self._tp_infos.get(global_name)
+                        t = tp.full_tensor(t, info, self.options.tp_group)
                     mine[global_name] = t
         gathered = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, mine if self.mesh.data_rank == 0 else {})

@@ -82,13 +82,18 @@ def lr_at(step: int, spec: RunSpec) -> float:
 
 def make_strategy(spec: RunSpec, world: int):
     o = spec.options
-    data_group = dist.group.WORLD
-    if o.tensor_parallel > 1:  # a [[d, t], [dp|fsdp, "tp"]] mesh: tp adjacent, data across
+    data_group, pipeline_mesh = dist.group.WORLD, None
+    if o.tensor_parallel > 1:  # [[p, d, t], ["pp", dp|fsdp, "tp"]]: tp adjacent, pp outermost
         from ..mesh import Mesh
 
         kind = "fsdp" if spec.strategy == "fsdp" else "dp"
-        mesh = Mesh([[world // o.tensor_parallel, o.tensor_parallel], [kind, "tp"]])
+        stages = 1
+        if spec.strategy == "pipeline":
+            (data, stages), (kind, _) = o.mesh
+        data = world // (o.tensor_parallel * stages)
+        mesh = Mesh([[stages, data, o.tensor_parallel], ["pp", kind, "tp"]])
         o.tp_group, data_group = mesh.group("tp"), mesh.group(kind)
+        pipeline_mesh = _PipelineAxes(mesh, kind)
     if spec.strategy == "ddp":
         return strategies.DDPStrategy(o, data_group)
     if spec.strategy == "fsdp":
@@ -98,8 +103,18 @@ def make_strategy(spec: RunSpec, world: int):
             o, dist.group.WORLD, spec.accumulation, spec.micro_batch_size
         )
     if spec.strategy == "pipeline":
-        return strategies.PipelineStrategy(o, world)
+        return strategies.PipelineStrategy(o, world, pipeline_mesh)
     raise ValueError(f"strategy {spec.strategy!r}: use ddp, fsdp, zero or pipeline")
+
+
+class _PipelineAxes:
+    """A 3-D mesh seen as the pipeline strategy's data x pipeline groups."""
+
+    def __init__(self, mesh, data_kind: str):
+        self.data_kind = data_kind
+        self.data_size, self.pipeline_size = mesh.size(data_kind), mesh.size("pp")
+        self.data_rank, self.pipeline_rank = mesh.coordinate(data_kind), mesh.coordinate("pp")
+        self.data_group, self.pipeline_group = mesh.group(data_kind), mesh.group("pp")
 
 
 class Trainer:
