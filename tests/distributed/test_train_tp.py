@@ -20,54 +20,76 @@ def _ddp(world: int):
     return _run(f"ddp_ref{world}", world)
 
 
+PIPE = "pipeline_1f1b.yaml"  # 4 microbatches of 2: the same 16 sequences a step as ddp.yaml
 MESHES = {
-    # name: (processes, overrides, data ranks of the reference DDP run; 0: the 2-stage pipeline)
-    "tp2": (2, ('model.mesh_shape=[[1,2],["fsdp","tp"]]',), 1),
-    "fsdp2": (2, ('model.mesh_shape=[[2,1],["fsdp","tp"]]', "distributed.strategy=fsdp"), 2),
+    # name: (processes, config, overrides, (reference processes, reference config))
+    "tp2": (2, "ddp.yaml", ('model.mesh_shape=[[1,2],["fsdp","tp"]]',), (1, "ddp.yaml")),
+    "fsdp2": (
+        2,
+        "ddp.yaml",
+        ('model.mesh_shape=[[2,1],["fsdp","tp"]]', "distributed.strategy=fsdp"),
+        (2, "ddp.yaml"),
+    ),
     "fsdp2_x_tp2_sp": (
         4,
+        "ddp.yaml",
         (
             'model.mesh_shape=[[2,2],["fsdp","tp"]]',
             "distributed.strategy=fsdp",
             "distributed.sequence_parallel=true",
         ),
-        2,
+        (2, "ddp.yaml"),
     ),
-    # 3-D composition: pipeline stages holding tp layers, the tied embedding/head across them
-    "pp2_x_tp2": (4, ('model.mesh_shape=[[2,2],["pp","tp"]]', "distributed.world_size=4"), 0),
+    # pipeline stages holding tp layers, the tied embedding/head across them
+    "pp2_x_tp2": (
+        4,
+        PIPE,
+        ('model.mesh_shape=[[2,2],["pp","tp"]]', "distributed.world_size=4"),
+        (2, PIPE),
+    ),
+    # 3-D: 8 processes (about 30 s here), against one process
+    "dp2_x_pp2_x_tp2": (
+        8,
+        PIPE,
+        ('model.mesh_shape=[[2,2,2],["dp","pp","tp"]]', "distributed.world_size=8"),
+        (1, "ddp.yaml"),
+    ),
     # not tp, but a 2-D data mesh: it runs as hybrid sharding (it used to run as full sharding)
     "dp2_x_fsdp2_hybrid": (
         4,
+        "ddp.yaml",
         (
             'model.mesh_shape=[[2,2],["dp","fsdp"]]',
             "distributed.strategy=fsdp",
             "distributed.fsdp.fsdp_sharding_strategy=hybrid_shard",
         ),
-        4,
+        (4, "ddp.yaml"),
     ),
 }
 
 
-def _pipeline_reference():
-    return _run("pp2_ref", 2, config="pipeline_1f1b.yaml")
+def _reference(name: str):
+    nproc, config = MESHES[name][3]
+    if config == "ddp.yaml":
+        return _ddp(nproc)
+    return _run(f"{config}_ref{nproc}", nproc, config=config)
 
 
 def _mesh_run(name: str):
-    nproc, overrides, data_ranks = MESHES[name]
-    config = "pipeline_1f1b.yaml" if data_ranks == 0 else "ddp.yaml"
+    nproc, config, overrides, _ = MESHES[name]
     return _run(name, nproc, *overrides, config=config)
 
 
 @pytest.mark.parametrize("name", list(MESHES))
 def test_seed_000_mesh_matches_plain_data_parallel(name):
     """[[1,2]], [[2,1]] and [[2,2]] (with sequence parallelism) against DDP over the same data
-    ranks, and [[2,2],["pp","tp"]] against the 2-stage pipeline: a tp layer that drops a
+    ranks, [[2,2],["pp","tp"]] against the 2-stage pipeline, [[2,2,2],["dp","pp","tp"]] against
+    one process: a tp layer that drops a
     reduction, TP ranks reading different batches, a clip norm that counts replicated parameters
     twice or misses the other rank's shards, a head that loses its tp forward when a stage copies
     it, all change the losses (clipping at 1.0 is active in these runs); the export loads into
     the plain GPT."""
-    _, _, data_ranks = MESHES[name]
-    _, ref, _ = _ddp(data_ranks) if data_ranks else _pipeline_reference()
+    _, ref, _ = _reference(name)
     out, recs, log = _mesh_run(name)
     assert sorted(losses(recs)) == list(range(1, 9)), log[-2000:]
     for step, loss in losses(recs).items():
@@ -110,7 +132,7 @@ def test_checkpoint_moves_between_tp_and_plain_layouts(tmp_path, saved, loaded):
     src, ref, _ = _mesh_run(saved) if saved != "ddp2" else _ddp(2)
     out = tmp_path / "moved"
     _copy_until(src, out, 4)
-    nproc, overrides = (2, ()) if loaded == "ddp2" else MESHES[loaded][:2]
+    nproc, overrides = (2, ()) if loaded == "ddp2" else (MESHES[loaded][0], MESHES[loaded][2])
     recs, log = train(nproc, "ddp.yaml", out, *COMMON, *overrides)
     assert_continues(recs, ref, [5, 6, 7, 8], 1e-5)
 
@@ -125,7 +147,7 @@ def test_planner_counts_tp_shards(name, row_name):
     from shardwise.train import planner
 
     _, recs, _ = _mesh_run(name)
-    nproc, _, data_ranks = MESHES[name]
+    nproc, data_ranks = MESHES[name][0], MESHES[name][3][0]
     measured = max(recs[0]["model_state_bytes_per_rank"])
     params = planner.gpt_tp_parameters(PRESETS["tiny"], nproc // data_ranks)
     row = planner.plan(params, data_ranks, 2**40, mixed_precision="fp32").row(row_name)
