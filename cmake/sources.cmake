@@ -64,6 +64,7 @@ set(SHARDWISE_TORCH_SOURCES
   csrc/zero/zero_optimizer.cpp
   csrc/zero/zero_step.cpp
   csrc/zero/zero_state.cpp
+  csrc/zero/grad_scaler.cpp
   csrc/pipeline/executor.cpp
   csrc/pipeline/deferred_linear.cpp
   csrc/optim/fused_optim_checks.cpp
@@ -81,4 +82,5 @@ set(SHARDWISE_TORCH_TEST_SOURCES
   tests/cpp/torch/test_pipeline_libtorch.cc
   tests/cpp/torch/test_checkpoint_pieces_libtorch.cc
   tests/cpp/torch/test_tensor_parallel_libtorch.cc
+  tests/cpp/torch/test_grad_scaler_libtorch.cc
 )

@@ -6,6 +6,7 @@
 #include <optional>
 #include <string>
 
+#include "zero/grad_scaler.h"
 #include "zero/zero_optimizer.h"
 
 namespace py = pybind11;
@@ -79,6 +80,38 @@ std::vector<StatePiece> pieces_from_python(const py::list& list) {
 }  // namespace
 
 void bind_zero(py::module& m) {
+  py::class_<GradScaler>(m, "GradScaler",
+                         "fp16 gradient scaling for any strategy (zero/grad_scaler.h).")
+      .def(py::init([](bool dynamic, double initial_scale, int64_t window, int hysteresis,
+                       double min_scale, std::optional<Group> group) {
+             LossScalerOptions o;
+             o.dynamic = dynamic;
+             o.initial_scale = initial_scale;
+             o.window = window;
+             o.hysteresis = hysteresis;
+             o.min_scale = min_scale;
+             return GradScaler(o, group.value_or(Group()));
+           }),
+           py::arg("dynamic") = true, py::arg("initial_scale") = 65536.0, py::arg("window") = 1000,
+           py::arg("hysteresis") = 2, py::arg("min_scale") = 1.0, py::arg("group") = py::none())
+      .def_property_readonly("scale", &GradScaler::scale)
+      .def("unscale_", &GradScaler::unscale_, py::arg("grads"), Release())
+      .def("update", &GradScaler::update, py::arg("overflow"))
+      .def("state",
+           [](const GradScaler& g) {
+             const LossScalerState& s = g.scaler().state();
+             return py::dict(py::arg("scale") = s.scale, py::arg("iteration") = s.iteration,
+                             py::arg("last_overflow") = s.last_overflow,
+                             py::arg("hysteresis_left") = s.hysteresis_left);
+           })
+      .def("load_state", [](GradScaler& g, const py::dict& d) {
+        LossScalerState s;
+        s.scale = d["scale"].cast<double>();
+        s.iteration = d["iteration"].cast<int64_t>();
+        s.last_overflow = d["last_overflow"].cast<int64_t>();
+        s.hysteresis_left = d["hysteresis_left"].cast<int>();
+        g.scaler().set_state(s);
+      });
   py::class_<ZeroOptimizer, std::shared_ptr<ZeroOptimizer>>(
       m, "ZeroOptimizer", "The C++ ZeRO optimizer (zero/zero_optimizer.h).")
       .def(py::init([](std::vector<at::Tensor> params, const py::dict& options,

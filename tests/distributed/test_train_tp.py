@@ -167,3 +167,42 @@ def test_hybrid_mesh_shards_within_the_fsdp_axis():
     predicted = sum(getattr(row.row("zero3"), k) for k in ("parameters", "gradients"))
     predicted += row.row("zero3").optimizer_state
     assert abs(measured - predicted) <= 0.05 * predicted, (measured, predicted)
+
+
+FP16 = {
+    "ddp": (2, "ddp.yaml", ()),
+    "fsdp2_x_tp2": (
+        4,
+        "ddp.yaml",
+        ('model.mesh_shape=[[2,2],["fsdp","tp"]]', "distributed.strategy=fsdp"),
+    ),
+    "pipeline": (2, PIPE, ()),
+}
+
+
+@pytest.mark.parametrize("name", list(FP16))
+def test_fp16_loss_scaling_for_every_strategy(name):
+    """fp16 outside ZeRO: started at 2**24 the scale overflows, so the first steps are skipped
+    (grad_norm inf) and the scale halves on every rank at once (a rank that skipped alone would
+    desynchronize its replicas or hang the pipeline); then the loss falls as in bf16."""
+    nproc, config, overrides = FP16[name]
+    _, recs, log = run(
+        f"fp16_{name}",
+        nproc,
+        config,
+        "training.mixed_precision=fp16",
+        "training.initial_loss_scale_power=24",
+        "training.max_steps=24",
+        "training.micro_batch_size=4",
+        *overrides,
+    )
+    scales = [r["loss_scale"] for r in recs]
+    assert scales[0] == 2.0**24 and min(scales) < 2.0**20, scales
+    skipped = [r["step"] for r in recs if r["grad_norm"] == float("inf")]
+    assert skipped[0] == 1 and len(skipped) < 16, skipped
+    for before, after in zip(recs, recs[1:]):  # an overflow never raises the scale
+        if before["grad_norm"] == float("inf"):
+            assert after["loss_scale"] <= before["loss_scale"], scales
+    first = sum(r["loss"] for r in recs[:3]) / 3
+    last = sum(r["loss"] for r in recs[-3:]) / 3
+    assert last < first - 1.0, (first, last, log[-1500:])

@@ -503,9 +503,13 @@ def test_bare_no_is_the_precision_word_not_false():
     assert load("training.mixed_precision=no").mixed_precision == "no"
 
 
-def test_fp16_needs_the_zero_engine_loss_scaler():
-    message = error_of("training.mixed_precision=fp16", "distributed.strategy=ddp")
-    assert "training.mixed_precision=fp16" in message and "strategy=zero" in message
+def test_fp16_runs_with_every_strategy():
+    """fp16 used to need ZeRO's loss scaler; every strategy has the GradScaler now."""
+    for strategy in ("ddp", "fsdp"):
+        cfg = load("training.mixed_precision=fp16", f"distributed.strategy={strategy}")
+        assert cfg.mixed_precision == "fp16" and cfg.training.initial_loss_scale_power == 16
+    message = error_of("training.mixed_precision=fp16", "training.initial_loss_scale_power=65")
+    assert "training.initial_loss_scale_power" in message
     cfg = load(
         "training.mixed_precision=fp16",
         "distributed.strategy=zero",

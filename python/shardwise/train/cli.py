@@ -77,6 +77,7 @@ def run_spec(cfg: TrainConfig, resume: bool, memory_note: str) -> RunSpec:
         clip=t.gradient_clip_norm or None,
         bf16=cfg.mixed_precision == "bf16",
         fp16=cfg.mixed_precision == "fp16",
+        initial_loss_scale=2.0**t.initial_loss_scale_power,
         checkpointing=t.gradient_checkpointing,
         fsdp=dict(d.fsdp or {}),
         zero=dict(d.zero or {}),

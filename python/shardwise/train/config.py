@@ -110,6 +110,8 @@ class TrainingSection(_Section):
     gradient_clip_norm: float | None = Field(1.0, ge=0)
     bf16: bool | None = None  # seed 002's spelling of mixed_precision: bf16 / no
     mixed_precision: Literal["no", "fp16", "bf16"] | None = None
+    # fp16 outside ZeRO: dynamic loss scaling from 2 ** this (ZeRO takes DeepSpeed's fp16 block)
+    initial_loss_scale_power: int = Field(16, ge=0, le=64)
     gradient_checkpointing: bool = False
     max_steps: int = Field(100, gt=0)
     seed: int = 0
@@ -757,11 +759,6 @@ def _check_training(cfg: TrainConfig) -> None:
         raise ValueError(
             f"training.lr_scaling={t.lr_scaling} needs training.base_batch_size (the batch "
             f"size training.learning_rate was tuned for); set it or use lr_scaling=none"
-        )
-    if cfg.mixed_precision == "fp16" and cfg.distributed.strategy != "zero":
-        raise ValueError(
-            f"training.mixed_precision=fp16 with strategy {cfg.distributed.strategy}: fp16 needs "
-            "loss scaling, which the ZeRO engine does (distributed.strategy=zero); use bf16 here"
         )
     if t.warmup_steps > t.max_steps:
         raise ValueError(

@@ -39,7 +39,8 @@ class StrategyOptions:
     betas: tuple[float, float] = (0.9, 0.95)
     clip: float | None = 1.0
     bf16: bool = True  # autocast the forward (DDP, pipeline; FSDP unless its own mixed precision)
-    fp16: bool = False  # ZeRO only: fp16 parameters with the dynamic loss scaler
+    fp16: bool = False  # fp16 autocast (ZeRO: fp16 parameters) with dynamic loss scaling
+    initial_loss_scale: float = 2.0**16
     checkpointing: bool = False
     fsdp: dict = field(default_factory=dict)  # seed-002 keys
     zero: dict = field(default_factory=dict)  # DeepSpeed keys
@@ -69,8 +70,20 @@ def build_model(options: StrategyOptions, checkpoint_blocks: bool | None = None)
     return model
 
 
-def _autocast(enabled: bool):
+def _autocast(enabled: bool, fp16: bool = False):
+    if fp16:
+        return torch.autocast("cpu", dtype=torch.float16)
     return torch.autocast("cpu", dtype=torch.bfloat16) if enabled else contextlib.nullcontext()
+
+
+def _grad_scaler(options: StrategyOptions):
+    """fp16: the C++ GradScaler (dynamic loss scaling, overflow agreed over the whole world, so
+    data, tensor and pipeline ranks skip the same steps); None otherwise."""
+    if not options.fp16:
+        return None
+    from .. import _C
+
+    return _C.GradScaler(initial_scale=options.initial_loss_scale, group=dist.group.WORLD)
 
 
 def gpt_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -135,8 +148,21 @@ class Strategy:
         for state in self.optimizer.state.values():
             state["step"] = int(step)
 
+    scaler = None  # fp16: the GradScaler the losses were multiplied by
+
+    def loss_scale(self) -> float:
+        return self.scaler.scale if self.scaler is not None else 1.0
+
     def _step(self, lr: float, clip_norm) -> float:
-        """Clips (``clip_norm()`` returns the norm before clipping), steps, zeroes."""
+        """Unscales (fp16: a step with a non-finite gradient on any rank is skipped, on every
+        rank, and the scale lowered), clips (``clip_norm()`` returns the norm before clipping),
+        steps, zeroes."""
+        if self.scaler is not None:
+            grads = [p.grad for p in self._parameters() if p.grad is not None]
+            if self.scaler.update(self.scaler.unscale_(grads)):
+                self.state_bytes = self.model_state_bytes()
+                self.optimizer.zero_grad(set_to_none=True)
+                return math.inf
         norm = clip_norm()
         for group in self.optimizer.param_groups:
             group["lr"] = lr
@@ -159,6 +185,7 @@ class DDPStrategy(Strategy):
         if group is not None and dist.get_world_size(group) > 1:
             self.wrapped = nn.parallel.DistributedDataParallel(self.model, process_group=group)
         self.optimizer = _adamw(self.model.parameters(), options)
+        self.scaler = _grad_scaler(options)
         self._owned = {
             id(p): (n, 0, p.numel(), _tp_runs(self.model, n, p, options.tp_group))
             for n, p in self.model.named_parameters()
@@ -170,9 +197,9 @@ class DDPStrategy(Strategy):
         for k, (x, y) in enumerate(batches):
             # the backward must run inside no_sync too, or every micro-batch all-reduces
             with contextlib.nullcontext() if k == len(batches) - 1 else no_sync():
-                with _autocast(self.options.bf16):
+                with _autocast(self.options.bf16, self.options.fp16):
                     loss = self.model.cross_entropy(self.wrapped(x), y) / len(batches)
-                loss.backward()
+                (loss * self.loss_scale()).backward()
             total += loss.item()
         params = [p for p in self.model.parameters() if p.grad is not None]
         norm = self._step(lr, lambda: _clip(params, self.options.clip, self.options.tp_group))
@@ -267,6 +294,7 @@ class FSDPStrategy(Strategy):
         self.model = wrap(model, cfg, process_group=group)
         self.data_group = group or dist.group.WORLD
         self.optimizer = _adamw(self.model.parameters(), options)
+        self.scaler = _grad_scaler(options)
         self._owned = _fsdp_slots(self.model, full)
         named = dict(model.named_parameters())
         self._split = set()
@@ -284,9 +312,9 @@ class FSDPStrategy(Strategy):
             last = k == len(batches) - 1
             # the backward must run inside no_sync too, or every micro-batch reduce-scatters
             with contextlib.nullcontext() if last else self.model.no_sync():
-                with _autocast(autocast):
+                with _autocast(autocast, self.options.fp16 and not self.own_precision):
                     loss = self.gpt.cross_entropy(self.model(x), y) / len(batches)
-                loss.backward()
+                (loss * self.loss_scale()).backward()
             total += loss.item()
         clip = self.options.clip or math.inf
         norm = self._step(lr, lambda: self._clip(clip))
@@ -413,12 +441,12 @@ class ZeroStrategy(Strategy):
 class _AutocastStage(nn.Module):
     """A pipeline stage under bf16 autocast whose output crosses to the next stage in fp32."""
 
-    def __init__(self, body: nn.Module, bf16: bool):
+    def __init__(self, body: nn.Module, bf16: bool, fp16: bool = False):
         super().__init__()
-        self.body, self.bf16 = body, bf16
+        self.body, self.bf16, self.fp16 = body, bf16, fp16
 
     def forward(self, x):
-        with _autocast(self.bf16):
+        with _autocast(self.bf16, self.fp16):
             out = self.body(x)
         return out.float() if out.is_floating_point() else out
 
@@ -464,7 +492,7 @@ class PipelineStrategy(Strategy):
         for s in self.stage_ids:
             body = nn.Sequential(*(blocks[i] for i in groups[s]))
             self.global_names[s] = {n: names[id(t)] for n, t in body.named_parameters()}
-            stage = _AutocastStage(body, options.bf16)
+            stage = _AutocastStage(body, options.bf16, options.fp16)
             if kind == "zb_h1":
                 pp.defer_weight_gradients(stage)
             local = dict(stage.named_parameters())
@@ -511,7 +539,8 @@ class PipelineStrategy(Strategy):
         self.pipe = pp.Pipeline(
             self.stages,
             schedule,
-            model.cross_entropy,  # the vocabulary-parallel loss under tensor parallelism
+            # the vocabulary-parallel loss under tensor parallelism; fp16: times the loss scale
+            lambda out, y: model.cross_entropy(out, y) * self.loss_scale(),
             group=self.mesh.pipeline_group,
             rank=self.mesh.pipeline_rank,
             data_parallel_group=self.mesh.data_group,
@@ -520,6 +549,7 @@ class PipelineStrategy(Strategy):
         self.params = [t for st in self.stages.values() for t in st.parameters()]
         self._split = {k for k, v in self._owned.items() if v[3] is not None}
         self.optimizer = _adamw(self.params, options)
+        self.scaler = _grad_scaler(options)
         self.data_group = self.mesh.data_group
         self._head_copy = id(blocks[-1].head.weight) if tied else None
         self.is_last = (p * v - 1) in self.stages
@@ -527,7 +557,7 @@ class PipelineStrategy(Strategy):
     def train_step(self, batches, lr: float) -> dict:
         total = 0.0
         for x, y in batches:
-            total += self.pipe.step(x, y) / len(batches)
+            total += self.pipe.step(x, y) / len(batches) / self.loss_scale()
         if len(batches) > 1:
             for t in self.params:
                 if t.grad is not None:

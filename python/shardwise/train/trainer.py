@@ -247,6 +247,7 @@ class Trainer:
             "loss": out["loss"],
             "lr": lr,
             "grad_norm": out["grad_norm"],
+            "loss_scale": self.strategy.loss_scale() if self.strategy.scaler is not None else None,
             "step_s": step_s,
             "tokens_per_s": tokens / step_s,
             "tokens_per_s_per_rank": tokens / step_s / self.world,
