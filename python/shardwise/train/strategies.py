@@ -149,6 +149,7 @@ class Strategy:
             state["step"] = int(step)
 
     scaler = None  # fp16: the GradScaler the losses were multiplied by
+    mesh_description = ""  # with tensor parallelism: the mesh's groups (Mesh.describe())
 
     def loss_scale(self) -> float:
         return self.scaler.scale if self.scaler is not None else 1.0

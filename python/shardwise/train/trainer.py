@@ -94,6 +94,14 @@ def make_strategy(spec: RunSpec, world: int):
         mesh = Mesh([[stages, data, o.tensor_parallel], ["pp", kind, "tp"]])
         o.tp_group, data_group = mesh.group("tp"), mesh.group(kind)
         pipeline_mesh = _PipelineAxes(mesh, kind)
+    strategy = _make(spec, world, data_group, pipeline_mesh)
+    if pipeline_mesh is not None:
+        strategy.mesh_description = mesh.describe()
+    return strategy
+
+
+def _make(spec: RunSpec, world: int, data_group, pipeline_mesh):
+    o = spec.options
     if spec.strategy == "ddp":
         return strategies.DDPStrategy(o, data_group)
     if spec.strategy == "fsdp":
@@ -205,6 +213,11 @@ class Trainer:
         self.sinks.note(
             f"strategy {spec.strategy}, world {self.world}, effective batch "
             f"{spec.effective_batch_size} sequences of {spec.gpt.seq_len} tokens"
+            + (
+                f"\nmesh: {self.strategy.mesh_description}"
+                if self.strategy.mesh_description
+                else ""
+            )
             + (f"\n{spec.memory_note}" if spec.memory_note else "")
         )
         flops_token = metrics.flops_per_token(
