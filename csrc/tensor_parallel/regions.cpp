@@ -68,57 +68,34 @@ struct ReduceFromRegion : public torch::autograd::Function<ReduceFromRegion> {
   }
 };
 
-struct GatherAlong : public torch::autograd::Function<GatherAlong> {
-  static at::Tensor forward(AutogradContext* ctx,
-                            const at::Tensor& input,
-                            int64_t dim,
-                            Group group) {
-    save_group(ctx, group);
-    ctx->saved_data["dim"] = dim;
-    return all_gather_dim(input, dim, group);
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto group = load_group(ctx);
-    return {reduce_scatter_dim(grads[0], ctx->saved_data["dim"].toInt(), group), at::Tensor(),
-            at::Tensor()};
-  }
-};
+at::Tensor slice_dim(const at::Tensor& input, int64_t dim, const Group& group) {
+  const int64_t tp = group->getSize();
+  TORCH_CHECK_VALUE(input.size(dim) % tp == 0, "tensor_parallel.scatter_along: size ",
+                    input.size(dim), " of dim ", dim, " is not divisible by the group's ", tp,
+                    " ranks");
+  return input.chunk(tp, dim)[group->getRank()].contiguous();
+}
 
-struct ReduceScatterAlong : public torch::autograd::Function<ReduceScatterAlong> {
+// A region along a dimension: `forward_op` forward, `backward_op` on the gradient backward.
+using DimOp = at::Tensor (*)(const at::Tensor&, int64_t, const Group&);
+template <DimOp forward_op, DimOp backward_op>
+struct DimRegion : public torch::autograd::Function<DimRegion<forward_op, backward_op>> {
   static at::Tensor forward(AutogradContext* ctx,
                             const at::Tensor& input,
                             int64_t dim,
                             Group group) {
     save_group(ctx, group);
     ctx->saved_data["dim"] = dim;
-    return reduce_scatter_dim(input, dim, group);
+    return forward_op(input, dim, group);
   }
   static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto group = load_group(ctx);
-    return {all_gather_dim(grads[0], ctx->saved_data["dim"].toInt(), group), at::Tensor(),
+    return {backward_op(grads[0], ctx->saved_data["dim"].toInt(), load_group(ctx)), at::Tensor(),
             at::Tensor()};
   }
 };
-
-struct ScatterAlong : public torch::autograd::Function<ScatterAlong> {
-  static at::Tensor forward(AutogradContext* ctx,
-                            const at::Tensor& input,
-                            int64_t dim,
-                            Group group) {
-    save_group(ctx, group);
-    ctx->saved_data["dim"] = dim;
-    const int64_t tp = group->getSize();
-    TORCH_CHECK_VALUE(input.size(dim) % tp == 0, "tensor_parallel.scatter_along: size ",
-                      input.size(dim), " of dim ", dim, " is not divisible by the group's ", tp,
-                      " ranks");
-    return input.chunk(tp, dim)[group->getRank()].contiguous();
-  }
-  static variable_list backward(AutogradContext* ctx, variable_list grads) {
-    auto group = load_group(ctx);
-    return {all_gather_dim(grads[0], ctx->saved_data["dim"].toInt(), group), at::Tensor(),
-            at::Tensor()};
-  }
-};
+using GatherAlong = DimRegion<all_gather_dim, reduce_scatter_dim>;
+using ReduceScatterAlong = DimRegion<reduce_scatter_dim, all_gather_dim>;
+using ScatterAlong = DimRegion<slice_dim, all_gather_dim>;
 
 void check_group(const Group& group, const char* op) {
   TORCH_CHECK_VALUE(group, "tensor_parallel.", op,

@@ -16,34 +16,23 @@
 namespace {
 
 TEST(GradScalerLibTorch, OverflowOnOneRankSkipsOnEveryRank) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::string> errors(2);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < 2; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        shardwise::zero::LossScalerOptions options;
-        options.initial_scale = 8.0;
-        options.hysteresis = 1;
-        shardwise::zero::GradScaler scaler(options, make_thread_group(store, rank, 2, "gs"));
-        torch::Tensor g = torch::full({4}, 8.0);
-        bool overflow = scaler.unscale_({g});
-        EXPECT_FALSE(overflow) << "rank " << rank;
-        EXPECT_TRUE(torch::equal(g, torch::ones({4}))) << "unscaled by 1/8, rank " << rank;
-        EXPECT_FALSE(scaler.update(overflow));
-        torch::Tensor h = torch::ones({3});
-        if (rank == 1) h[2] = std::numeric_limits<float>::infinity();
-        overflow = scaler.unscale_({h, torch::Tensor()});  // an undefined gradient is skipped
-        EXPECT_TRUE(overflow) << "rank " << rank << " must see rank 1's overflow";
-        EXPECT_TRUE(scaler.update(overflow));
-        EXPECT_EQ(scaler.scale(), 4.0) << "rank " << rank;
-      } catch (const std::exception& e) {
-        errors[rank] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int rank = 0; rank < 2; ++rank) ASSERT_EQ(errors[rank], "") << "rank " << rank;
+  on_thread_ranks(2, "gs", [](int rank, c10::intrusive_ptr<c10d::ProcessGroup> group) {
+    shardwise::zero::LossScalerOptions options;
+    options.initial_scale = 8.0;
+    options.hysteresis = 1;
+    shardwise::zero::GradScaler scaler(options, group);
+    torch::Tensor g = torch::full({4}, 8.0);
+    bool overflow = scaler.unscale_({g});
+    EXPECT_FALSE(overflow) << "rank " << rank;
+    EXPECT_TRUE(torch::equal(g, torch::ones({4}))) << "unscaled by 1/8, rank " << rank;
+    EXPECT_FALSE(scaler.update(overflow));
+    torch::Tensor h = torch::ones({3});
+    if (rank == 1) h[2] = std::numeric_limits<float>::infinity();
+    overflow = scaler.unscale_({h, torch::Tensor()});  // an undefined gradient is skipped
+    EXPECT_TRUE(overflow) << "rank " << rank << " must see rank 1's overflow";
+    EXPECT_TRUE(scaler.update(overflow));
+    EXPECT_EQ(scaler.scale(), 4.0) << "rank " << rank;
+  });
 }
 
 }  // namespace

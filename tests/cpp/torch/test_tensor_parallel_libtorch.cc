@@ -23,22 +23,8 @@ namespace {
 
 constexpr int kWorld = 2;
 
-// Runs fn(rank, group) on kWorld thread ranks; fails the test with any rank's exception.
 void on_ranks(const std::string& name, const std::function<void(int, tp::Group)>& fn) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
-  std::vector<std::string> errors(kWorld);
-  std::vector<std::thread> threads;
-  for (int rank = 0; rank < kWorld; ++rank) {
-    threads.emplace_back([&, rank] {
-      try {
-        fn(rank, make_thread_group(store, rank, kWorld, name));
-      } catch (const std::exception& e) {
-        errors[rank] = e.what();
-      }
-    });
-  }
-  for (auto& t : threads) t.join();
-  for (int rank = 0; rank < kWorld; ++rank) ASSERT_EQ(errors[rank], "") << "rank " << rank;
+  on_thread_ranks(kWorld, name, fn);
 }
 
 torch::Tensor shard(const torch::Tensor& full, int64_t dim, int rank, int64_t chunks = 1) {

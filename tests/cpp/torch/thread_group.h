@@ -2,10 +2,16 @@
 // one in-memory store; the short timeout makes a failing rank fail the others fast.
 #pragma once
 
+#include <gtest/gtest.h>
+
 #include <chrono>
+#include <functional>
 #include <string>
+#include <thread>
+#include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/PrefixStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <vector>
 
 #include "backend/shardwise_backend.hpp"
 
@@ -19,4 +25,26 @@ inline c10::intrusive_ptr<c10d::ProcessGroup> make_thread_group(
   group->setBackend(c10::DeviceType::CPU, c10d::ProcessGroup::BackendType::CUSTOM, backend);
   group->setDefaultBackend(c10d::ProcessGroup::BackendType::CUSTOM);
   return group;
+}
+
+// Runs fn(rank, group) on `world` thread ranks sharing one store; fails the calling test with
+// any rank's exception (each rank's message, by rank).
+inline void on_thread_ranks(
+    int world,
+    const std::string& prefix,
+    const std::function<void(int, c10::intrusive_ptr<c10d::ProcessGroup>)>& fn) {
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::string> errors(world);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        fn(rank, make_thread_group(store, rank, world, prefix));
+      } catch (const std::exception& e) {
+        errors[rank] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int rank = 0; rank < world; ++rank) ASSERT_EQ(errors[rank], "") << "rank " << rank;
 }
