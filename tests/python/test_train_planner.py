@@ -54,7 +54,7 @@ def test_pipeline_divides_model_states_by_stages_and_keeps_activations():
     row = result.row("pipeline")
     assert result.pipeline_stages == 4
     assert row.total == 112 * GB / 4 + 3 * GB
-    assert all(r.activations == 3 * GB for r in result.rows)
+    assert all(r.activations == 3 * GB for r in result.rows if r.strategy != "tp_zero3")
     assert "pipeline" not in [r.strategy for r in plan(PHI, N, 80 * GB, pipeline_stages=1).rows]
     auto = plan(PHI, N, 80 * GB)  # fewest stages that fit: 112/2 × 1.1 = 61.6 GB
     assert auto.pipeline_stages == 2
@@ -221,3 +221,16 @@ def test_gpt_activation_estimate_matches_what_the_whole_model_saves(preset, micr
     estimate = planner.gpt_activation_bytes(cfg, micro, precision)
     measured = planner._saved_bytes(cfg, micro, precision == "bf16")
     assert abs(measured - estimate) <= 0.10 * measured, (measured, estimate)
+
+
+def test_tensor_parallelism_comes_after_zero3_when_activations_do_not_fit():
+    """Seed 003's order: single, DDP, FSDP/ZeRO, TP, pipeline. ZeRO-3 shards model states but
+    not activations; tp x zero3 with sequence parallelism splits those too."""
+    result = plan(PHI, N, 80 * GB, activation_bytes_per_rank=70 * GB)
+    tp = result.row("tp_zero3")
+    assert not result.row("zero3").fits and tp.fits
+    assert tp.activations == 70 * GB / 2 and tp.parameters == result.row("zero3").parameters
+    assert result.recommendation.strategy == "tp_zero3"
+    assert "tp 2 x zero3 over 4" in result.recommendation.reason
+    small = plan(PHI, N, 80 * GB, activation_bytes_per_rank=1 * GB)
+    assert small.recommendation.strategy == "zero2"  # nothing new when ZeRO already fits

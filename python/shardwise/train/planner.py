@@ -58,13 +58,14 @@ from dataclasses import asdict, dataclass
 GIB = 1024**3
 PRECISIONS = ("bf16", "fp16", "fp32")
 OPTIMIZERS = ("adamw", "adam", "sgd")
-ORDER = ("ddp", "zero2", "zero3", "pipeline", "zero3_offload")
+ORDER = ("ddp", "zero2", "zero3", "tp_zero3", "pipeline", "zero3_offload")  # seed 003's order
 LABELS = {
     "ddp": "ddp",
     "zero1": "zero1",
     "zero2": "zero2",
     "fsdp_shard_grad_op": "fsdp shard_grad_op",
     "zero3": "zero3 / fsdp full_shard",
+    "tp_zero3": "tp x zero3 (+ seq. parallel)",
     "pipeline": "pipeline",
     "zero3_offload": "zero3 + cpu offload",
 }
@@ -147,6 +148,16 @@ def _auto_stages(world_size: int, fits) -> int:
     return divisors[-1] if divisors else 1
 
 
+def _auto_tp(world_size: int, fits) -> int:
+    """The smallest tensor-parallel degree (a power of two <= 8 dividing the world, so one host
+    holds a group) that fits, else the largest."""
+    degrees = [t for t in (2, 4, 8) if world_size % t == 0]
+    for t in degrees:
+        if fits(t):
+            return t
+    return degrees[-1] if degrees else 1
+
+
 def _rows(phi, n, memory, precision, optimizer, act, stages, overhead, gather, stage_params):
     bp, bg, bo = state_bytes_per_param(precision, optimizer)
     par, grad, opt = bp * phi, bg * phi, bo * phi  # P, G, O in the module docstring
@@ -163,6 +174,14 @@ def _rows(phi, n, memory, precision, optimizer, act, stages, overhead, gather, s
         share = (stage_params(p) / phi) if stage_params else 1 / p  # the largest stage
         return _row("pipeline", par * share, grad * share, opt * share, act, *args)
 
+    def tensor_parallel(t: int) -> Row:
+        # tp x zero3: model states sharded over all n ranks (t ways by tp, n / t by zero3);
+        # with sequence parallelism every activation is split t ways (Korthikanti et al.)
+        return _row("tp_zero3", par / n, grad / n, opt / n, act / t, *args, gathered=gather / t)
+
+    tp = _auto_tp(n, lambda t: tensor_parallel(t).fits)
+    if tp > 1:
+        rows.append(tensor_parallel(tp))
     if stages is None:
         stages = _auto_stages(n, lambda p: pipeline(p).fits)
     if stages > 1:
@@ -180,6 +199,8 @@ def _recommend(rows: list[Row], world_size: int, memory: int, stages: int) -> Re
         "ddp": "model states and activations fit each device whole; plain DDP is simplest",
         "zero2": "DDP does not fit; ZeRO-2 (or FSDP shard_grad_op) shards grads + optimizer state",
         "zero3": "ZeRO-2 does not fit; ZeRO-3 / FSDP full_shard also shards the parameters",
+        "tp_zero3": "ZeRO-3 does not fit (activations); tensor + sequence parallelism also "
+        "splits every activation",
         "pipeline": "no data-parallel sharding fits; pipeline stages split the layers",
         "zero3_offload": "nothing fits on the device alone; offload optimizer state to CPU "
         "(last resort, slow)",
@@ -192,6 +213,9 @@ def _recommend(rows: list[Row], world_size: int, memory: int, stages: int) -> Re
             return Recommendation("single", f"fits one device ({gib}); no parallelism needed", row)
         if name == "pipeline":
             reason = reasons[name] + f" ({stages} stages x {world_size // stages} data-parallel)"
+        elif name == "tp_zero3":
+            t = round(by_name["zero3"].activations / max(1, row.activations))
+            reason = reasons[name] + f" (tp {t} x zero3 over {world_size // t})"
         else:
             reason = reasons[name]
         return Recommendation(name, f"{reason}; needs {row.required / GIB:.1f} of {gib}", row)
