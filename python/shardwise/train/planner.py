@@ -65,7 +65,7 @@ LABELS = {
     "zero2": "zero2",
     "fsdp_shard_grad_op": "fsdp shard_grad_op",
     "zero3": "zero3 / fsdp full_shard",
-    "tp_zero3": "tp x zero3 (+ seq. parallel)",
+    "tp_zero3": "tp x zero3, seq. par.",
     "pipeline": "pipeline",
     "zero3_offload": "zero3 + cpu offload",
 }
