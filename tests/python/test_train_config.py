@@ -482,6 +482,8 @@ EXPECTED_STRATEGY = {
     "pipeline_1f1b.yaml": "pipeline",
     "dp_x_pp.yaml": "pipeline",
     "demo.yaml": "fsdp",
+    "fsdp_x_tp.yaml": "fsdp",
+    "dp_pp_tp.yaml": "pipeline",
 }
 
 
