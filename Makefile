@@ -83,6 +83,8 @@ bench: build ## benchmarks (with OpenMPI as an anchor); results land in benchmar
 	$(PY) benchmarks/bench_optim.py --output benchmarks/results/$$(date +%Y-%m-%d)-optim-cpu.md
 	$(PY) benchmarks/bench_zero.py --output benchmarks/results/$$(date +%Y-%m-%d)-zero-cpu.md
 	$(PY) benchmarks/bench_planner.py --output benchmarks/results/$$(date +%Y-%m-%d)-planner-cpu.md
+	$(PY) benchmarks/bench_tensor_parallel.py \
+		--output benchmarks/results/$$(date +%Y-%m-%d)-tensor-parallel-cpu.md
 	cd benchmarks && $(PY) bench_pipeline.py --output results/$$(date +%Y-%m-%d)-pipeline-cpu.md \
 		--png results/$$(date +%Y-%m-%d)-pipeline-zb-h1-timeline.png
 
