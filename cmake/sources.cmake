@@ -74,6 +74,7 @@ set(SHARDWISE_TORCH_SOURCES
   csrc/tensor_parallel/parallel_attention.cpp
   csrc/tensor_parallel/vocab_parallel.cpp
   csrc/tensor_parallel/shard_tensor.cpp
+  csrc/tensor_parallel/grad_norm.cpp
 )
 set(SHARDWISE_TORCH_TEST_SOURCES
   tests/cpp/torch/test_cast_ops_libtorch.cc

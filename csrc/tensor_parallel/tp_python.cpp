@@ -8,6 +8,7 @@
 #include <string>
 
 #include "mesh/mesh_layout.h"
+#include "tensor_parallel/grad_norm.h"
 #include "tensor_parallel/parallel_attention.h"
 #include "tensor_parallel/parallel_linear.h"
 #include "tensor_parallel/shard_tensor.h"
@@ -127,6 +128,16 @@ void bind_tensor_parallel(py::module& m) {
         py::arg("group"), Release());
   m.def("tp_scatter_along", &scatter_along, py::arg("input"), py::arg("dim"), py::arg("group"),
         Release());
+  m.def(
+      "tp_clip_grad_norm_",
+      [](const std::vector<at::Tensor>& split, const std::vector<at::Tensor>& replicated,
+         double max_norm, std::optional<Group> tp_group, std::optional<Group> shard_group) {
+        return clip_grad_norm_(
+            split, replicated,
+            {max_norm, tp_group.value_or(Group()), shard_group.value_or(Group())});
+      },
+      py::arg("split"), py::arg("replicated"), py::arg("max_norm"), py::arg("tp_group"),
+      py::arg("shard_group"), Release(), "tensor_parallel/grad_norm.h");
   m.def(
       "tp_shard_runs",
       [](const std::vector<int64_t>& shape, int64_t dim, int64_t chunks, int rank, int size) {

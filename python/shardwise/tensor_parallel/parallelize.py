@@ -195,23 +195,18 @@ def shard_runs(full_shape, info, group) -> list[tuple[int, int, int]]:
 
 def clip_grad_norm_(params, max_norm: float, tp_group=None, split=None, shard_group=None) -> float:
     """Clips the gradients of a tensor-parallel model by their global L2 norm and returns the
-    norm before clipping. Gradients of split parameters (``split``: their ids; default: those
-    ``parallelize`` cut) are squared and summed over ``tp_group``; replicated ones, equal on every
-    tp rank, count once. ``shard_group``: the gradients are FSDP shards, summed over it too."""
+    norm before clipping (C++ ``clip_grad_norm_``, ``csrc/tensor_parallel/grad_norm.h``).
+    Gradients of split parameters (``split``: their ids; default: those ``parallelize`` cut) are
+    squared and summed over ``tp_group``; replicated ones, equal on every tp rank, count once.
+    ``shard_group``: the gradients are FSDP shards, summed over it too."""
+    from .. import _C
+
     params = [p for p in params if p.grad is not None]
     split = {id(p) for p in params if tp_info(p)} if split is None else split
-    squares = torch.zeros(2, dtype=torch.float64)
-    for p in params:
-        squares[0 if id(p) in split else 1] += p.grad.detach().double().pow(2).sum()
-    if shard_group is not None and dist.get_world_size(shard_group) > 1:
-        dist.all_reduce(squares, group=shard_group)
-    if tp_group is not None and dist.get_world_size(tp_group) > 1:
-        part = squares[:1].clone()
-        dist.all_reduce(part, group=tp_group)
-        squares[0] = part[0]
-    norm = float(squares.sum().sqrt())
-    if max_norm and norm > max_norm:
-        scale = max_norm / (norm + 1e-6)
-        for p in params:
-            p.grad.detach().mul_(scale)
-    return norm
+    return _C.tp_clip_grad_norm_(
+        [p.grad for p in params if id(p) in split],
+        [p.grad for p in params if id(p) not in split],
+        max_norm or 0.0,
+        tp_group,
+        shard_group,
+    )

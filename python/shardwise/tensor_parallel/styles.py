@@ -74,11 +74,6 @@ class ColwiseParallel:
 
     def apply(self, module: nn.Module, name: str, ctx: Context) -> None:
         _expect(module, (nn.Linear,), name, "ColwiseParallel")
-        if self.heads is not None and self.heads % ctx.size:
-            raise ValueError(
-                f"tensor parallel: module '{name}': heads = {self.heads} is not divisible by the "
-                f"tensor-parallel size {ctx.size}; choose a tp size that divides {self.heads}"
-            )
         _shard(ctx, module, name, "weight", 0, self.chunks)
         _shard(ctx, module, name, "bias", 0, self.chunks)
         group, sp, dim = ctx.group, self.sequence_parallel, self.sequence_dim

@@ -93,9 +93,10 @@ def make_strategy(spec: RunSpec, world: int):
         data = world // (o.tensor_parallel * stages)
         mesh = Mesh([[stages, data, o.tensor_parallel], ["pp", kind, "tp"]])
         o.tp_group, data_group = mesh.group("tp"), mesh.group(kind)
-        pipeline_mesh = _PipelineAxes(mesh, kind)
+        if spec.strategy == "pipeline":
+            pipeline_mesh = _PipelineAxes(mesh, kind)
     strategy = _make(spec, world, data_group, pipeline_mesh)
-    if pipeline_mesh is not None:
+    if o.tensor_parallel > 1:
         strategy.mesh_description = mesh.describe()
     return strategy
 

@@ -1,0 +1,45 @@
+#include "tensor_parallel/grad_norm.h"
+
+#include <ATen/ATen.h>
+
+#include <cmath>
+
+namespace shardwise::tensor_parallel {
+namespace {
+
+double sum_of_squares(const std::vector<at::Tensor>& grads) {
+  double total = 0.0;
+  for (const at::Tensor& g : grads) {
+    if (g.defined()) total += g.detach().to(at::kDouble).pow(2).sum().item<double>();
+  }
+  return total;
+}
+
+bool spans_ranks(const Group& group) { return group && group->getSize() > 1; }
+
+}  // namespace
+
+double clip_grad_norm_(const std::vector<at::Tensor>& split_grads,
+                       const std::vector<at::Tensor>& replicated_grads,
+                       const ClipOptions& options) {
+  // squares = [split, replicated]: both summed over the shards, only the split over tp
+  at::Tensor squares =
+      at::tensor({sum_of_squares(split_grads), sum_of_squares(replicated_grads)}, at::kDouble);
+  if (spans_ranks(options.shard_group)) squares = all_reduce_sum(squares, options.shard_group);
+  if (spans_ranks(options.tp_group)) {
+    at::Tensor split = squares.narrow(0, 0, 1);
+    split.copy_(all_reduce_sum(split, options.tp_group));
+  }
+  const double norm = std::sqrt(squares.sum().item<double>());
+  if (options.max_norm > 0 && norm > options.max_norm) {
+    const double scale = options.max_norm / (norm + 1e-6);
+    for (const auto* grads : {&split_grads, &replicated_grads}) {
+      for (const at::Tensor& g : *grads) {
+        if (g.defined()) g.detach().mul_(scale);
+      }
+    }
+  }
+  return norm;
+}
+
+}  // namespace shardwise::tensor_parallel

@@ -1,0 +1,27 @@
+// Gradient-norm clipping for a tensor-parallel model: the L2 norm over the whole model, where
+// the gradients of split parameters are squared and summed over the tensor-parallel group and
+// those of replicated parameters (equal on every tp rank) count once. With `shard_group`, the
+// gradients are FSDP shards and their squares are summed over it too. If the norm exceeds
+// `max_norm` (> 0), every gradient is multiplied by max_norm / (norm + 1e-6), as
+// torch.nn.utils.clip_grad_norm_ does. Returns the norm before clipping.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+#include "tensor_parallel/regions.h"
+
+namespace shardwise::tensor_parallel {
+
+struct ClipOptions {
+  double max_norm = 0.0;  // 0: only measure
+  Group tp_group;         // null: no tensor parallelism
+  Group shard_group;      // null: whole (unsharded) gradients
+};
+
+double clip_grad_norm_(const std::vector<at::Tensor>& split_grads,
+                       const std::vector<at::Tensor>& replicated_grads,
+                       const ClipOptions& options);
+
+}  // namespace shardwise::tensor_parallel
