@@ -19,18 +19,23 @@ bool spans_ranks(const Group& group) { return group && group->getSize() > 1; }
 
 }  // namespace
 
-double clip_grad_norm_(const std::vector<at::Tensor>& split_grads,
-                       const std::vector<at::Tensor>& replicated_grads,
-                       const ClipOptions& options) {
+double global_norm(double split_squares, double replicated_squares, const ClipOptions& options) {
   // squares = [split, replicated]: both summed over the shards, only the split over tp
-  at::Tensor squares =
-      at::tensor({sum_of_squares(split_grads), sum_of_squares(replicated_grads)}, at::kDouble);
+  at::Tensor squares = at::tensor({split_squares, replicated_squares}, at::kDouble);
   if (spans_ranks(options.shard_group)) squares = all_reduce_sum(squares, options.shard_group);
+  if (spans_ranks(options.stage_group)) squares = all_reduce_sum(squares, options.stage_group);
   if (spans_ranks(options.tp_group)) {
     at::Tensor split = squares.narrow(0, 0, 1);
     split.copy_(all_reduce_sum(split, options.tp_group));
   }
-  const double norm = std::sqrt(squares.sum().item<double>());
+  return std::sqrt(squares.sum().item<double>());
+}
+
+double clip_grad_norm_(const std::vector<at::Tensor>& split_grads,
+                       const std::vector<at::Tensor>& replicated_grads,
+                       const ClipOptions& options) {
+  const double norm =
+      global_norm(sum_of_squares(split_grads), sum_of_squares(replicated_grads), options);
   if (options.max_norm > 0 && norm > options.max_norm) {
     const double scale = options.max_norm / (norm + 1e-6);
     for (const auto* grads : {&split_grads, &replicated_grads}) {

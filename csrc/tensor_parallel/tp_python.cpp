@@ -131,13 +131,15 @@ void bind_tensor_parallel(py::module& m) {
   m.def(
       "tp_clip_grad_norm_",
       [](const std::vector<at::Tensor>& split, const std::vector<at::Tensor>& replicated,
-         double max_norm, std::optional<Group> tp_group, std::optional<Group> shard_group) {
-        return clip_grad_norm_(
-            split, replicated,
-            {max_norm, tp_group.value_or(Group()), shard_group.value_or(Group())});
+         double max_norm, std::optional<Group> tp_group, std::optional<Group> shard_group,
+         std::optional<Group> stage_group) {
+        return clip_grad_norm_(split, replicated,
+                               {max_norm, tp_group.value_or(Group()), shard_group.value_or(Group()),
+                                stage_group.value_or(Group())});
       },
       py::arg("split"), py::arg("replicated"), py::arg("max_norm"), py::arg("tp_group"),
-      py::arg("shard_group"), Release(), "tensor_parallel/grad_norm.h");
+      py::arg("shard_group"), py::arg("stage_group") = py::none(), Release(),
+      "tensor_parallel/grad_norm.h");
   m.def(
       "tp_shard_runs",
       [](const std::vector<int64_t>& shape, int64_t dim, int64_t chunks, int rank, int size) {

@@ -74,6 +74,10 @@ void ZeroOptimizer::allocate_state(const at::Tensor& like, int64_t numel) {
 
 void ZeroOptimizer::init_partitioned(std::vector<at::Tensor> params) {
   TORCH_CHECK_VALUE(!params.empty(), "ZeRO: no trainable parameters were given");
+  TORCH_CHECK_VALUE(
+      !options_.tensor_parallel.group || options_.tensor_parallel.split.size() == params.size(),
+      "ZeRO: tensor_parallel.split has ", options_.tensor_parallel.split.size(), " entries for ",
+      params.size(), " parameters; give one per parameter");
   world_ = options_.stage == 0 ? 1 : dp_size_;
   for (size_t i = 0; i < params.size(); ++i) {
     const at::Tensor& p = params[i];

@@ -23,6 +23,12 @@
 // gradients; the optimizer steps the given shard tensors in place, and only the overflow flag
 // and the gradient norm are reduced over the group.
 //
+// Tensor parallelism (options.tensor_parallel): the data-parallel group is one data axis of a
+// TP model, whose parameters are this tp rank's shards. The gradient norm then sums the squares
+// of split parameters over the tp group and counts replicated ones (equal on every tp rank) once,
+// as tensor_parallel::clip_grad_norm_ does; the fp16 overflow flag is agreed over the tp group too,
+// so every rank of the mesh skips the same steps.
+//
 // Optimizer state is described as pieces (parameter id, first element, count), so a checkpoint
 // taken at one world size loads at any other (load_state_pieces copies the overlaps).
 #pragma once
@@ -57,6 +63,11 @@ struct OptimizerOptions {
   bool nesterov = false;
 };
 
+struct ZeroTensorParallel {
+  c10::intrusive_ptr<c10d::ProcessGroup> group;  // null: no tensor parallelism
+  std::vector<bool> split;  // by parameter id (PieceInfo::param): split over `group`
+};
+
 struct ZeroOptions {
   int stage = 1;                                 // 0, 1, 2 (partitioned) or 3 (local)
   c10::intrusive_ptr<c10d::ProcessGroup> group;  // data-parallel group; null: one process
@@ -66,6 +77,7 @@ struct ZeroOptions {
   double gradient_clipping = 0.0;                // max global norm; 0: off
   std::optional<LossScalerOptions> loss_scaler;  // fp16 only
   OptimizerOptions optimizer;
+  ZeroTensorParallel tensor_parallel;
 };
 
 // Where a state tensor lies in a parameter: elements [start, start + numel) of parameter `param`
@@ -143,6 +155,7 @@ class ZeroOptimizer : public std::enable_shared_from_this<ZeroOptimizer> {
   std::vector<at::Tensor> local_grads() const;
   bool any_overflow(const std::vector<at::Tensor>& grads) const;
   double global_norm(const std::vector<at::Tensor>& grads) const;
+  double tensor_parallel_norm(const std::vector<at::Tensor>& grads) const;
   void run_optimizer(const std::vector<at::Tensor>& masters,
                      const std::vector<at::Tensor>& grads,
                      const std::vector<at::Tensor>& low,

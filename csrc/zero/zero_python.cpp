@@ -18,8 +18,12 @@ using Group = c10::intrusive_ptr<c10d::ProcessGroup>;
 using Release = py::call_guard<py::gil_scoped_release>;
 
 // The options from the mapping shardwise.zero.config builds (already validated there).
-ZeroOptions options_of(const py::dict& d, std::optional<Group> group) {
+ZeroOptions options_of(const py::dict& d,
+                       std::optional<Group> group,
+                       std::optional<Group> tp_group = std::nullopt,
+                       std::vector<bool> tp_split = {}) {
   ZeroOptions o;
+  if (tp_group) o.tensor_parallel = {*tp_group, std::move(tp_split)};
   o.stage = d["stage"].cast<int>();
   if (group) o.group = *group;
   o.reduce_bucket_numel = d["reduce_bucket_numel"].cast<int64_t>();
@@ -115,20 +119,26 @@ void bind_zero(py::module& m) {
   py::class_<ZeroOptimizer, std::shared_ptr<ZeroOptimizer>>(
       m, "ZeroOptimizer", "The C++ ZeRO optimizer (zero/zero_optimizer.h).")
       .def(py::init([](std::vector<at::Tensor> params, const py::dict& options,
-                       std::optional<Group> group) {
-             return ZeroOptimizer::create(std::move(params), options_of(options, group));
+                       std::optional<Group> group, std::optional<Group> tp_group,
+                       std::vector<bool> tp_split) {
+             return ZeroOptimizer::create(
+                 std::move(params), options_of(options, group, tp_group, std::move(tp_split)));
            }),
-           py::arg("params"), py::arg("options"), py::arg("group"))
+           py::arg("params"), py::arg("options"), py::arg("group"),
+           py::arg("tp_group") = py::none(), py::arg("tp_split") = std::vector<bool>{})
       .def_static(
           "local",
           [](std::vector<at::Tensor> shards, const std::vector<std::array<int64_t, 4>>& pieces,
-             const py::dict& options, std::optional<Group> group) {
+             const py::dict& options, std::optional<Group> group, std::optional<Group> tp_group,
+             std::vector<bool> tp_split) {
             std::vector<PieceInfo> infos;
             for (const auto& p : pieces) infos.push_back({p[0], p[1], p[2], p[3]});
-            return ZeroOptimizer::create_local(std::move(shards), std::move(infos),
-                                               options_of(options, group));
+            return ZeroOptimizer::create_local(
+                std::move(shards), std::move(infos),
+                options_of(options, group, tp_group, std::move(tp_split)));
           },
-          py::arg("shards"), py::arg("pieces"), py::arg("options"), py::arg("group"))
+          py::arg("shards"), py::arg("pieces"), py::arg("options"), py::arg("group"),
+          py::arg("tp_group") = py::none(), py::arg("tp_split") = std::vector<bool>{})
       .def("step", &ZeroOptimizer::step, Release())
       .def("zero_grad", &ZeroOptimizer::zero_grad)
       .def("loss_scale", &ZeroOptimizer::loss_scale)

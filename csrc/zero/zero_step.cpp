@@ -8,6 +8,7 @@
 #include <cmath>
 
 #include "sharding/shard_ops.h"
+#include "tensor_parallel/grad_norm.h"
 #include "zero/zero_optimizer.h"
 
 namespace shardwise::zero {
@@ -40,18 +41,51 @@ bool ZeroOptimizer::any_overflow(const std::vector<at::Tensor>& grads) const {
   at::Tensor flag = at::zeros({1}, grads[0].options().dtype(at::kFloat));
   for (const at::Tensor& grad : grads) flag.add_(at::logical_not(at::isfinite(grad)).any());
   if (dp_size_ > 1 && (local_ || world_ > 1)) all_reduce_sum(options_.group, flag);
+  const auto& tp = options_.tensor_parallel.group;
+  if (tp && tp->getSize() > 1) all_reduce_sum(tp, flag);  // every tp rank skips alike
   return flag.item<float>() > 0;
 }
 
 // The 2-norm of the whole model's gradient: partitions are disjoint across ranks (padding is
 // zero), so the squares are summed over the group; stage 0 gradients are already complete.
 double ZeroOptimizer::global_norm(const std::vector<at::Tensor>& grads) const {
+  if (options_.tensor_parallel.group) return tensor_parallel_norm(grads);
   at::Tensor squares = at::zeros({1}, grads[0].options().dtype(at::kDouble));
   for (const at::Tensor& grad : grads) {
     squares.add_(at::linalg_vector_norm(grad, 2, {}, false, at::kFloat).to(at::kDouble).pow(2));
   }
   if (dp_size_ > 1 && (local_ || world_ > 1)) all_reduce_sum(options_.group, squares);
   return std::sqrt(squares.item<double>());
+}
+
+// With tensor parallelism: each piece's squares go to the split or the replicated sum by its
+// parameter (the partition's pieces lie where state_pieces() says), then
+// tensor_parallel::global_norm reduces them over the data group (partitions) and the tp group.
+double ZeroOptimizer::tensor_parallel_norm(const std::vector<at::Tensor>& grads) const {
+  const std::vector<bool>& split = options_.tensor_parallel.split;
+  double sums[2] = {0.0, 0.0};  // split, replicated
+  auto add = [&](const PieceInfo& info, const at::Tensor& grad) {
+    TORCH_CHECK_VALUE(info.param >= 0 && info.param < static_cast<int64_t>(split.size()),
+                      "ZeRO: tensor_parallel.split has ", split.size(),
+                      " entries but parameter id ", info.param, " exists; give one per parameter");
+    const double sq = at::linalg_vector_norm(grad, 2, {}, false, at::kDouble).pow(2).item<double>();
+    sums[split[info.param] ? 0 : 1] += sq;
+  };
+  size_t k = 0;
+  if (local_) {
+    for (; k < pieces_.size(); ++k) add(pieces_[k], grads[k]);
+  } else {
+    for (const Bucket& bucket : buckets_) {
+      for (size_t j = 0; j < bucket.params.size(); ++j, ++k) {
+        const int64_t offset = bucket.offset + bucket.layout.offset(static_cast<int64_t>(j));
+        add(pieces_[k], grads[0].narrow(0, offset, pieces_[k].numel));
+      }
+    }
+  }
+  tensor_parallel::ClipOptions reduce;
+  reduce.tp_group = options_.tensor_parallel.group;
+  if (local_ || world_ > 1) reduce.shard_group = options_.group;
+  return tensor_parallel::global_norm(sums[0], sums[1], reduce);
 }
 
 void ZeroOptimizer::run_optimizer(const std::vector<at::Tensor>& masters,

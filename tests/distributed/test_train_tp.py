@@ -5,8 +5,10 @@ plain one in both directions."""
 
 from __future__ import annotations
 
+import subprocess
+
 import pytest
-from test_train import _copy_until, assert_continues, losses, run, train
+from test_train import _copy_until, assert_continues, command, losses, run, train
 
 COMMON = ("training.max_steps=8", "training.checkpoint.every_steps=4")
 
@@ -20,6 +22,7 @@ def _ddp(world: int):
     return _run(f"ddp_ref{world}", world)
 
 
+ZERO_TP = ('model.mesh_shape=[[2,2],["dp","tp"]]', "distributed.world_size=4")
 PIPE = "pipeline_1f1b.yaml"  # 4 microbatches of 2: the same 16 sequences a step as ddp.yaml
 MESHES = {
     # name: (processes, config, overrides, (reference processes, reference config))
@@ -53,6 +56,14 @@ MESHES = {
         PIPE,
         ('model.mesh_shape=[[2,2,2],["dp","pp","tp"]]', "distributed.world_size=8"),
         (1, "ddp.yaml"),
+    ),
+    # ZeRO over the data axis of a tp model (its norm counts replicated parameters once)
+    "dp2_x_tp2_zero2": (4, "zero2.yaml", ZERO_TP, (2, "zero2.yaml")),
+    "dp2_x_tp2_zero3": (
+        4,
+        "zero2.yaml",
+        (*ZERO_TP, "distributed.zero.zero_optimization.stage=3"),
+        (2, "zero2.yaml"),
     ),
     # not tp, but a 2-D data mesh: it runs as hybrid sharding (it used to run as full sharding)
     "dp2_x_fsdp2_hybrid": (
@@ -137,7 +148,33 @@ def test_checkpoint_moves_between_tp_and_plain_layouts(tmp_path, saved, loaded):
     assert_continues(recs, ref, [5, 6, 7, 8], 1e-5)
 
 
-@pytest.mark.parametrize("name,row_name", [("tp2", "ddp"), ("fsdp2_x_tp2_sp", "zero3")])
+def test_zero_tp_checkpoint_resumes_at_its_tp_size_only(tmp_path):
+    """A ZeRO x tp checkpoint (pieces of tp shards, tagged with their tp rank) resumes on the
+    same mesh with the saving run's next losses (a rank loading another tp rank's pieces breaks
+    them); at tp 1 it is refused with the fix instead of loading shards as whole tensors."""
+    src, ref, _ = _mesh_run("dp2_x_tp2_zero2")
+    out = tmp_path / "same"
+    _copy_until(src, out, 4)
+    recs, _ = train(4, "zero2.yaml", out, *COMMON, *ZERO_TP)
+    assert_continues(recs, ref, [5, 6, 7, 8], 1e-5)
+    out = tmp_path / "other"
+    _copy_until(src, out, 4)
+    proc = subprocess.run(
+        command(2, "zero2.yaml", out, *COMMON),
+        capture_output=True,
+        text=True,
+        timeout=240,
+        cwd=tmp_path,
+    )
+    assert proc.returncode != 0
+    assert "tensor-parallel size 2 cannot resume at tp size 1" in proc.stdout + proc.stderr
+    assert "resume with tp=2" in proc.stdout + proc.stderr
+
+
+@pytest.mark.parametrize(
+    "name,row_name",
+    [("tp2", "ddp"), ("fsdp2_x_tp2_sp", "zero3"), ("dp2_x_tp2_zero2", "zero2")],
+)
 def test_planner_counts_tp_shards(name, row_name):
     """The planner's per-rank parameters + gradients + AdamW state for a tp run (the split
     model's parameters per tp rank, then DDP or FSDP over the data axis) against the tensor
@@ -177,6 +214,7 @@ FP16 = {
         ('model.mesh_shape=[[2,2],["fsdp","tp"]]', "distributed.strategy=fsdp"),
     ),
     "pipeline": (2, PIPE, ()),
+    "zero2_x_tp2": (4, "zero2.yaml", ZERO_TP),
 }
 
 

@@ -186,7 +186,8 @@ def test_tensor_parallel_refusals_name_the_key_and_the_fix():
     message = error_of("distributed.world_size=2", "distributed.sequence_parallel=true")
     assert "needs tensor parallelism" in message
     message = error_of("distributed.world_size=4", mesh, "distributed.strategy=zero")
-    assert "strategy=zero is not supported yet" in message and "ddp or fsdp" in message
+    assert "ZeRO over a data axis of size 1 partitions nothing" in message
+    assert "strategy ddp with tp=4" in message
     message = error_of(
         "distributed.world_size=4",
         'model.mesh_shape=[[2,2],["dp","tp"]]',

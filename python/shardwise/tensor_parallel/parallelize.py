@@ -193,12 +193,15 @@ def shard_runs(full_shape, info, group) -> list[tuple[int, int, int]]:
     return _C.tp_shard_runs(list(full_shape), dim, chunks, rank, size)
 
 
-def clip_grad_norm_(params, max_norm: float, tp_group=None, split=None, shard_group=None) -> float:
+def clip_grad_norm_(
+    params, max_norm: float, tp_group=None, split=None, shard_group=None, stage_group=None
+) -> float:
     """Clips the gradients of a tensor-parallel model by their global L2 norm and returns the
     norm before clipping (C++ ``clip_grad_norm_``, ``csrc/tensor_parallel/grad_norm.h``).
     Gradients of split parameters (``split``: their ids; default: those ``parallelize`` cut) are
     squared and summed over ``tp_group``; replicated ones, equal on every tp rank, count once.
-    ``shard_group``: the gradients are FSDP shards, summed over it too."""
+    ``shard_group``: the gradients are FSDP shards, summed over it too; ``stage_group``: the
+    pipeline ranks, each holding the parameters of its own stages (summed over it)."""
     from .. import _C
 
     params = [p for p in params if p.grad is not None]
@@ -209,4 +212,5 @@ def clip_grad_norm_(params, max_norm: float, tp_group=None, split=None, shard_gr
         max_norm or 0.0,
         tp_group,
         shard_group,
+        stage_group,
     )

@@ -19,7 +19,7 @@ from pathlib import Path
 
 from . import planner
 from .config import TrainConfig, load_config
-from .strategies import StrategyOptions
+from .parallelize import StrategyOptions
 from .trainer import RunSpec, Trainer
 
 
@@ -85,6 +85,8 @@ def run_spec(cfg: TrainConfig, resume: bool, memory_note: str) -> RunSpec:
         mesh=cfg.pipeline_mesh() if d.strategy == "pipeline" else None,
         tensor_parallel=d.tensor_parallel_size,
         sequence_parallel=d.sequence_parallel,
+        micro_batch=t.micro_batch_size,
+        accumulation=t.gradient_accumulation_steps,
     )
     return RunSpec(
         gpt=gpt,

@@ -586,8 +586,9 @@ def _resolve_strategy(cfg: TrainConfig) -> None:
 
 
 def _check_tensor_parallel(cfg: TrainConfig) -> None:
-    """tp > 1: the strategies that compose with it (ddp, fsdp over the data axis), the data
-    axis's name, and every dimension the tp size must divide, before any process starts."""
+    """tp > 1: the data axis's name and size for the strategy over it (ddp, fsdp, zero, or the
+    pipeline's stages), and every dimension the tp size must divide, before any process
+    starts."""
     d = cfg.distributed
     tp = d.tensor_parallel_size
     key = "distributed.tensor_parallel_size" if _given_mesh(cfg)[0] is None else _given_mesh(cfg)[0]
@@ -598,11 +599,6 @@ def _check_tensor_parallel(cfg: TrainConfig) -> None:
                 "set distributed.tensor_parallel_size or drop sequence_parallel"
             )
         return
-    if d.strategy not in ("ddp", "fsdp", "pipeline"):
-        raise ValueError(
-            f"{key}: tensor parallelism (tp={tp}) with distributed.strategy={d.strategy} is not "
-            "supported yet; use strategy ddp or fsdp over the data axis, or pipeline"
-        )
     mesh = cfg.mesh()
     axes = dict(zip(mesh[1], mesh[0], strict=True)) if mesh else {}
     if d.strategy == "pipeline":
@@ -640,6 +636,11 @@ def _check_tensor_parallel(cfg: TrainConfig) -> None:
         raise ValueError(
             f"{key}: the data axis is named 'fsdp' but distributed.strategy={d.strategy}; name "
             f"it 'dp' or use strategy fsdp"
+        )
+    if d.strategy == "zero" and data == 1:
+        raise ValueError(
+            f"{key}: ZeRO over a data axis of size 1 partitions nothing; use strategy ddp with "
+            f"tp={tp}, or launch more processes for a dp axis > 1"
         )
     gpt = cfg.gpt_config()
     seq = cfg.data.seq_len or gpt.seq_len

@@ -161,11 +161,13 @@ def _auto_tp(world_size: int, fits) -> int:
 def _rows(phi, n, memory, precision, optimizer, act, stages, overhead, gather, stage_params):
     bp, bg, bo = state_bytes_per_param(precision, optimizer)
     par, grad, opt = bp * phi, bg * phi, bo * phi  # P, G, O in the module docstring
+    # ZeRO 1/2 step a flat fp32 partition: in fp32 too it is a copy (DeepSpeed's as well)
+    zopt = opt + (4 * phi if precision == "fp32" else 0)
     args = (overhead, memory)
     rows = [
         _row("ddp", par, grad, opt, act, *args),
-        _row("zero1", par, grad, opt / n, act, *args),
-        _row("zero2", par, grad / n, opt / n, act, *args),
+        _row("zero1", par, grad, zopt / n, act, *args),
+        _row("zero2", par, grad / n, zopt / n, act, *args),
         _row("fsdp_shard_grad_op", par, grad / n, opt / n, act, *args),
         _row("zero3", par / n, grad / n, opt / n, act, *args, gathered=gather),
     ]

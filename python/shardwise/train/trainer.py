@@ -1,10 +1,11 @@
 """The training loop of ``shardwise-train``.
 
-``Trainer(spec).run()``: set up the process group, check the memory plan, build the strategy
-(``strategies.py``) on identically initialized models, resume from the newest intact checkpoint,
-then per step: draw the gradient-accumulation micro-batches of this data rank, step with the
-scheduled learning rate, log the metrics, and checkpoint every ``checkpoint_every`` steps and on
-SIGTERM (then stop). At the end: a last checkpoint, the full model as safetensors, a text sample.
+``Trainer(spec).run()``: set up the process group, check the memory plan, apply the parallelism
+transforms to identically initialized models and make the one train step over them
+(``step.build``), resume from the newest intact checkpoint, then per step: draw the
+gradient-accumulation micro-batches of this data rank, step with the scheduled learning rate,
+log the metrics, and checkpoint every ``checkpoint_every`` steps and on SIGTERM (then stop). At
+the end: a last checkpoint, the full model as safetensors, a text sample.
 
 A checkpoint holds, per rank: the strategy's world-size-independent pieces (or ZeRO's own), the
 optimizer step, this rank's RNG state and the data position; the manifest holds the config.
@@ -25,7 +26,9 @@ import torch.distributed as dist
 from ..models.gpt import GPT, GPTConfig
 from . import checkpoint as ckpt
 from . import data as data_mod
-from . import metrics, pieces, strategies
+from . import metrics, pieces
+from . import step as step_mod
+from .parallelize import StrategyOptions
 
 
 @dataclass
@@ -34,7 +37,7 @@ class RunSpec:
 
     gpt: GPTConfig
     strategy: str  # ddp | fsdp | zero | pipeline
-    options: strategies.StrategyOptions
+    options: StrategyOptions
     micro_batch_size: int = 4
     accumulation: int = 1
     learning_rate: float = 3e-4  # already scaled for the effective batch size
@@ -80,59 +83,13 @@ def lr_at(step: int, spec: RunSpec) -> float:
     return spec.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
 
 
-def make_strategy(spec: RunSpec, world: int):
-    o = spec.options
-    data_group, pipeline_mesh = dist.group.WORLD, None
-    if o.tensor_parallel > 1:  # [[p, d, t], ["pp", dp|fsdp, "tp"]]: tp adjacent, pp outermost
-        from ..mesh import Mesh
-
-        kind = "fsdp" if spec.strategy == "fsdp" else "dp"
-        stages = 1
-        if spec.strategy == "pipeline":
-            (data, stages), (kind, _) = o.mesh
-        data = world // (o.tensor_parallel * stages)
-        mesh = Mesh([[stages, data, o.tensor_parallel], ["pp", kind, "tp"]])
-        o.tp_group, data_group = mesh.group("tp"), mesh.group(kind)
-        if spec.strategy == "pipeline":
-            pipeline_mesh = _PipelineAxes(mesh, kind)
-    strategy = _make(spec, world, data_group, pipeline_mesh)
-    if o.tensor_parallel > 1:
-        strategy.mesh_description = mesh.describe()
-    return strategy
-
-
-def _make(spec: RunSpec, world: int, data_group, pipeline_mesh):
-    o = spec.options
-    if spec.strategy == "ddp":
-        return strategies.DDPStrategy(o, data_group)
-    if spec.strategy == "fsdp":
-        return strategies.FSDPStrategy(o, data_group)
-    if spec.strategy == "zero":
-        return strategies.ZeroStrategy(
-            o, dist.group.WORLD, spec.accumulation, spec.micro_batch_size
-        )
-    if spec.strategy == "pipeline":
-        return strategies.PipelineStrategy(o, world, pipeline_mesh)
-    raise ValueError(f"strategy {spec.strategy!r}: use ddp, fsdp, zero or pipeline")
-
-
-class _PipelineAxes:
-    """A 3-D mesh seen as the pipeline strategy's data x pipeline groups."""
-
-    def __init__(self, mesh, data_kind: str):
-        self.data_kind = data_kind
-        self.data_size, self.pipeline_size = mesh.size(data_kind), mesh.size("pp")
-        self.data_rank, self.pipeline_rank = mesh.coordinate(data_kind), mesh.coordinate("pp")
-        self.data_group, self.pipeline_group = mesh.group(data_kind), mesh.group("pp")
-
-
 class Trainer:
     def __init__(self, spec: RunSpec):
         self.spec = spec
         self.rank, self.world = init_distributed(spec.backend)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // _local_world(self.world)))
-        self.strategy = make_strategy(spec, self.world)
-        group = self.strategy.data_group
+        self.stepper = step_mod.build(spec.strategy, spec.options, self.world)
+        group = self.stepper.data_group
         self.data_rank = dist.get_rank(group) if group is not None else 0
         self.data_world = dist.get_world_size(group) if group is not None else 1
         rows = spec.micro_batch_size
@@ -149,14 +106,14 @@ class Trainer:
     # --- checkpoints -----------------------------------------------------------------------
 
     def _payload(self) -> dict:
-        s = self.strategy
+        s = self.stepper
         payload = {
             "step": self.step,
             "optimizer_step": s.optimizer_step_count(),
             "rng": torch.get_rng_state(),
             "data": self.stream.state(),
         }
-        if isinstance(s, strategies.ZeroStrategy):
+        if s.engine is not None:  # ZeRO's own pieces
             payload["zero"] = s.payload()
         else:
             payload["pieces"] = pieces.to_pieces(s.save_slots())
@@ -185,8 +142,8 @@ class Trainer:
             return False
         saved_world = ckpt.read_manifest(path)["world_size"]
         payloads = [ckpt.load(path, r) for r in range(saved_world)]
-        s = self.strategy
-        if isinstance(s, strategies.ZeroStrategy):
+        s = self.stepper
+        if s.engine is not None:
             if "zero" not in payloads[0]:
                 raise ValueError(f"{path}: not a ZeRO checkpoint; resume it with its strategy")
             s.load_payloads([p["zero"] for p in payloads])
@@ -214,11 +171,7 @@ class Trainer:
         self.sinks.note(
             f"strategy {spec.strategy}, world {self.world}, effective batch "
             f"{spec.effective_batch_size} sequences of {spec.gpt.seq_len} tokens"
-            + (
-                f"\nmesh: {self.strategy.mesh_description}"
-                if self.strategy.mesh_description
-                else ""
-            )
+            + (f"\nmesh: {self.stepper.mesh_description}" if self.stepper.mesh_description else "")
             + (f"\n{spec.memory_note}" if spec.memory_note else "")
         )
         flops_token = metrics.flops_per_token(
@@ -250,7 +203,7 @@ class Trainer:
         lr = lr_at(self.step, spec)
         comm0 = _comm_seconds()
         start = time.perf_counter()
-        out = self.strategy.train_step(batches, lr)
+        out = self.stepper.train_step(batches, lr)
         seconds = time.perf_counter() - start
         comm = _comm_seconds() - comm0
         per_rank = metrics.gather_floats([seconds, comm, float(metrics.peak_rss_bytes())])
@@ -261,7 +214,7 @@ class Trainer:
             "loss": out["loss"],
             "lr": lr,
             "grad_norm": out["grad_norm"],
-            "loss_scale": self.strategy.loss_scale() if self.strategy.scaler is not None else None,
+            "loss_scale": self.stepper.loss_scale() if self.stepper.scaler is not None else None,
             "step_s": step_s,
             "tokens_per_s": tokens / step_s,
             "tokens_per_s_per_rank": tokens / step_s / self.world,
@@ -273,7 +226,7 @@ class Trainer:
             "peak_rss_mb_per_rank": [round(r[2] / 2**20, 1) for r in per_rank],
         }
         if self.step == self._first_step:  # measured inside the step, gradients included
-            state = metrics.gather_floats([float(self.strategy.state_bytes)])
+            state = metrics.gather_floats([float(self.stepper.state_bytes)])
             record["model_state_bytes_per_rank"] = [int(r[0]) for r in state]
         slow = metrics.straggler([r[0] - r[1] for r in per_rank])
         self._slow_streak = self._slow_streak + 1 if slow is not None and slow == self._slow else 1
@@ -289,7 +242,7 @@ class Trainer:
 
     def _finish(self) -> dict:
         """The full model as safetensors and a text sample (rank 0)."""
-        state = self.strategy.full_state_dict()
+        state = self.stepper.full_state_dict()
         result = {}
         if self.rank == 0:
             path = self.spec.output_dir / "model.safetensors"

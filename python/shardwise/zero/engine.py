@@ -23,8 +23,14 @@ class ZeroEngine(nn.Module):
     """The model plus its ZeRO optimizer. Use ``engine(batch)``, ``engine.backward(loss)``,
     ``engine.step()`` (steps only at the accumulation boundary) like DeepSpeed's engine."""
 
-    def __init__(self, model: nn.Module, config: Mapping | str | Path, process_group=None):
+    def __init__(
+        self, model: nn.Module, config: Mapping | str | Path, process_group=None, tp_group=None
+    ):
+        """``process_group``: the data-parallel ranks (default: the world). ``tp_group``: the
+        tensor-parallel ranks of a model ``tensor_parallel.parallelize`` has cut; the gradient
+        norm and the fp16 overflow flag then account for it (``csrc/zero/zero_optimizer.h``)."""
         super().__init__()
+        self.tp_group = tp_group
         group = process_group or (dist.group.WORLD if dist.is_initialized() else None)
         world = dist.get_world_size(group) if group is not None else 1
         self.config = zero_config.load(config, world)
@@ -44,11 +50,12 @@ class ZeroEngine(nn.Module):
         else:
             self.module = model.to(self.dtype)
             params = [p for p in model.parameters() if p.requires_grad]
-            self.optimizer = _C.ZeroOptimizer(params, native, group)
+            self.optimizer = _C.ZeroOptimizer(params, native, group, **self._tp(params))
 
     def _shard(self, model: nn.Module, group) -> nn.Module:
         ids = {id(p): i for i, p in enumerate(model.parameters())}
         numels = {id(p): p.numel() for p in model.parameters()}  # before sharding
+        tp = self._tp(list(model.parameters()))
         mixed = self.dtype != torch.float32
         zero = self.config["zero_optimization"]
         native = self.config["native"]
@@ -73,9 +80,22 @@ class ZeroEngine(nn.Module):
                 pieces.append((ids[id(p)], start, shard.numel(), full))
                 shards.append(p)
         self.optimizer = _C.ZeroOptimizer.local(
-            shards, pieces, {**native, "offload_optimizer": False}, group
+            shards,
+            pieces,
+            {**native, "offload_optimizer": False},
+            group,
+            **tp,
         )
         return fsdp
+
+    def _tp(self, params: list[torch.Tensor]) -> dict:
+        """The optimizer's tensor-parallel arguments: the group and, per parameter id, whether
+        it is split over it (``tensor_parallel.tp_info``)."""
+        if self.tp_group is None or dist.get_world_size(self.tp_group) == 1:
+            return {}
+        from ..tensor_parallel import tp_info
+
+        return {"tp_group": self.tp_group, "tp_split": [tp_info(p) is not None for p in params]}
 
     def forward(self, *args, **kwargs):
         return self.module(*args, **kwargs)
@@ -161,6 +181,9 @@ class ZeroEngine(nn.Module):
         self.load_optimizer_states([torch.load(f, weights_only=True) for f in files])
 
 
-def initialize(model: nn.Module, config: Mapping | str | Path, process_group=None) -> ZeroEngine:
-    """Wraps ``model`` for ZeRO as ``config`` (DeepSpeed keys, a mapping or a JSON file) says."""
-    return ZeroEngine(model, config, process_group)
+def initialize(
+    model: nn.Module, config: Mapping | str | Path, process_group=None, tp_group=None
+) -> ZeroEngine:
+    """Wraps ``model`` for ZeRO as ``config`` (DeepSpeed keys, a mapping or a JSON file) says;
+    with ``tp_group``, over the data axis of a tensor-parallel model."""
+    return ZeroEngine(model, config, process_group, tp_group)

@@ -1,0 +1,385 @@
+"""The parallelisms of ``shardwise-train`` as transforms of one model, applied in a fixed order
+(torchtitan's composition):
+
+1. ``tensor_parallel``: the GPT plan over the mesh's tp axis (``shardwise.tensor_parallel``);
+2. ``split_pipeline``: the model cut into stages, this rank keeping its own (the pp axis);
+3. ``checkpoint_activations``: each transformer block recomputes its activations in backward;
+4. ``data_parallel``: DDP, FSDP or ZeRO 1-3 over the data axis (per stage under a pipeline).
+
+``parallelize(options, axes)`` runs them and returns a ``Parallel``: this rank's stage modules,
+the parameters its optimizer steps and where each lies in the full model (so checkpoints do not
+depend on the layout), and how a batch goes through it. ``step.py`` is the one train step that
+runs over any ``Parallel``. The work happens in the C++ engines (FSDP, ZeRO, the pipeline
+executor, the tensor-parallel layers); this module only wires them to the config.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+from torch import nn
+
+from ..models.gpt import GPT, GPTConfig
+
+DATA_PARALLEL = ("ddp", "fsdp", "zero")  # what runs over the data axis
+
+
+@dataclass
+class StrategyOptions:
+    gpt: GPTConfig
+    seed: int = 0
+    weight_decay: float = 0.1
+    betas: tuple[float, float] = (0.9, 0.95)
+    clip: float | None = 1.0
+    bf16: bool = True  # autocast the forward (DDP, pipeline; FSDP unless its own mixed precision)
+    fp16: bool = False  # fp16 autocast (ZeRO: fp16 parameters) with dynamic loss scaling
+    initial_loss_scale: float = 2.0**16
+    checkpointing: bool = False
+    fsdp: dict = field(default_factory=dict)  # seed-002 keys
+    zero: dict = field(default_factory=dict)  # DeepSpeed keys
+    pipeline: dict = field(default_factory=dict)  # schedule, num_microbatches, split
+    mesh: list | None = None  # [[d, p], [kind, "pp"]] for the pipeline
+    tensor_parallel: int = 1  # the tp axis of the mesh
+    sequence_parallel: bool = False
+    micro_batch: int = 1  # ZeRO's train_micro_batch_size_per_gpu
+    accumulation: int = 1  # ZeRO's gradient_accumulation_steps
+
+
+@dataclass
+class Axes:
+    """The mesh as the transforms see it: the data axis (``dp`` or ``fsdp``), the pipeline axis
+    and the tensor-parallel axis, each a process group (None: the axis has one rank)."""
+
+    data_kind: str = "dp"
+    data_group: object = None
+    pipeline_group: object = None
+    tp_group: object = None
+    pipeline_size: int = 1
+    pipeline_rank: int = 0
+    description: str = ""  # Mesh.describe() of a mesh with a tp axis
+
+    @property
+    def data_size(self) -> int:
+        return dist.get_world_size(self.data_group) if self.data_group is not None else 1
+
+    @property
+    def data_rank(self) -> int:
+        return dist.get_rank(self.data_group) if self.data_group is not None else 0
+
+
+def mesh_axes(strategy: str, options: StrategyOptions, world: int) -> Axes:
+    """The process groups, made once: with tensor parallelism the 3-D mesh
+    ``[[p, d, t], ["pp", dp|fsdp, "tp"]]`` (tp adjacent, pp outermost); a pipeline without it
+    keeps its ``[[d, p], [kind, "pp"]]`` layout (a pipeline is a run of consecutive ranks)."""
+    tp = options.tensor_parallel
+    if strategy == "pipeline" and tp == 1:
+        from .. import pipeline as pp
+
+        m = pp.MeshGroups(options.mesh or [[1, world], ["dp", "pp"]])
+        return Axes(
+            m.data_kind, m.data_group, m.pipeline_group, None, m.pipeline_size, m.pipeline_rank
+        )
+    kind = "fsdp" if strategy == "fsdp" else "dp"
+    if tp == 1:
+        return Axes(kind, dist.group.WORLD)
+    from ..mesh import Mesh
+
+    stages = 1
+    if strategy == "pipeline":
+        (_, stages), (kind, _) = options.mesh
+    mesh = Mesh([[stages, world // (tp * stages), tp], ["pp", kind, "tp"]])
+    return Axes(
+        kind,
+        mesh.group(kind),
+        mesh.group("pp"),
+        mesh.group("tp"),
+        stages,
+        mesh.coordinate("pp"),
+        mesh.describe(),
+    )
+
+
+@dataclass
+class Parallel:
+    """A model after the transforms, as this rank holds it."""
+
+    options: StrategyOptions
+    axes: Axes
+    kind: str  # ddp | fsdp | zero: what runs over the data axis
+    gpt: GPT  # the whole (tp-cut) model: its loss, full shapes and tp infos
+    stages: dict[int, nn.Module]  # this rank's stages, wrapped; without a pipeline {0: forward}
+    params: list[torch.Tensor]  # what the optimizer steps (ZeRO: its engine's own)
+    owned: dict = field(default_factory=dict)  # id(p) -> (full name, start, valid, tp runs)
+    global_names: dict[int, dict[str, str]] = field(default_factory=dict)  # stage: local->full
+    pipe: object = None  # pipeline.Pipeline
+    engine: object = None  # zero.ZeroEngine
+    head_copy: int | None = None  # id of the last stage's copy of a tied embedding
+    autocast: bool = False  # the forward under bf16 autocast
+    fp16_autocast: bool = False  # the forward under fp16 autocast
+    is_last: bool = True  # holds the last pipeline stage (where the loss is)
+    loss_scale: Callable[[], float] = lambda: 1.0  # fp16: set by the step to its scaler's
+
+    @property
+    def forward(self) -> nn.Module:
+        return self.stages[0]
+
+    @property
+    def split(self) -> set[int]:
+        """ids of the parameters split over the tp axis."""
+        return {k for k, v in self.owned.items() if v[3] is not None}
+
+    def no_sync(self, last: bool):
+        """No gradient reduction before the last micro-batch (DDP, FSDP); ZeRO-2 reduces into
+        its partition every micro-batch, the pipeline averages after its step."""
+        if last or self.pipe is not None or self.kind == "zero":
+            return contextlib.nullcontext()
+        return getattr(self.forward, "no_sync", contextlib.nullcontext)()
+
+    def tp_runs(self, name: str, p: torch.Tensor):
+        """Where this rank's tp shard of parameter ``name`` lies in the full parameter
+        (``tensor_parallel.shard_runs``); None for a parameter that is not split."""
+        from .. import tensor_parallel as tp
+
+        if self.axes.tp_group is None or tp.tp_info(p) is None:
+            return None
+        return tp.shard_runs(self.gpt.full_shapes[name], tp.tp_info(p), self.axes.tp_group)
+
+
+def parallelize(options: StrategyOptions, axes: Axes, kind: str, pipeline: bool) -> Parallel:
+    """The transforms in their order; ``kind``: ddp, fsdp or zero over the data axis;
+    ``pipeline``: cut into stages over the pp axis."""
+    if kind not in DATA_PARALLEL:
+        raise ValueError(f"data parallelism {kind!r}: use one of {', '.join(DATA_PARALLEL)}")
+    if pipeline and kind == "zero":
+        raise ValueError("ZeRO with a pipeline is not supported; use dp or fsdp stages")
+    model = build_model(options)
+    tensor_parallel(model, options, axes)
+    par = split_pipeline(model, options, axes, kind, pipeline)
+    if not (kind == "fsdp" and par.pipe is None):  # FSDP's units checkpoint themselves
+        checkpoint_activations(model, options)
+    data_parallel(par)
+    return par
+
+
+def build_model(options: StrategyOptions) -> GPT:
+    """The GPT, identically initialized on every rank (the seed, not a broadcast)."""
+    torch.manual_seed(options.seed)
+    model = GPT(options.gpt)
+    model.full_shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
+    return model
+
+
+def tensor_parallel(model: GPT, options: StrategyOptions, axes: Axes) -> None:
+    """1. The GPT plan over the tp axis (nothing without one)."""
+    if axes.tp_group is not None:
+        from .. import tensor_parallel as tp
+
+        tp.parallelize(model, axes.tp_group, tp.gpt_plan(model, options.sequence_parallel))
+
+
+def checkpoint_activations(model: GPT, options: StrategyOptions) -> None:
+    """3. Each transformer block recomputes its activations in backward (the pipeline's stages
+    hold the same block objects, so this reaches them too)."""
+    if not options.checkpointing:
+        return
+    for block in model.blocks:
+        forward = block.forward
+        block.forward = lambda x, f=forward: torch.utils.checkpoint.checkpoint(
+            f, x, use_reentrant=False
+        )
+
+
+def split_pipeline(
+    model: GPT, options: StrategyOptions, axes: Axes, kind: str, pipeline: bool
+) -> Parallel:
+    """2. With a pipeline axis: the GPT cut into ``p × virtual_stages`` stages (by parameters or
+    by time), this rank's kept; a tied embedding/head pair stays tied across the first and last
+    stage. Without one: the whole model as stage 0."""
+    par = Parallel(options, axes, kind, model, {0: model}, [])
+    if not pipeline:
+        par.global_names = {0: {n: n for n, _ in model.named_parameters()}}
+        return par
+    from .. import pipeline as pp
+
+    cfg = options.pipeline
+    p, v = axes.pipeline_size, int(cfg.get("virtual_stages", 1))
+    names = {id(t): n for n, t in model.named_parameters()}
+    blocks, tied = pp.gpt_blocks(model)
+    names[id(blocks[-1].head.weight)] = "embed.weight"  # the head's copy of the tie
+    groups = _stage_groups(blocks, p * v, options)
+    par.stages = {}
+    for s in range(axes.pipeline_rank, p * v, p):
+        body = nn.Sequential(*(blocks[i] for i in groups[s]))
+        par.global_names[s] = {n: names[id(t)] for n, t in body.named_parameters()}
+        par.stages[s] = _AutocastStage(body, options.bf16, options.fp16)
+        if cfg.get("schedule", "1f1b") == "zb_h1":
+            pp.defer_weight_gradients(par.stages[s])
+    par.head_copy = id(blocks[-1].head.weight) if tied else None
+    par.pipe = (tied, groups)  # made into the Pipeline once the stages are wrapped
+    return par
+
+
+def _stage_groups(blocks, count: int, options: StrategyOptions) -> list[list[int]]:
+    from .. import pipeline as pp
+
+    if options.pipeline.get("split", "parameters") != "time":
+        return pp.split_by_parameters(blocks, count)
+    groups = None  # timed on rank 0 alone, then shared
+    if dist.get_rank() == 0:
+        g = torch.Generator().manual_seed(0)  # leaves the global RNG as other ranks'
+        sample = torch.randint(0, options.gpt.vocab_size, (1, options.gpt.seq_len + 1), generator=g)
+        with autocast_context(options.bf16):
+            groups = pp.split_by_time(blocks, count, sample[:, :-1], 2, _plain_loss, sample[:, 1:])
+    return pp.broadcast_groups(groups)
+
+
+def _plain_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def autocast_context(bf16: bool, fp16: bool = False):
+    if fp16:
+        return torch.autocast("cpu", dtype=torch.float16)
+    return torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+
+
+class _AutocastStage(nn.Module):
+    """A pipeline stage under bf16 autocast whose output crosses to the next stage in fp32."""
+
+    def __init__(self, body: nn.Module, bf16: bool, fp16: bool = False):
+        super().__init__()
+        self.body, self.bf16, self.fp16 = body, bf16, fp16
+
+    def forward(self, x):
+        with autocast_context(self.bf16, self.fp16):
+            out = self.body(x)
+        return out.float() if out.is_floating_point() else out
+
+
+# --- 4. data parallelism --------------------------------------------------------------------
+
+
+def data_parallel(par: Parallel) -> None:
+    """4. DDP, FSDP or ZeRO over the data axis; then this rank's parameters and where each lies
+    in the full model, and (with a pipeline) the executor over the wrapped stages."""
+    if par.kind == "zero":
+        _zero(par)
+        return
+    if par.pipe is not None:
+        _pipeline_data_parallel(par)
+        return
+    o, model = par.options, par.gpt
+    if par.kind == "fsdp":
+        from ..fsdp import wrap
+        from ..fsdp.config import FSDPConfig
+
+        full = {n: p.numel() for n, p in model.named_parameters()}
+        cfg = FSDPConfig.from_mapping(
+            {**o.fsdp, "use_fsdp": True, "gradient_checkpointing": o.checkpointing}
+        )
+        wrapped = wrap(model, cfg, process_group=par.axes.data_group)
+        named = dict(model.named_parameters())
+        par.owned = {
+            k: (n, a, c, par.tp_runs(n, named[n]))
+            for k, (n, a, c) in _fsdp_slots(wrapped, full).items()
+        }
+        par.autocast = o.bf16 and not cfg.fsdp_mixed_precision
+        par.fp16_autocast = o.fp16 and not cfg.fsdp_mixed_precision
+    else:
+        wrapped = model
+        if par.axes.data_size > 1:
+            wrapped = nn.parallel.DistributedDataParallel(model, process_group=par.axes.data_group)
+        par.owned = {
+            id(p): (n, 0, p.numel(), par.tp_runs(n, p)) for n, p in model.named_parameters()
+        }
+        par.autocast, par.fp16_autocast = o.bf16, o.fp16
+    par.stages = {0: wrapped}
+    par.params = [p for p in wrapped.parameters() if p.requires_grad]
+
+
+def _zero(par: Parallel) -> None:
+    """ZeRO 1-3 (the C++ ZeroOptimizer) with DeepSpeed's keys; it casts the model itself (no
+    autocast) and keeps its own checkpoint pieces."""
+    from ..zero import ZeroEngine
+
+    o = par.options
+    config = {
+        "train_micro_batch_size_per_gpu": o.micro_batch,
+        "gradient_accumulation_steps": o.accumulation,
+        "bf16": {"enabled": o.bf16},
+        "fp16": {"enabled": o.fp16, "initial_scale_power": round(math.log2(o.initial_loss_scale))},
+        "gradient_clipping": o.clip or 0.0,
+        "optimizer": {
+            "type": "AdamW",
+            "params": {"betas": list(o.betas), "weight_decay": o.weight_decay},
+        },
+        **o.zero,
+    }
+    group = par.axes.data_group or dist.group.WORLD
+    par.engine = ZeroEngine(par.gpt, config, group, par.axes.tp_group)
+    par.stages = {0: par.engine}
+    par.fp16_autocast = False
+
+
+def _pipeline_data_parallel(par: Parallel) -> None:
+    """Each stage replicated (the Pipeline averages the replicas' gradients) or FSDP-sharded."""
+    from .. import pipeline as pp
+    from ..fsdp import FullyShardedDataParallel
+
+    axes, fsdp = par.axes, par.kind == "fsdp"
+    for s, stage in list(par.stages.items()):
+        to_global = par.global_names[s]
+        local = dict(stage.named_parameters())
+        runs = {n: par.tp_runs(to_global[n.removeprefix("body.")], t) for n, t in local.items()}
+        if fsdp:
+            full = {n: t.numel() for n, t in local.items()}
+            stage = FullyShardedDataParallel(stage, process_group=axes.data_group)
+            for k, (n, a, c) in _fsdp_slots(stage, full).items():
+                par.owned[k] = (to_global[n.removeprefix("body.")], a, c, runs[n])
+        else:
+            for n, t in local.items():
+                par.owned[id(t)] = (to_global[n.removeprefix("body.")], 0, t.numel(), runs[n])
+        par.stages[s] = stage
+    tied, groups = par.pipe
+    cfg = par.options.pipeline
+    p, v = axes.pipeline_size, int(cfg.get("virtual_stages", 1))
+    ties = []
+    if tied:
+        last, prefix = p * v - 1, "module.body." if fsdp else "body."
+        ties = [(0, f"{prefix}0.{tied[0]}", last, f"{prefix}{len(groups[last]) - 1}.{tied[1]}")]
+    schedule = pp.make_schedule(
+        cfg.get("schedule", "1f1b"), p, int(cfg.get("num_microbatches", p)), v
+    )
+    par.is_last = (p * v - 1) in par.stages
+    par.pipe = pp.Pipeline(
+        par.stages,
+        schedule,
+        # the vocabulary-parallel loss under tensor parallelism; fp16: times the loss scale
+        lambda out, y: par.gpt.cross_entropy(out, y) * par.loss_scale(),
+        group=axes.pipeline_group,
+        rank=axes.pipeline_rank,
+        data_parallel_group=axes.data_group,
+        tied=ties,
+    )
+    par.params = [t for st in par.stages.values() for t in st.parameters()]
+
+
+def _fsdp_slots(fsdp, full_numels: dict[str, int]) -> dict[int, tuple[str, int, int]]:
+    """id(shard parameter) -> (name, start, valid elements) of what this rank owns."""
+    from ..ops import sharding as layout
+
+    engine, owned = fsdp._engine, {}
+    for unit, params in enumerate(fsdp._unit_params):
+        rank, size = engine.shard_rank(unit), engine.shard_size(unit)
+        for p in params:
+            name = fsdp._names[id(p)][0]
+            full = full_numels[name]
+            start = min(rank * layout.chunk(full, size), full) if size > 1 else 0
+            owned[id(p)] = (name, start, max(0, min(p.numel(), full - start)))
+    return owned

@@ -1,0 +1,305 @@
+"""The one train step of ``shardwise-train``, over any composition of the transforms in
+``parallelize.py`` (tp × pipeline × checkpointing × DDP/FSDP/ZeRO):
+
+1. forward and backward of every gradient-accumulation micro-batch: through the pipeline
+   executor when the model is cut into stages, else through the (wrapped) model with gradient
+   reduction held back until the last micro-batch; fp16 losses are multiplied by the scale;
+2. the update: ZeRO's C++ optimizer (reduce, unscale, clip, step), or the fused AdamW after the
+   C++ GradScaler's unscale (an overflow on any rank skips the step on every rank) and a clip by
+   the global norm, which counts tp-replicated parameters and the tied head copy once;
+3. the loss, the mean over the micro-batches and the data ranks (from the last stage).
+
+``TrainStep`` also gives checkpoints what this rank owns (``save_slots`` / ``load_slots``, as
+``pieces.Slot``s, so checkpoints are layout independent; ZeRO keeps its own C++ pieces) and the
+full state dict of the plain GPT (``full_state_dict``, collective).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from ..optim import FusedAdamW
+from .parallelize import Axes, Parallel, StrategyOptions, autocast_context, mesh_axes, parallelize
+from .pieces import Slot
+
+
+def build(strategy: str, options: StrategyOptions, world: int) -> TrainStep:
+    """The mesh, the transforms and the step for ``strategy`` (ddp | fsdp | zero | pipeline)."""
+    if strategy not in ("ddp", "fsdp", "zero", "pipeline"):
+        raise ValueError(f"strategy {strategy!r}: use ddp, fsdp, zero or pipeline")
+    axes = mesh_axes(strategy, options, world)
+    pipeline = strategy == "pipeline"
+    kind = axes.data_kind if pipeline else strategy
+    return TrainStep(parallelize(options, axes, "ddp" if kind == "dp" else kind, pipeline))
+
+
+def _adamw(params, options: StrategyOptions) -> FusedAdamW:
+    """The fused AdamW with its moments created now (so a checkpoint can fill them)."""
+    params = [p for p in params if p.requires_grad]
+    opt = FusedAdamW(params, lr=0.0, betas=options.betas, weight_decay=options.weight_decay)
+    for p in params:
+        opt.state[p] = {
+            "step": 0,
+            "exp_avg": torch.zeros_like(p, memory_format=torch.contiguous_format),
+            "exp_avg_sq": torch.zeros_like(p, memory_format=torch.contiguous_format),
+        }
+    return opt
+
+
+def _mean_over(value: float, group) -> float:
+    if group is None or dist.get_world_size(group) == 1:
+        return value
+    t = torch.tensor([value], dtype=torch.float64)
+    dist.all_reduce(t, group=group)
+    return t.item() / dist.get_world_size(group)
+
+
+class TrainStep:
+    """``step(batches, lr)``: one optimizer step over the micro-batches ``batches`` (a list of
+    (inputs, targets)); returns the loss and the gradient norm before clipping (inf: an fp16
+    overflow skipped the step)."""
+
+    state_bytes = 0  # model_state_bytes() at the end of the last step, before zero_grad
+
+    def __init__(self, parallel: Parallel):
+        self.par, self.options = parallel, parallel.options
+        self.engine = parallel.engine
+        self.scaler = self.optimizer = None
+        if self.engine is None:
+            self.optimizer = _adamw(parallel.params, self.options)
+            if self.options.fp16:  # the overflow agreed over the whole world
+                from .. import _C
+
+                self.scaler = _C.GradScaler(
+                    initial_scale=self.options.initial_loss_scale, group=dist.group.WORLD
+                )
+        elif self.options.fp16:
+            self.scaler = self.engine.optimizer  # ZeRO's own loss scaler
+        parallel.loss_scale = self.loss_scale
+
+    @property
+    def axes(self) -> Axes:
+        return self.par.axes
+
+    @property
+    def data_group(self):
+        return self.axes.data_group
+
+    @property
+    def mesh_description(self) -> str:
+        return self.axes.description
+
+    def loss_scale(self) -> float:
+        if self.engine is not None:
+            return float(self.engine.optimizer.loss_scale())
+        return self.scaler.scale if self.scaler is not None else 1.0
+
+    # --- the step --------------------------------------------------------------------------
+
+    def train_step(self, batches, lr: float) -> dict:
+        total = self._forward_backward(batches)
+        norm = self._update(lr, len(batches))
+        if self.par.pipe is not None:  # only the last stage's loss is nonzero
+            loss = torch.tensor([total if self.par.is_last else 0.0], dtype=torch.float64)
+            dist.all_reduce(loss, group=self.axes.pipeline_group)
+            total = loss.item()
+        return {"loss": _mean_over(total, self.data_group), "grad_norm": norm}
+
+    def _forward_backward(self, batches) -> float:
+        par, n = self.par, len(batches)
+        if par.pipe is not None:
+            return sum(par.pipe.step(x, y) for x, y in batches) / n / self.loss_scale()
+        total = 0.0
+        for k, (x, y) in enumerate(batches):
+            # the backward must run inside no_sync too, or every micro-batch reduces
+            with par.no_sync(k == n - 1):
+                with autocast_context(par.autocast, par.fp16_autocast):
+                    loss = par.gpt.cross_entropy(par.forward(x), y) / n
+                (loss * self.loss_scale()).backward()
+            total += loss.item()
+        return total
+
+    def _update(self, lr: float, micro_batches: int) -> float:
+        if self.engine is not None:
+            self.engine.set_lr(lr)
+            self.state_bytes = self.model_state_bytes()  # the peak: before the step frees grads
+            stepped = self.engine.optimizer.step()
+            return float(self.engine.optimizer.last_grad_norm()) if stepped else math.inf
+        params = [p for p in self.par.params if p.grad is not None]
+        if self.par.pipe is not None and micro_batches > 1:  # the executor sums them
+            torch._foreach_div_([p.grad for p in params], micro_batches)
+        if self.scaler is not None and self.scaler.update(
+            self.scaler.unscale_([p.grad for p in params])
+        ):
+            return self._finish(math.inf)
+        norm = self.clip_grad_norm_(params, self.options.clip)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        self.optimizer.step()
+        return self._finish(norm)
+
+    def _finish(self, norm: float) -> float:
+        self.state_bytes = self.model_state_bytes()  # the peak: gradients are still there
+        self.optimizer.zero_grad(set_to_none=True)
+        return norm
+
+    def clip_grad_norm_(self, params: list[torch.Tensor], max_norm: float | None) -> float:
+        """The global norm (C++ ``tensor_parallel::clip_grad_norm_``): split parameters summed
+        over tp, shards over the fsdp axis, stages over the pp axis; replicated parameters and
+        the head's copy of a tied embedding count once. Gradients scaled if above ``max_norm``."""
+        par, axes = self.par, self.axes
+        if par.kind == "fsdp" and par.pipe is None and axes.tp_group is None:
+            return float(par.forward.clip_grad_norm_(max_norm or math.inf))  # FSDP's own layout
+        from .. import tensor_parallel as tp
+
+        norm = tp.clip_grad_norm_(
+            [p for p in params if id(p) != par.head_copy],
+            0.0,
+            axes.tp_group,
+            split=par.split,
+            shard_group=axes.data_group if par.kind == "fsdp" else None,
+            stage_group=axes.pipeline_group if par.pipe is not None else None,
+        )
+        if max_norm and norm > max_norm:
+            torch._foreach_mul_([p.grad for p in params], max_norm / (norm + 1e-6))
+        return norm
+
+    # --- state ---------------------------------------------------------------------------
+
+    def optimizer_step_count(self) -> int:
+        if self.engine is not None:
+            return int(self.engine.optimizer.step_count())
+        return max((int(s["step"]) for s in self.optimizer.state.values()), default=0)
+
+    def set_optimizer_step_count(self, step: int) -> None:
+        for state in self.optimizer.state.values():
+            state["step"] = int(step)
+
+    def model_state_bytes(self) -> int:
+        """Bytes this rank holds now for parameters, gradients and optimizer state (tensor
+        storages, each counted once), to compare with the planner's estimate."""
+        if self.engine is not None:
+            return sum(self.engine.memory_bytes().values())
+        tensors = [*self.par.params, *(t.grad for t in self.par.params if t.grad is not None)]
+        tensors += [
+            v
+            for st in self.optimizer.state.values()
+            for v in st.values()
+            if isinstance(v, torch.Tensor)
+        ]
+        seen, total = set(), 0
+        for t in tensors:
+            storage = t.untyped_storage()
+            if storage.data_ptr() not in seen:
+                seen.add(storage.data_ptr())
+                total += storage.nbytes()
+        return total
+
+    def save_slots(self) -> list[Slot]:
+        """What this rank writes: replicated copies (dp ranks other than 0, tp ranks other than
+        0 for replicated parameters, the head's copy of the tie) are left to their owner."""
+        if self.par.kind == "ddp" and self.axes.data_rank != 0:
+            return []
+        slots = self.load_slots()
+        if self.axes.tp_group is not None and dist.get_rank(self.axes.tp_group) != 0:
+            slots = [s for s in slots if s.tp_split]
+        if self.par.pipe is not None and 0 not in self.par.stages:
+            slots = [s for s in slots if not s.name.startswith("embed.weight")]
+        return slots
+
+    def load_slots(self) -> list[Slot]:
+        """Views of every parameter and AdamW moment this rank holds."""
+        return owned_slots(self.par.params, self.par.owned, self.optimizer)
+
+    def payload(self) -> dict:
+        """ZeRO: its C++ pieces, tagged with the tp coordinate (they are pieces of tp shards)."""
+        tp = self.axes.tp_group
+        tp_at = (dist.get_rank(tp), dist.get_world_size(tp)) if tp is not None else (0, 1)
+        return {**self.engine.optimizer_state(), "tp": tp_at}
+
+    def load_payloads(self, payloads: list[dict]) -> None:
+        """ZeRO: the pieces of every saving rank with this rank's tp coordinate (any data size);
+        a different tp size is refused (ZeRO's pieces are of tp shards)."""
+        tp = self.axes.tp_group
+        rank, size = (dist.get_rank(tp), dist.get_world_size(tp)) if tp is not None else (0, 1)
+        saved = payloads[0].get("tp", (0, 1))[1]
+        if saved != size:
+            raise ValueError(
+                f"a ZeRO checkpoint saved with tensor-parallel size {saved} cannot resume at tp "
+                f"size {size}: ZeRO's pieces are of tp shards; resume with tp={saved}"
+            )
+        self.engine.load_optimizer_states(
+            [p for p in payloads if tuple(p.get("tp", (0, 1)))[0] == rank]
+        )
+
+    def full_state_dict(self) -> dict:
+        """The plain GPT's state dict (whole tensors, tp shards gathered) on every rank."""
+        from ..fsdp import state_dict as fsdp_state
+
+        par = self.par
+        wrapped = {0: par.engine.module} if par.engine is not None else par.stages
+        mine = {}
+        for s, stage in wrapped.items():
+            if hasattr(stage, "_engine"):  # FSDP (also ZeRO-3's)
+                local = fsdp_state.get(stage, "full_state_dict")
+            else:
+                local = {n: t.detach().clone() for n, t in stage.state_dict().items()}
+            for n, t in local.items():
+                name = n.removeprefix("module.")
+                if par.pipe is not None:
+                    name = par.global_names[s].get(name.removeprefix("body."))
+                if name is not None:
+                    mine[name] = t.float() if par.engine is not None else t
+        mine = _gather_tp(par, mine)
+        if par.pipe is None:
+            return mine
+        gathered = [None] * dist.get_world_size()
+        dist.all_gather_object(gathered, mine if self.axes.data_rank == 0 else {})
+        merged = {k: v for part in gathered for k, v in part.items()}
+        merged["head.weight"] = merged["embed.weight"]
+        return merged
+
+
+def _gather_tp(par: Parallel, state: dict) -> dict:
+    """Whole tensors from the tp shards (collective over tp)."""
+    if par.axes.tp_group is None:
+        return state
+    from .. import tensor_parallel as tp
+
+    infos = {n: tp.tp_info(p) for n, p in par.gpt.named_parameters(remove_duplicate=False)}
+    return {n: tp.full_tensor(t, infos.get(n), par.axes.tp_group) for n, t in state.items()}
+
+
+def owned_slots(params, owned: dict, optimizer) -> list[Slot]:
+    """Slots of parameters and their AdamW moments: owned[id(p)] = (name, start, valid, runs):
+    ``p`` holds elements [start, start + valid) of the parameter, or, with tensor-parallel
+    ``runs``, of this rank's shard, which the runs place in the full parameter (one slot per
+    run it overlaps)."""
+    slots = []
+    for p in params:
+        if id(p) not in owned:
+            continue
+        name, start, valid, runs = owned[id(p)]
+        state = optimizer.state.get(p)
+        for full_start, offset, length in _pieces(start, valid, runs):
+            views = [(name, p.data)]
+            views += [(f"{name}:{k}", state[k]) for k in ("exp_avg", "exp_avg_sq") if state]
+            for slot_name, tensor in views:
+                view = tensor.view(-1)[offset : offset + length]
+                slots.append(Slot(slot_name, full_start, view, tp_split=runs is not None))
+    return slots
+
+
+def _pieces(start: int, valid: int, runs) -> list[tuple[int, int, int]]:
+    """(full_start, offset in p, length) of local elements [start, start + valid)."""
+    if runs is None:
+        return [(start, 0, valid)]
+    out = []
+    for full_start, local_start, length in runs:
+        lo, hi = max(start, local_start), min(start + valid, local_start + length)
+        if lo < hi:
+            out.append((full_start + lo - local_start, lo - start, hi - lo))
+    return out
