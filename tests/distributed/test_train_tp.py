@@ -57,6 +57,13 @@ MESHES = {
         ('model.mesh_shape=[[2,2,2],["dp","pp","tp"]]', "distributed.world_size=8"),
         (1, "ddp.yaml"),
     ),
+    # 3-D with FSDP-sharded pipeline stages of tp layers, against one process
+    "fsdp2_x_pp2_x_tp2": (
+        8,
+        PIPE,
+        ('model.mesh_shape=[[2,2,2],["fsdp","pp","tp"]]', "distributed.world_size=8"),
+        (1, "ddp.yaml"),
+    ),
     # ZeRO over the data axis of a tp model (its norm counts replicated parameters once)
     "dp2_x_tp2_zero2": (4, "zero2.yaml", ZERO_TP, (2, "zero2.yaml")),
     "dp2_x_tp2_zero3": (
@@ -94,12 +101,12 @@ def _mesh_run(name: str):
 @pytest.mark.parametrize("name", list(MESHES))
 def test_seed_000_mesh_matches_plain_data_parallel(name):
     """[[1,2]], [[2,1]] and [[2,2]] (with sequence parallelism) against DDP over the same data
-    ranks, [[2,2],["pp","tp"]] against the 2-stage pipeline, [[2,2,2],["dp","pp","tp"]] against
-    one process: a tp layer that drops a
-    reduction, TP ranks reading different batches, a clip norm that counts replicated parameters
-    twice or misses the other rank's shards, a head that loses its tp forward when a stage copies
-    it, all change the losses (clipping at 1.0 is active in these runs); the export loads into
-    the plain GPT."""
+    ranks, [[2,2],["pp","tp"]] against the 2-stage pipeline, [[2,2,2],["dp"|"fsdp","pp","tp"]]
+    against one process, ZeRO-2/3 over the dp axis of a tp model against ZeRO without tp: a tp
+    layer that drops a reduction, TP ranks reading different batches, a clip norm that counts
+    replicated parameters twice or misses the other rank's shards (or another stage's), a head
+    that loses its tp forward when a stage copies it, all change the losses (clipping at 1.0 is
+    active in these runs); the export loads into the plain GPT."""
     _, ref, _ = _reference(name)
     out, recs, log = _mesh_run(name)
     assert sorted(losses(recs)) == list(range(1, 9)), log[-2000:]

@@ -542,3 +542,21 @@ def test_zb_h1_with_fsdp_x_pp_is_refused_before_start():
         "distributed.pipeline.schedule=zb_h1",
     )
     assert "zb_h1 with an fsdp x pp mesh" in message and "1f1b" in message
+
+
+def test_zero_and_fsdp_pipelines_compose_with_tp():
+    """ZeRO over the dp axis of a tp model and FSDP-sharded pipeline stages of tp layers (both
+    refused before the one train step) validate; ZeRO keeps the strategy and the data size."""
+    cfg = load(
+        "distributed.world_size=4",
+        'model.mesh_shape=[[2,2],["dp","tp"]]',
+        "distributed.strategy=zero",
+    )
+    assert cfg.distributed.strategy == "zero" and cfg.data_parallel_size == 2
+    cfg = load(
+        "distributed.world_size=8",
+        'model.mesh_shape=[[2,2,2],["fsdp","pp","tp"]]',
+        "distributed.strategy=pipeline",
+    )
+    assert cfg.pipeline_mesh() == [[2, 2], ["fsdp", "pp"]]
+    assert cfg.distributed.tensor_parallel_size == 2

@@ -603,11 +603,6 @@ def _check_tensor_parallel(cfg: TrainConfig) -> None:
     axes = dict(zip(mesh[1], mesh[0], strict=True)) if mesh else {}
     if d.strategy == "pipeline":
         p = d.pipeline
-        if axes.get("fsdp", 1) > 1:
-            raise ValueError(
-                f"{key}: fsdp x pp x tp is not supported yet; use a dp axis "
-                f"(e.g. [[d, p, t], ['dp', 'pp', 'tp']])"
-            )
         if p.schedule == "zb_h1" or p.split == "time":
             raise ValueError(
                 "distributed.pipeline: with tensor parallelism use a schedule other than zb_h1 "
@@ -632,7 +627,7 @@ def _check_tensor_parallel(cfg: TrainConfig) -> None:
                 f"distributed.fsdp.fsdp_sharding_strategy={sharding} with tensor parallelism is "
                 "not supported yet; use full_shard or shard_grad_op"
             )
-    elif axes.get("fsdp", 1) > 1:
+    elif axes.get("fsdp", 1) > 1 and d.strategy != "pipeline":  # pipeline stages may shard
         raise ValueError(
             f"{key}: the data axis is named 'fsdp' but distributed.strategy={d.strategy}; name "
             f"it 'dp' or use strategy fsdp"
