@@ -52,101 +52,14 @@ SPLIT = (
     "up.bias",
     "down.weight",
 )
-COLLECTIVES = {  # dispatcher op -> kind
-    "c10d.allreduce_": "all_reduce",
-    "c10d._allgather_base_": "all_gather",
-    "c10d.allgather_": "all_gather",
-    "c10d.allgather_into_tensor_coalesced_": "all_gather",
-    "c10d._reduce_scatter_base_": "reduce_scatter",
-    "c10d.reduce_scatter_": "reduce_scatter",
-    "c10d.reduce_scatter_tensor_coalesced_": "reduce_scatter",
-    "c10d.broadcast_": "broadcast",
-    "c10d.alltoall_base_": "all_to_all",
-    "_c10d_functional.all_reduce": "all_reduce",
-    "_c10d_functional.all_reduce_": "all_reduce",
-    "_c10d_functional.all_reduce_coalesced": "all_reduce",
-    "_c10d_functional.all_gather_into_tensor": "all_gather",
-    "_c10d_functional.all_gather_into_tensor_out": "all_gather",
-    "_c10d_functional.all_gather_into_tensor_coalesced": "all_gather",
-    "_c10d_functional.reduce_scatter_tensor": "reduce_scatter",
-    "_c10d_functional.reduce_scatter_tensor_coalesced": "reduce_scatter",
-    "_c10d_functional.all_to_all_single": "all_to_all",
-    "_c10d_functional.broadcast": "broadcast",
-}
-
-
-def comm_counter():
-    """A TorchDispatchMode that counts every collective issued while it is on: per kind, the
-    number of calls, the payload bytes (all-reduce: the buffer; all-gather: the gathered
-    output; reduce-scatter: the full input) and this rank's ring traffic (all-reduce
-    2(p-1)/p x payload, all-gather and reduce-scatter (p-1)/p x payload). Tensor subclasses
-    (DTensor) are let through first, as torch's CommDebugMode does, so the collectives DTensor
-    issues inside its own dispatch are seen too."""
-    import torch
-    from torch.utils import _pytree as pytree
-    from torch.utils._python_dispatch import TorchDispatchMode
-
-    class CommCounter(TorchDispatchMode):
-        def __init__(self):
-            super().__init__()
-            self.calls, self.payload, self.wire = {}, {}, {}
-
-        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
-            kwargs = kwargs or {}
-            if any(t is not torch.Tensor and issubclass(t, torch.Tensor) for t in types):
-                return NotImplemented
-            out = func(*args, **kwargs)
-            kind = COLLECTIVES.get(str(func.overloadpacket))
-            if kind is not None:
-                self._count(str(func.overloadpacket), kind, args, out)
-            return out
-
-        def _count(self, name, kind, args, out):
-            if name.startswith("c10d."):  # (outputs, inputs, group, ...) or (tensors, group, ...)
-                leaves = [t for t in pytree.tree_leaves(args) if isinstance(t, torch.Tensor)]
-                size = self.group_size  # the group is an opaque ScriptObject here
-                payload = sum(t.nbytes for t in leaves)
-                if kind in ("all_gather", "reduce_scatter"):  # the full side of in + out
-                    payload = payload * size // (size + 1)
-            else:  # (input, [reduce_op], [group_size], group_name)
-                sizes = [a for a in args[1:] if isinstance(a, int)]
-                size = sizes[0] if sizes else self.group_size
-                side = out if kind == "all_gather" else args[0]
-                payload = sum(
-                    t.nbytes for t in pytree.tree_leaves(side) if isinstance(t, torch.Tensor)
-                )
-            factor = 2 * (size - 1) / size if kind == "all_reduce" else (size - 1) / size
-            self.calls[kind] = self.calls.get(kind, 0) + 1
-            self.payload[kind] = self.payload.get(kind, 0) + payload
-            self.wire[kind] = self.wire.get(kind, 0) + payload * factor
-
-    CommCounter.group_size = 2  # every counted group here (tp, fsdp) has 2 ranks
-    return CommCounter
 
 
 def comm_theory(cfg, batch: int, sp: bool, block_bytes: int, tp: int = 2) -> dict:
-    """Megatron-LM's count for the GPT under this plan, per rank and step, as ring traffic:
-    A = batch x seq x dim activations, in ``block_bytes`` per element inside the blocks (the
-    autocast dtype) and 4 for the embedding's output (outside autocast) and the loss.
-    No SP: per block 2 all-reduces of A forward (after proj, after down) and 2 backward (the
-    input gradients of qkv and up), the embedding's all-reduce forward, the head's input
-    gradient backward, and the vocabulary-parallel loss's 3 reductions of batch x seq floats.
-    SP: every all-reduce becomes an all-gather + a reduce-scatter (same ring traffic), plus
-    the position-embedding gradient's all-gather (seq x dim) and the replicated norm and row
-    biases' gradient all-reductions (dim floats each). This is the minimum, with every gathered
-    activation kept for backward; a layer that re-gathers its input in backward to save that
-    memory (Megatron-LM's SP column-parallel linear does) adds an all-gather of A per layer."""
-    a = batch * cfg.seq_len * cfg.dim
-    ring_ar, ring_half = 2 * (tp - 1) / tp, (tp - 1) / tp
-    blocks = 4 * cfg.layers * a * block_bytes * ring_ar
-    ends = a * 4 * ring_ar + a * block_bytes * ring_ar  # embedding forward, head backward
-    loss = 3 * batch * cfg.seq_len * 4 * ring_ar
-    small = 0.0
-    if sp:
-        small += cfg.seq_len * cfg.dim * 4 * ring_half  # position-embedding gradient
-        norms = 2 * cfg.layers + 1
-        small += (2 * norms + 2 * cfg.layers) * cfg.dim * 4 * ring_ar  # norm w/b + row biases
-    return {"blocks": blocks, "total": blocks + ends + loss + small}
+    """The planner's count (``gpt_costs.gpt_tp_communication_bytes``): the minimum, with
+    every gathered activation kept for backward."""
+    from shardwise.train.gpt_costs import gpt_tp_communication_bytes
+
+    return gpt_tp_communication_bytes(cfg, batch, sp, block_bytes, tp)
 
 
 def param_bytes(model) -> int:
@@ -295,12 +208,13 @@ def timed_rounds(runs, batches, warmup: int, dist, rank) -> None:
                 run.opt_times.append(run.last_opt_s)
         if rank == 0:
             print(f"round {k + 1}/{len(batches)} done", file=sys.stderr, flush=True)
-    counter_cls = comm_counter()
+    from shardwise.comm_count import CommCounter
+
     for run in runs:
         dist.barrier()
         if run.ranks is not None and rank not in run.ranks:
             continue
-        counter = counter_cls()
+        counter = CommCounter(group_size=2)  # every counted group here (tp, fsdp) has 2 ranks
         with counter:
             run.step(batches[0][:, :-1], batches[0][:, 1:])
         run.comm = {"calls": counter.calls, "payload": counter.payload, "wire": counter.wire}

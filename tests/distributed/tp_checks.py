@@ -242,6 +242,40 @@ def tp_bad_input_is_refused_before_anything_changes(rank, world, gloo):
     _expect(lambda: Mesh([[world], ["tensor"]]), ["'tensor' is not valid", "pp, dp, fsdp, tp"])
 
 
+def tp_planner_counts_match_a_real_step(rank, world, gloo):
+    """The planner's per-rank tp costs against one real fp32 step of the GPT at tp = world:
+    the activation bytes it measures through a do-nothing group (``shape_only_group``) equal
+    what autograd saves here, and its Megatron-LM traffic count (plus SP's backward re-gathers)
+    equals every collective's ring traffic counted by ``CommCounter``. Catches: a planner that
+    estimates tp activations unsplit, a layer that communicates more (or less) than the
+    theory, a collective added or dropped in a style."""
+    from shardwise.comm_count import CommCounter
+    from shardwise.train import gpt_costs
+
+    tokens, targets = _batch(5, 2)
+    for sp in (False, True):
+        model = tp.parallelize(_gpt(), dist.group.WORLD, tp.gpt_plan(_gpt(), sp))
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        saved: dict[int, int] = {}
+
+        def pack(t, saved=saved, params=params):
+            if t.untyped_storage().data_ptr() not in params:
+                saved[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+            return t
+
+        counter = CommCounter(group_size=world)
+        with counter:
+            with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+                loss = model.loss(tokens, targets)
+            loss.backward()
+        planned = gpt_costs._saved_bytes(CFG, 2, False, tp=world, sequence_parallel=sp)
+        assert planned == sum(saved.values()), f"sp={sp}: {planned} vs {sum(saved.values())}"
+        theory = gpt_costs.gpt_tp_communication_bytes(CFG, 2, sp, 4, world)
+        expected = theory["total"] + theory["regather"]
+        err = abs(counter.total_wire - expected) / expected
+        assert err <= 1e-9, f"sp={sp}: {counter.total_wire} bytes sent, theory {expected}"
+
+
 def _expect(fn, words):
     try:
         fn()

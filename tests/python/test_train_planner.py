@@ -3,6 +3,7 @@ order of the practice notes, the CLI, and the DDP-style model state against a me
 on the bundled GPT."""
 
 import json
+import math
 import subprocess
 import sys
 
@@ -147,8 +148,13 @@ def test_cli_table(capsys):
     assert main(["--params", "7e9", "--gpus", "8", "--gpu-mem", "80"]) == 0
     out = capsys.readouterr().out
     lines = {line.split()[0]: line for line in out.splitlines() if line.strip()}
-    assert lines["ddp"].split()[-1] == "no"
-    assert lines["zero2"].split()[-1] == "yes"
+    assert lines["ddp"].split()[-2] == "no"
+    assert lines["zero2"].split()[-2] == "yes"
+    # communication per step: DDP's ring all-reduce of bf16 gradients, 2 (n-1)/n G; ZeRO-2
+    # reduce-scatters G and all-gathers P; without the model's shapes tp/pipeline say "?"
+    assert lines["ddp"].split()[-1] == f"{2 * 7 / 8 * 14e9 / 2**20:.1f}"
+    assert lines["zero2"].split()[-1] == f"{7 / 8 * 28e9 / 2**20:.1f}"
+    assert lines["pipeline"].split()[-1] == "?"
     assert f"{112e9 / 2**30:.2f}" in lines["ddp"]  # DDP total 104.31 GiB
     assert "recommendation: zero2" in out
     for label in ("zero1", "fsdp shard_grad_op", "zero3 / fsdp full_shard", "zero3 + cpu"):
@@ -234,3 +240,34 @@ def test_tensor_parallelism_comes_after_zero3_when_activations_do_not_fit():
     assert "tp 2 x zero3 over 4" in result.recommendation.reason
     small = plan(PHI, N, 80 * GB, activation_bytes_per_rank=1 * GB)
     assert small.recommendation.strategy == "zero2"  # nothing new when ZeRO already fits
+
+
+def test_config_plan_counts_tp_activations_and_traffic():
+    """A tp config's plan: activations measured on one tp rank (sequence parallelism splits
+    nearly all of them, so about half at tp 2, not the unsplit bytes), and every row's
+    communication is its data-axis traffic plus the tp layers' (Megatron-LM's count with SP's
+    backward re-gathers, per micro-batch). Catches a planner that plans tp runs as unsplit."""
+    from pathlib import Path
+
+    from shardwise.train import gpt_costs
+    from shardwise.train.config import load_config
+
+    path = Path(__file__).resolve().parents[2] / "examples" / "configs" / "fsdp_x_tp.yaml"
+    cfg = load_config(path, [], env={})
+    result = planner.plan_for_config(cfg, 2**40)
+    gpt = cfg.gpt_config()
+    mb = cfg.training.micro_batch_size
+    unsplit = gpt_costs.gpt_activation_bytes(gpt, mb, "bf16")
+    split = gpt_costs.gpt_activation_bytes(gpt, mb, "bf16", tp=2, sequence_parallel=True)
+    row = result.row("zero3")
+    assert row.activations == split and 0.45 * unsplit < split < 0.6 * unsplit
+    tp = gpt_costs.gpt_tp_communication_bytes(gpt, mb, True, 2, 2)
+    params = gpt_costs.gpt_tp_parameters(gpt, 2, True)
+    data = 0.5 * (2 * 2 * params + 2 * params)  # zero3 over 2 ranks: gather P twice, scatter G
+    assert row.communication == math.ceil(data + tp["total"] + tp["regather"])
+    # the same config without tp: no tp traffic, all the activations
+    mesh = 'model.mesh_shape=[[4,1],["fsdp","tp"]]'
+    flat = load_config(path, [mesh, "distributed.sequence_parallel=false"], env={})
+    flat_row = planner.plan_for_config(flat, 2**40).row("zero3")
+    assert flat_row.activations == unsplit
+    assert flat_row.communication == math.ceil(0.75 * 3 * 2 * gpt.num_parameters())

@@ -52,7 +52,7 @@ def cross_entropy(
     starting at ``vocab_start``, by default ``rank * V / tp``) without gathering them."""
     group = _group(group)
     if vocab_start is None:
-        vocab_start = dist.get_rank(group) * logits.shape[-1]
+        vocab_start = group.rank() * logits.shape[-1]
     return _C.tp_vocab_parallel_cross_entropy(
         logits, targets, group, vocab_start, ignore_index, reduction
     )

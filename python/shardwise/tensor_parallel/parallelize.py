@@ -19,7 +19,7 @@ def parallelize(model: nn.Module, tp_group, plan: dict) -> nn.Module:
     module and no module may match two patterns. A group of one rank (or None) leaves the model
     as it is, so tp = 1 runs the same code. Build the optimizer afterwards: the parameters a
     style splits are new ``nn.Parameter`` objects."""
-    if tp_group is None or dist.get_world_size(tp_group) == 1:
+    if tp_group is None or tp_group.size() == 1:
         return model
     names = [name for name, _ in model.named_modules() if name]
     matched: dict[str, str] = {}
@@ -37,7 +37,7 @@ def parallelize(model: nn.Module, tp_group, plan: dict) -> nn.Module:
                     f"'{pattern}'; make the patterns disjoint"
                 )
             matched[name] = pattern
-    ctx = st.Context(tp_group, dist.get_rank(tp_group), dist.get_world_size(tp_group), model)
+    ctx = st.Context(tp_group, tp_group.rank(), tp_group.size(), model)
     modules = dict(model.named_modules())
     for name, pattern in matched.items():  # check every style before changing anything
         _validate(plan[pattern], modules[name], name, ctx.size)
@@ -172,7 +172,7 @@ def full_tensor(shard: torch.Tensor, info: tuple[int, int] | None, group) -> tor
     if info is None or group is None:
         return shard
     dim, chunks = info
-    parts = [torch.empty_like(shard) for _ in range(dist.get_world_size(group))]
+    parts = [torch.empty_like(shard) for _ in range(group.size())]
     dist.all_gather(parts, shard.contiguous(), group=group)
     pieces = [p.chunk(chunks, dim) for p in parts]  # [rank][chunk]
     return torch.cat([pieces[r][c] for c in range(chunks) for r in range(len(parts))], dim)
@@ -189,7 +189,7 @@ def shard_runs(full_shape, info, group) -> list[tuple[int, int, int]]:
     if info is None or group is None:
         return [(0, 0, numel)]
     dim, chunks = info
-    rank, size = dist.get_rank(group), dist.get_world_size(group)
+    rank, size = group.rank(), group.size()
     return _C.tp_shard_runs(list(full_shape), dim, chunks, rank, size)
 
 

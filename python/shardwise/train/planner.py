@@ -10,7 +10,8 @@ parameters, N data-parallel ranks and Adam(W):
 
 - mixed precision (bf16 or fp16): 2Φ low-precision parameters, 2Φ gradients and K = 12 bytes
   per parameter of optimizer state (fp32 master copy 4Φ + first and second moments 4Φ + 4Φ);
-- fp32 training: 4Φ parameters, 4Φ gradients, 8Φ optimizer state (the two moments).
+- fp32 training: 4Φ parameters, 4Φ gradients, 8Φ optimizer state (the two moments); ZeRO 1/2
+  step a flat fp32 partition, a copy even in fp32, so their rows hold 12Φ / N.
 - SGD with momentum keeps one fp32 buffer instead of two moments (K = 8 mixed, 4 in fp32).
 
 Per rank, with P, G, O the unsharded parameter, gradient and optimizer bytes:
@@ -42,6 +43,10 @@ gathered layer, communication buckets, allocator fragmentation) are covered by t
 factor: a row fits when ``total × overhead ≤ device memory`` (rule of thumb "params × bytes
 × overhead" from the practice notes).
 
+Communication per rank and optimizer step (``Row.communication``, ring traffic): the data axis's
+collectives from the state sizes, plus tensor parallelism's (``gpt_costs``) and the pipeline's
+stage messages when the model's shapes are known (``plan_for_config``).
+
 Recommendation order (practice notes, seed 003): a single device when there is one and it fits,
 then DDP, ZeRO-2 (start there, not at stage 1), ZeRO-3 / FSDP full_shard only when stage 2 does
 not fit, pipeline parallelism when sharding alone does not fit, and CPU offload as last resort.
@@ -53,7 +58,17 @@ import argparse
 import json
 import math
 import sys
-from dataclasses import asdict, dataclass
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, replace
+
+from .gpt_costs import (  # noqa: F401  (the GPT's costs, also used as planner.*)
+    _saved_bytes,
+    gpt_activation_bytes,
+    gpt_gather_bytes,
+    gpt_largest_stage_params,
+    gpt_tp_communication_bytes,
+    gpt_tp_parameters,
+)
 
 GIB = 1024**3
 PRECISIONS = ("bf16", "fp16", "fp32")
@@ -86,6 +101,9 @@ class Row:
     required: int  # total × overhead
     fits: bool
     host: int = 0
+    # ring bytes this rank sends per optimizer step (_data_communication); None: not known
+    # (a tp or pipeline row planned from a parameter count, without the model's shapes)
+    communication: int | None = 0
 
 
 @dataclass(frozen=True)
@@ -131,12 +149,13 @@ def state_bytes_per_param(mixed_precision: str, optimizer: str) -> tuple[int, in
     return 2, 2, 4 + moments  # + fp32 master weights
 
 
-def _row(name, p, g, o, act, overhead, memory, host=0, gathered=0) -> Row:
+def _row(name, p, g, o, act, overhead, memory, host=0, gathered=0, comm: float | None = 0.0):
     p, g, o, act, host = (math.ceil(x) for x in (p, g, o, act, host))  # shards round up
     total = p + g + o + act + gathered
     required = math.ceil(round(total * overhead, 3))
     fits = required <= memory
-    return Row(name, LABELS[name], p, g, o, act, gathered, total, required, fits, host)
+    row = Row(name, LABELS[name], p, g, o, act, gathered, total, required, fits, host)
+    return replace(row, communication=None if comm is None else math.ceil(comm))
 
 
 def _auto_stages(world_size: int, fits) -> int:
@@ -158,39 +177,93 @@ def _auto_tp(world_size: int, fits) -> int:
     return degrees[-1] if degrees else 1
 
 
-def _rows(phi, n, memory, precision, optimizer, act, stages, overhead, gather, stage_params):
-    bp, bg, bo = state_bytes_per_param(precision, optimizer)
+@dataclass(frozen=True)
+class _Inputs:
+    """What ``plan`` was given, for ``_rows``."""
+
+    phi: int  # parameters (per tp rank when the model is tensor-parallel)
+    n: int  # data-parallel ranks
+    memory: int
+    precision: str
+    optimizer: str
+    act: int  # activation bytes of one micro-batch
+    stages: int | None
+    overhead: float
+    gather: int  # zero3_gather_bytes
+    stage_params: Callable[[int], int] | None
+    micro_batches: int = 1  # per rank and optimizer step
+    stage_message: int | None = None  # bytes a stage sends per micro-batch (and gets back)
+    tp_communication: Callable[[int], float] | None = None  # tp degree -> bytes per micro-batch
+    extra_communication: float = 0.0  # per step, added to every row (a configured tp axis)
+
+
+def _data_communication(name: str, par: float, grad: float, n: int, m: int) -> float:
+    """Ring bytes a rank sends per optimizer step over n data ranks, m micro-batches:
+    DDP all-reduces the gradients (2(n-1)/n·G); ZeRO-1/2 and shard_grad_op reduce-scatter them
+    and all-gather the updated parameters ((n-1)/n·(G + P)); ZeRO-3 / full_shard gathers the
+    parameters in every forward and backward ((n-1)/n·2P·m) and reduce-scatters G once."""
+    r = (n - 1) / n
+    if name == "ddp":
+        return 2 * r * grad
+    if name in ("zero1", "zero2", "fsdp_shard_grad_op"):
+        return r * (grad + par)
+    return r * (2 * par * m + grad)  # zero3, zero3_offload
+
+
+def _rows(i: _Inputs) -> tuple[list[Row], int]:
+    bp, bg, bo = state_bytes_per_param(i.precision, i.optimizer)
+    phi, n, act, gather, m = i.phi, i.n, i.act, i.gather, i.micro_batches
     par, grad, opt = bp * phi, bg * phi, bo * phi  # P, G, O in the module docstring
     # ZeRO 1/2 step a flat fp32 partition: in fp32 too it is a copy (DeepSpeed's as well)
-    zopt = opt + (4 * phi if precision == "fp32" else 0)
-    args = (overhead, memory)
+    zopt = opt + (4 * phi if i.precision == "fp32" else 0)
+    args = (i.overhead, i.memory)
+
+    def comm(name: str, sharded_over: int = n, states: float = 1.0) -> float:
+        data = _data_communication(name, par * states, grad * states, sharded_over, m)
+        return data + i.extra_communication
+
     rows = [
-        _row("ddp", par, grad, opt, act, *args),
-        _row("zero1", par, grad, zopt / n, act, *args),
-        _row("zero2", par, grad / n, zopt / n, act, *args),
-        _row("fsdp_shard_grad_op", par, grad / n, opt / n, act, *args),
-        _row("zero3", par / n, grad / n, opt / n, act, *args, gathered=gather),
+        _row("ddp", par, grad, opt, act, *args, comm=comm("ddp")),
+        _row("zero1", par, grad, zopt / n, act, *args, comm=comm("zero1")),
+        _row("zero2", par, grad / n, zopt / n, act, *args, comm=comm("zero2")),
+        _row("fsdp_shard_grad_op", par, grad / n, opt / n, act, *args, comm=comm("zero2")),
+        _row("zero3", par / n, grad / n, opt / n, act, *args, gathered=gather, comm=comm("zero3")),
     ]
 
     def pipeline(p: int) -> Row:
-        share = (stage_params(p) / phi) if stage_params else 1 / p  # the largest stage
-        return _row("pipeline", par * share, grad * share, opt * share, act, *args)
+        share = (i.stage_params(p) / phi) if i.stage_params else 1 / p  # the largest stage
+        traffic = None
+        if i.stage_message is not None:  # + activations forward, their gradients back
+            traffic = comm("ddp", n // p, share) + 2 * i.stage_message * m
+        return _row("pipeline", par * share, grad * share, opt * share, act, *args, comm=traffic)
 
     def tensor_parallel(t: int) -> Row:
         # tp x zero3: model states sharded over all n ranks (t ways by tp, n / t by zero3);
         # with sequence parallelism every activation is split t ways (Korthikanti et al.)
-        return _row("tp_zero3", par / n, grad / n, opt / n, act / t, *args, gathered=gather / t)
+        traffic = None
+        if i.tp_communication is not None:
+            traffic = comm("zero3", n // t, 1 / t) + i.tp_communication(t) * m
+        return _row(
+            "tp_zero3",
+            par / n,
+            grad / n,
+            opt / n,
+            act / t,
+            *args,
+            gathered=gather / t,
+            comm=traffic,
+        )
 
     tp = _auto_tp(n, lambda t: tensor_parallel(t).fits)
     if tp > 1:
         rows.append(tensor_parallel(tp))
+    stages = i.stages
     if stages is None:
         stages = _auto_stages(n, lambda p: pipeline(p).fits)
     if stages > 1:
         rows.append(pipeline(stages))
-    rows.append(
-        _row("zero3_offload", par / n, grad / n, 0, act, *args, host=opt / n, gathered=gather)
-    )
+    offload = _row("zero3_offload", par / n, grad / n, 0, act, *args, host=opt / n, gathered=gather)
+    rows.append(replace(offload, communication=math.ceil(comm("zero3"))))
     return rows, stages
 
 
@@ -231,34 +304,6 @@ def _recommend(rows: list[Row], world_size: int, memory: int, stages: int) -> Re
     )
 
 
-def gpt_tp_parameters(cfg, tp: int, sequence_parallel: bool = False) -> int:
-    """Parameters per tensor-parallel rank of the bundled GPT under ``gpt_plan`` (exact: counted
-    on a meta-device model; activations are still estimated unsplit, an over-estimate)."""
-    import torch
-
-    from .. import tensor_parallel
-    from ..models.gpt import GPT
-
-    with torch.device("meta"):
-        model = GPT(cfg)
-    plan = tensor_parallel.gpt_plan(model, sequence_parallel)
-    return tensor_parallel.parameters_per_rank(model, plan, tp)
-
-
-def gpt_largest_stage_params(cfg, stages: int) -> int:
-    """Parameters of the largest stage when the bundled GPT is cut into ``stages`` by parameter
-    count as ``shardwise.pipeline.split_by_parameters`` cuts it (embedding, whole blocks, and
-    the final norm with the head's copy of the tied embedding)."""
-    from .. import _C
-
-    d = cfg.dim
-    per_block = (cfg.num_parameters() - cfg.vocab_size * d - cfg.seq_len * d - 2 * d) // cfg.layers
-    sizes = [cfg.vocab_size * d + cfg.seq_len * d, *([per_block] * cfg.layers)]
-    sizes.append(2 * d + cfg.vocab_size * d)
-    starts = [*_C.balanced_partition([float(x) for x in sizes], stages), len(sizes)]
-    return max(sum(sizes[starts[k] : starts[k + 1]]) for k in range(stages))
-
-
 def plan(
     params: int,
     world_size: int,
@@ -271,6 +316,10 @@ def plan(
     overhead: float = 1.1,
     zero3_gather_bytes: int = 0,
     largest_stage_params=None,
+    micro_batches: int = 1,
+    stage_message_bytes: int | None = None,
+    tp_communication_bytes=None,
+    extra_communication_bytes: float = 0.0,
 ) -> Plan:
     """Per-rank bytes of every strategy for ``params`` parameters on ``world_size`` devices of
     ``device_memory_bytes`` each, and the simplest one that fits.
@@ -281,6 +330,13 @@ def plan(
     gathers (``gpt_gather_bytes`` for the bundled GPT), added to the zero3 and offload rows.
     ``largest_stage_params(p)``: parameters of the largest of p pipeline stages (for the bundled
     GPT ``gpt_largest_stage_params``: whole blocks and the tied head's copy); default Φ / p.
+    Communication per rank and optimizer step (``Row.communication``, ring traffic): over the
+    data axis from the state sizes (``_data_communication``) for ``micro_batches`` micro-batches
+    per step; the pipeline row adds ``stage_message_bytes`` (one micro-batch's stage output)
+    sent forward and received back per micro-batch (None: unknown); the tp row adds
+    ``tp_communication_bytes(t)`` per micro-batch (``gpt_tp_communication_bytes``; None:
+    unknown); and
+    ``extra_communication_bytes`` (a configured tp axis's traffic per step) goes to every row.
     """
     _check(params=params, world_size=world_size, device_memory_bytes=device_memory_bytes)
     for name, value in (
@@ -296,16 +352,22 @@ def plan(
             f"pipeline_stages={pipeline_stages} must be >= 1 and divide world_size={world_size}"
         )
     rows, stages = _rows(
-        params,
-        world_size,
-        device_memory_bytes,
-        mixed_precision,
-        optimizer,
-        activation_bytes_per_rank,
-        pipeline_stages,
-        overhead,
-        zero3_gather_bytes,
-        largest_stage_params,
+        _Inputs(
+            params,
+            world_size,
+            device_memory_bytes,
+            mixed_precision,
+            optimizer,
+            activation_bytes_per_rank,
+            pipeline_stages,
+            overhead,
+            zero3_gather_bytes,
+            largest_stage_params,
+            micro_batches,
+            stage_message_bytes,
+            tp_communication_bytes,
+            extra_communication_bytes,
+        )
     )
     return Plan(
         params,
@@ -361,71 +423,6 @@ def activation_bytes(
     else:
         blocks = gpt_config.layers * layer
     return int(blocks + head)
-
-
-def _saved_bytes(gpt_config, micro_batch_size: int, bf16: bool) -> int:
-    """Bytes autograd saves for backward in one forward + loss of the bundled GPT (storages
-    other than the parameters, each counted once), measured with saved_tensors_hooks."""
-    import torch
-
-    from ..models.gpt import GPT
-
-    torch.manual_seed(0)
-    model = GPT(gpt_config)
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, int] = {}
-
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in params:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return t
-
-    tokens = torch.zeros(micro_batch_size, gpt_config.seq_len, dtype=torch.long)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            model.loss(tokens, tokens)
-    return sum(saved.values())
-
-
-def gpt_activation_bytes(
-    gpt_config, micro_batch_size: int, mixed_precision: str = "bf16", checkpointing: bool = False
-) -> int:
-    """Activation bytes of one microbatch through the bundled GPT as shardwise-train runs it
-    (bf16 autocast or fp32), measured rather than modelled. What autograd saves in a forward is
-    ``f(L, b) = c0 + cL·L + b·(s0 + sL·L)`` for L layers and b sequences: per-forward constants
-    (under autocast the bf16 copies of the weights, cL per layer) and per-sequence bytes (sL per
-    layer, s0 for embeddings, head and loss). Four forwards of the same model with L, b in
-    {1, 2} give the four terms. With activation checkpointing each block keeps only its input
-    (b·s·h·4 bytes: the residual stream stays fp32) and one block's activations exist at a
-    time while it is recomputed."""
-    from dataclasses import replace
-
-    bf16 = mixed_precision != "fp32"
-    f = {
-        (n, b): _saved_bytes(replace(gpt_config, layers=n), b, bf16) for n in (1, 2) for b in (1, 2)
-    }
-    s_layer = f[2, 2] - f[1, 2] - (f[2, 1] - f[1, 1])
-    c_layer = f[2, 1] - f[1, 1] - s_layer
-    s_rest = f[1, 2] - f[1, 1] - s_layer
-    c_rest = f[1, 1] - c_layer - s_rest - s_layer
-    b, layers = micro_batch_size, gpt_config.layers
-    if checkpointing:
-        inputs = layers * gpt_config.seq_len * gpt_config.dim * 4
-        return int(c_rest + c_layer * layers + b * (s_rest + s_layer + inputs))
-    return int(c_rest + c_layer * layers + b * (s_rest + s_layer * layers))
-
-
-def gpt_gather_bytes(gpt_config, mixed_precision: str = "bf16") -> int:
-    """Transient bytes ZeRO-3 / FSDP full_shard holds for the GPT's unsharded units: with
-    transformer-block wrapping the units are each block and the root (embeddings, tied head,
-    final norm); at worst the largest unit and the prefetched next one are gathered, plus the
-    largest unit's unsharded gradients before the reduce-scatter, i.e.
-    ``largest × (2 × param bytes + grad bytes)``."""
-    param_b, grad_b, _ = state_bytes_per_param(mixed_precision, "adamw")
-    root = (gpt_config.vocab_size + gpt_config.seq_len + 2) * gpt_config.dim
-    block = (gpt_config.num_parameters() - root) // gpt_config.layers
-    return max(root, block) * (2 * param_b + grad_b)
 
 
 # ---------------------------------------------------------------- command line
@@ -490,16 +487,30 @@ def _parser() -> argparse.ArgumentParser:
 def plan_for_config(cfg, memory: int, optimizer: str = "adamw", overhead: float = 1.1) -> Plan:
     """The plan of a validated shardwise-train config (``config.TrainConfig``): its GPT,
     precision, micro-batch and stages; with a tp axis, the rows are the strategies over the data
-    axis of the tensor-parallel model (its parameters per tp rank). ``shardwise-train``'s memory
-    check and ``shardwise-plan --config`` both call this, so they cannot disagree."""
-    gpt, world = cfg.gpt_config(), cfg.distributed.world_size
-    tp = cfg.distributed.tensor_parallel_size
+    axis of the tensor-parallel model: its parameters, activations (measured on one tp rank)
+    and gathered units per tp rank, and its tp traffic added to every row's communication.
+    ``shardwise-train``'s memory check and ``shardwise-plan --config`` both call this, so they
+    cannot disagree."""
+    gpt, world, d = cfg.gpt_config(), cfg.distributed.world_size, cfg.distributed
+    tp, sp, t = d.tensor_parallel_size, d.sequence_parallel, cfg.training
     params = gpt.num_parameters()
     if tp > 1:
-        params = gpt_tp_parameters(gpt, tp, cfg.distributed.sequence_parallel)
+        params = gpt_tp_parameters(gpt, tp, sp)
         world //= tp
     precision = {"no": "fp32"}.get(cfg.mixed_precision, cfg.mixed_precision)
-    stages = cfg.distributed.pipeline_parallel_size
+    stages = d.pipeline_parallel_size
+    # every layout runs the same micro-batches of micro_batch_size sequences per step
+    micro_batches = t.gradient_accumulation_steps
+    if d.strategy == "pipeline" and d.pipeline is not None:
+        micro_batches *= d.pipeline.num_microbatches or stages
+    block_bytes = 4 if precision == "fp32" else 2
+
+    def tp_bytes(degree: int, sequence_parallel: bool = True) -> float:
+        counts = gpt_tp_communication_bytes(
+            gpt, t.micro_batch_size, sequence_parallel, block_bytes, degree
+        )
+        return counts["total"] + counts["regather"]
+
     return plan(
         params,
         world,
@@ -507,12 +518,16 @@ def plan_for_config(cfg, memory: int, optimizer: str = "adamw", overhead: float 
         mixed_precision=precision,
         optimizer=optimizer,
         activation_bytes_per_rank=gpt_activation_bytes(
-            gpt, cfg.training.micro_batch_size, precision, cfg.training.gradient_checkpointing
+            gpt, t.micro_batch_size, precision, t.gradient_checkpointing, tp, sp
         ),
         pipeline_stages=stages if stages > 1 else None,
         overhead=overhead,
-        zero3_gather_bytes=gpt_gather_bytes(gpt, precision),
-        largest_stage_params=lambda p: gpt_largest_stage_params(gpt, p),
+        zero3_gather_bytes=gpt_gather_bytes(gpt, precision, tp),
+        largest_stage_params=lambda p: gpt_largest_stage_params(gpt, p) // tp,
+        micro_batches=micro_batches,
+        stage_message_bytes=t.micro_batch_size * gpt.seq_len * gpt.dim * 4,
+        tp_communication_bytes=tp_bytes if tp == 1 else None,
+        extra_communication_bytes=tp_bytes(tp, sp) * micro_batches if tp > 1 else 0.0,
     )
 
 
@@ -573,14 +588,15 @@ def _plan_from_args(args, parser) -> Plan:
 
 
 def format_table(result: Plan) -> str:
-    """A plain-text table, GiB per rank, and the recommendation."""
+    """A plain-text table, GiB per rank (communication: MiB sent per rank and optimizer step),
+    and the recommendation."""
     head = ("strategy", "params", "grads", "optimizer", "activations", "gathered", "total")
-    head += ("x overhead", "fits")
+    head += ("x overhead", "fits", "comm MiB/step")
     lines = [
         f"{result.params / 1e9:.3g}B parameters, {result.world_size} GPUs x "
         f"{result.device_memory_bytes / GIB:.1f} GiB, {result.mixed_precision}, "
         f"{result.optimizer}, overhead {result.overhead:g} (GiB per rank)",
-        f"{head[0]:<24}" + "".join(f"{h:>12}" for h in head[1:]),
+        f"{head[0]:<24}" + "".join(f"{h:>12}" for h in head[1:-1]) + f"{head[-1]:>15}",
     ]
     for r in result.rows:
         label = f"{r.label} ({result.pipeline_stages})" if r.strategy == "pipeline" else r.label
@@ -590,6 +606,7 @@ def format_table(result: Plan) -> str:
             f"{label:<24}"
             + "".join(f"{c / GIB:>12.2f}" for c in cells)
             + f"{'yes' if r.fits else 'no':>12}"
+            + (f"{r.communication / 2**20:>15.1f}" if r.communication is not None else f"{'?':>15}")
         )
     rec = result.recommendation
     lines.append(f"recommendation: {rec.strategy} ({rec.reason})")
