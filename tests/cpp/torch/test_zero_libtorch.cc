@@ -125,9 +125,9 @@ void zero_tp_norm(int stage_of_partition) {
     });
   }
   for (auto& t : threads) t.join();
-  const double expected = std::sqrt(split_grad(0).pow(2).sum().item<double>() +
-                                    split_grad(1).pow(2).sum().item<double>() +
-                                    bias_grad.pow(2).sum().item<double>());
+  const double expected =
+      std::sqrt(split_grad(0).pow(2).sum().item<double>() +
+                split_grad(1).pow(2).sum().item<double>() + bias_grad.pow(2).sum().item<double>());
   for (int rank = 0; rank < kRanks; ++rank) {
     ASSERT_EQ(errors[rank], "") << "rank " << rank;
     EXPECT_NEAR(norms[rank], expected, 1e-9 * expected) << "rank " << rank;
