@@ -285,6 +285,11 @@ def run_tp(args) -> None:
                 tag = f"{backend}, {'SP' if sp else 'no SP'}, {dtype}"
                 model = tp.parallelize(gpt(), group, tp.gpt_plan(gpt(), sequence_parallel=sp))
                 runs.append(Run(f"shardwise TP, {tag}", model, dtensor=False, bf16=bf16))
+                if sp:  # the gathered inputs saved for backward, as DTensor saves them
+                    plan = tp.gpt_plan(gpt(), sequence_parallel=True, save_gathered=True)
+                    model = tp.parallelize(gpt(), group, plan)
+                    name = f"shardwise TP (save_gathered), {tag}"
+                    runs.append(Run(name, model, dtensor=False, bf16=bf16))
                 model = dtensor_tp(gpt(), mesh, sp)
                 runs.append(Run(f"DTensor TP, {tag}", model, dtensor=True, bf16=bf16))
     g = torch.Generator().manual_seed(1)
@@ -420,7 +425,9 @@ def tp_table(result, args) -> list[str]:
     for name, r in rows.items():
         dtype = name.rsplit(", ", 1)[1]
         ref = rows.get(f"1 process, 2 threads, {dtype}")
-        anchor = rows.get(name.replace("shardwise TP", "DTensor TP"))
+        anchor = rows.get(
+            name.replace(" (save_gathered)", "").replace("shardwise TP", "DTensor TP")
+        )
         sp = ", SP," in name
         tp_run = "TP" in name
         vs_dt = f"{anchor['step_s'] / r['step_s']:.2f}x" if tp_run and anchor else "-"

@@ -35,12 +35,15 @@ struct ColumnParallelFn : public torch::autograd::Function<ColumnParallelFn> {
                             const std::optional<at::Tensor>& bias_or_none,
                             Group group,
                             bool sequence_parallel,
-                            int64_t sequence_dim) {
+                            int64_t sequence_dim,
+                            bool save_gathered) {
     const at::Tensor bias = bias_or_none.value_or(at::Tensor());
     const auto dtype = autocast_dtype(input);
     const at::Tensor x = cast(input, dtype), w = cast(weight, dtype), b = cast(bias, dtype);
     const at::Tensor full = sequence_parallel ? all_gather_dim(x, sequence_dim, group) : x;
-    ctx->save_for_backward({x, w});
+    const bool regather = sequence_parallel && !save_gathered;
+    ctx->save_for_backward({regather ? x : full, w});
+    ctx->saved_data["regather"] = regather;
     save_group(ctx, group);
     ctx->saved_data["sequence_parallel"] = sequence_parallel;
     ctx->saved_data["sequence_dim"] = sequence_dim;
@@ -55,12 +58,14 @@ struct ColumnParallelFn : public torch::autograd::Function<ColumnParallelFn> {
     const at::Tensor &x = saved[0], &w = saved[1];
     const Group group = load_group(ctx);
     const bool sp = ctx->saved_data["sequence_parallel"].toBool();
+    const bool regather = ctx->saved_data["regather"].toBool();
     const int64_t dim = ctx->saved_data["sequence_dim"].toInt();
     const auto input_dtype = static_cast<at::ScalarType>(ctx->saved_data["input_dtype"].toInt());
     const auto weight_dtype = static_cast<at::ScalarType>(ctx->saved_data["weight_dtype"].toInt());
     const at::Tensor g = grads[0].to(w.scalar_type());
-    // The full input for the weight gradient is gathered again while grad_input is computed.
-    Pending gathered = sp ? all_gather_dim_async(x, dim, group) : Pending{nullptr, x, nullptr};
+    // The full input for the weight gradient is gathered again while grad_input is computed
+    // (unless it was saved whole).
+    Pending gathered = regather ? all_gather_dim_async(x, dim, group) : Pending{nullptr, x, nullptr};
     at::Tensor grad_input = g.matmul(w);
     const at::Tensor full = gathered.wait();
     Pending reduced = sp ? reduce_scatter_dim_async(grad_input, dim, group)
@@ -71,7 +76,8 @@ struct ColumnParallelFn : public torch::autograd::Function<ColumnParallelFn> {
       grad_bias = g.reshape({-1, g.size(-1)}).sum(0).to(weight_dtype);
     }
     grad_input = reduced.wait().to(input_dtype);
-    return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor()};
+    return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(),
+            at::Tensor()};
   }
 };
 
@@ -112,7 +118,7 @@ at::Tensor column_parallel_linear(const at::Tensor& input,
   const int64_t dim =
       options.sequence_dim < 0 ? options.sequence_dim + input.dim() : options.sequence_dim;
   return ColumnParallelFn::apply(input, weight, bias, options.group, options.sequence_parallel,
-                                 dim);
+                                 dim, options.save_gathered);
 }
 
 at::Tensor row_parallel_linear(const at::Tensor& input,

@@ -7,7 +7,8 @@
 // bias gradients while it runs, then waits. With sequence_parallel the input arrives split along
 // `sequence_dim`: forward all-gathers it (saving only the local slice), backward all-gathers it
 // again while the input gradient is computed, then reduce-scatters the input gradient along the
-// sequence while the weight gradient is computed.
+// sequence while the weight gradient is computed. With save_gathered the gathered input is saved
+// instead: one all-gather less per layer in backward for tp times the saved input's memory.
 //
 // row_parallel_linear: the weight is split on its input features ([out, in / tp]); the input is
 // this rank's slice of the features. Forward multiplies locally and all-reduces the output (with
@@ -30,6 +31,7 @@ struct ParallelOptions {
   Group group;                     // the tensor-parallel group
   bool sequence_parallel = false;  // activations outside the layer are split along the sequence
   int64_t sequence_dim = 1;        // [batch, seq, hidden] by default
+  bool save_gathered = false;      // column, sequence_parallel: keep the gathered input
 };
 
 at::Tensor column_parallel_linear(const at::Tensor& input,

@@ -20,11 +20,15 @@ namespace py = pybind11;
 namespace shardwise::tensor_parallel {
 namespace {
 
-ParallelOptions options_of(const Group& group, bool sequence_parallel, int64_t sequence_dim) {
+ParallelOptions options_of(const Group& group,
+                           bool sequence_parallel,
+                           int64_t sequence_dim,
+                           bool save_gathered = false) {
   ParallelOptions options;
   options.group = group;
   options.sequence_parallel = sequence_parallel;
   options.sequence_dim = sequence_dim;
+  options.save_gathered = save_gathered;
   return options;
 }
 
@@ -69,12 +73,14 @@ void bind_tensor_parallel(py::module& m) {
   m.def(
       "tp_column_parallel_linear",
       [](const at::Tensor& input, const at::Tensor& weight, std::optional<at::Tensor> bias,
-         const Group& group, bool sequence_parallel, int64_t sequence_dim) {
-        return column_parallel_linear(input, weight, bias,
-                                      options_of(group, sequence_parallel, sequence_dim));
+         const Group& group, bool sequence_parallel, int64_t sequence_dim, bool save_gathered) {
+        return column_parallel_linear(
+            input, weight, bias,
+            options_of(group, sequence_parallel, sequence_dim, save_gathered));
       },
       py::arg("input"), py::arg("weight"), py::arg("bias"), py::arg("group"),
-      py::arg("sequence_parallel") = false, py::arg("sequence_dim") = 1, Release());
+      py::arg("sequence_parallel") = false, py::arg("sequence_dim") = 1,
+      py::arg("save_gathered") = false, Release());
   m.def(
       "tp_row_parallel_linear",
       [](const at::Tensor& input, const at::Tensor& weight, std::optional<at::Tensor> bias,

@@ -22,7 +22,13 @@ def _ddp(world: int):
     return _run(f"ddp_ref{world}", world)
 
 
-ZERO_TP = ('model.mesh_shape=[[2,2],["dp","tp"]]', "distributed.world_size=4")
+# ZeRO over a sequence-parallel tp model whose column layers keep their gathered inputs
+ZERO_TP = (
+    'model.mesh_shape=[[2,2],["dp","tp"]]',
+    "distributed.world_size=4",
+    "distributed.sequence_parallel=true",
+    "distributed.sequence_parallel_save_gathered=true",
+)
 PIPE = "pipeline_1f1b.yaml"  # 4 microbatches of 2: the same 16 sequences a step as ddp.yaml
 MESHES = {
     # name: (processes, config, overrides, (reference processes, reference config))
@@ -43,11 +49,16 @@ MESHES = {
         ),
         (2, "ddp.yaml"),
     ),
-    # pipeline stages holding tp layers, the tied embedding/head across them
+    # pipeline stages holding tp layers, the tied embedding/head across them, cut by time
+    # (rank 0 times a tp copy alone)
     "pp2_x_tp2": (
         4,
         PIPE,
-        ('model.mesh_shape=[[2,2],["pp","tp"]]', "distributed.world_size=4"),
+        (
+            'model.mesh_shape=[[2,2],["pp","tp"]]',
+            "distributed.world_size=4",
+            "distributed.pipeline.split=time",
+        ),
         (2, PIPE),
     ),
     # 3-D: 8 processes (about 30 s here), against one process
@@ -251,3 +262,23 @@ def test_fp16_loss_scaling_for_every_strategy(name):
     first = sum(r["loss"] for r in recs[:3]) / 3
     last = sum(r["loss"] for r in recs[-3:]) / 3
     assert last < first - 1.0, (first, last, log[-1500:])
+
+
+def test_fp16_resume_keeps_the_loss_scale(tmp_path):
+    """A resumed fp16 run goes on with the GradScaler's state from the checkpoint: the same
+    scales and losses as the run that never stopped. One that restarted at the initial 2**24
+    would overflow again, skip steps the original took and log other scales."""
+    overrides = (
+        "training.mixed_precision=fp16",
+        "training.initial_loss_scale_power=24",
+        "training.max_steps=12",
+        "training.checkpoint.every_steps=6",
+        "training.micro_batch_size=4",
+    )
+    src, ref, _ = run("fp16_resume", 2, "ddp.yaml", *overrides)
+    assert ref[5]["loss_scale"] < 2.0**24  # the scale has come down by the checkpoint
+    out = tmp_path / "resumed"
+    _copy_until(src, out, 6)
+    recs, _ = train(2, "ddp.yaml", out, *overrides)
+    assert_continues(recs, ref, list(range(7, 13)), 1e-5)
+    assert [r["loss_scale"] for r in recs] == [r["loss_scale"] for r in ref[6:]]

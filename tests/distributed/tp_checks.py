@@ -65,16 +65,17 @@ def tp_cross_entropy_matches_torch(rank, world, gloo):
     assert torch.isnan(loss) and torch.isnan(ref), "every token ignored: nan, as torch"
 
 
-def _gpt_parity(rank, world, group, sequence_parallel):
+def _gpt_parity(rank, world, group, sequence_parallel, save_gathered=False):
     ref = _gpt()
     tokens, targets = _batch(3, 3)
     ref_loss = ref.loss(tokens, targets)
     ref_loss.backward()
     ref_grads = {n: p.grad for n, p in ref.named_parameters()}
-    model = tp.parallelize(_gpt(), group, tp.gpt_plan(_gpt(), sequence_parallel))
+    plan = tp.gpt_plan(_gpt(), sequence_parallel, save_gathered=save_gathered)
+    model = tp.parallelize(_gpt(), group, plan)
     loss = model.loss(tokens, targets)
     loss.backward()
-    what = f"tp={world} sp={sequence_parallel}"
+    what = f"tp={world} sp={sequence_parallel} save_gathered={save_gathered}"
     assert _rel(loss, ref_loss) <= 1e-6, f"{what}: loss {loss.item()} vs {ref_loss.item()}"
     grads = _full_grads(model, group)
     assert set(grads) == set(ref_grads), f"{what}: {sorted(set(grads) ^ set(ref_grads))}"
@@ -95,8 +96,10 @@ def tp_gpt_matches_single_process(rank, world, gloo):
 
 def tp_gpt_sequence_parallel_matches_single_process(rank, world, gloo):
     """Catches: a sequence gather/scatter on the wrong dim or in the wrong rank order, norm or
-    row-bias gradients not summed over the group, positions not cut to the rank's tokens."""
+    row-bias gradients not summed over the group, positions not cut to the rank's tokens, a
+    saved gathered input (save_gathered) that is not the whole sequence."""
     _gpt_parity(rank, world, dist.group.WORLD, sequence_parallel=True)
+    _gpt_parity(rank, world, dist.group.WORLD, sequence_parallel=True, save_gathered=True)
 
 
 def tp_gpt_over_gloo_matches_single_process(rank, world, gloo):
@@ -246,15 +249,17 @@ def tp_planner_counts_match_a_real_step(rank, world, gloo):
     """The planner's per-rank tp costs against one real fp32 step of the GPT at tp = world:
     the activation bytes it measures through a do-nothing group (``shape_only_group``) equal
     what autograd saves here, and its Megatron-LM traffic count (plus SP's backward re-gathers)
-    equals every collective's ring traffic counted by ``CommCounter``. Catches: a planner that
-    estimates tp activations unsplit, a layer that communicates more (or less) than the
-    theory, a collective added or dropped in a style."""
+    equals every collective's ring traffic counted by ``CommCounter`` (with save_gathered: no
+    re-gathers, the gathered inputs saved instead). Catches: a planner that estimates tp
+    activations unsplit, a layer that communicates more (or less) than the theory, a
+    collective added or dropped in a style, save_gathered still re-gathering."""
     from shardwise.comm_count import CommCounter
     from shardwise.train import gpt_costs
 
     tokens, targets = _batch(5, 2)
-    for sp in (False, True):
-        model = tp.parallelize(_gpt(), dist.group.WORLD, tp.gpt_plan(_gpt(), sp))
+    for sp, keep in ((False, False), (True, False), (True, True)):
+        plan = tp.gpt_plan(_gpt(), sp, save_gathered=keep)
+        model = tp.parallelize(_gpt(), dist.group.WORLD, plan)
         params = {p.untyped_storage().data_ptr() for p in model.parameters()}
         saved: dict[int, int] = {}
 
@@ -268,12 +273,13 @@ def tp_planner_counts_match_a_real_step(rank, world, gloo):
             with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
                 loss = model.loss(tokens, targets)
             loss.backward()
-        planned = gpt_costs._saved_bytes(CFG, 2, False, tp=world, sequence_parallel=sp)
-        assert planned == sum(saved.values()), f"sp={sp}: {planned} vs {sum(saved.values())}"
+        planned = gpt_costs._saved_bytes(CFG, 2, False, world, sp, keep)
+        what = f"sp={sp} save_gathered={keep}"
+        assert planned == sum(saved.values()), f"{what}: {planned} vs {sum(saved.values())}"
         theory = gpt_costs.gpt_tp_communication_bytes(CFG, 2, sp, 4, world)
-        expected = theory["total"] + theory["regather"]
+        expected = theory["total"] + (0 if keep else theory["regather"])
         err = abs(counter.total_wire - expected) / expected
-        assert err <= 1e-9, f"sp={sp}: {counter.total_wire} bytes sent, theory {expected}"
+        assert err <= 1e-9, f"{what}: {counter.total_wire} bytes sent, theory {expected}"
 
 
 def _expect(fn, words):

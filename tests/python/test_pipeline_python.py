@@ -66,11 +66,20 @@ def test_timeline_png(tmp_path):
 
 
 def test_split_by_time_isolates_a_slow_block():
+    """The slow block gets a stage of its own. Each fast block is 1/12 of the slow one, so
+    moving one across a boundary changes a stage's time by >= 8%, far above the timing noise
+    of a loaded machine (with fast blocks of 1/30, a 3% change, a busy CI host once let the
+    refinement move one)."""
     torch.manual_seed(0)
-    fast = [nn.Linear(64, 64) for _ in range(3)]
-    slow = nn.Sequential(*(nn.Linear(64, 64) for _ in range(30)))
-    blocks = [*fast, slow]  # by parameters the same imbalance; by time ~10x
-    groups = pp.split_by_time(blocks, 2, torch.randn(256, 64))
+    fast = [nn.Sequential(*(nn.Linear(64, 64) for _ in range(5))) for _ in range(3)]
+    slow = nn.Sequential(*(nn.Linear(64, 64) for _ in range(60)))
+    blocks = [*fast, slow]
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one thread: no waiting on a preempted sibling thread
+    try:
+        groups = pp.split_by_time(blocks, 2, torch.randn(2048, 64), repeats=5)
+    finally:
+        torch.set_num_threads(threads)
     assert groups == [[0, 1, 2], [3]], groups
     assert all(p.grad is None for b in blocks for p in b.parameters())
 

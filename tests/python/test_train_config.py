@@ -185,6 +185,12 @@ def test_tensor_parallel_refusals_name_the_key_and_the_fix():
     assert "data.seq_len (sequence parallelism) = 30" in message
     message = error_of("distributed.world_size=2", "distributed.sequence_parallel=true")
     assert "needs tensor parallelism" in message
+    message = error_of(
+        "distributed.world_size=2",
+        mesh.replace("1,4", "1,2"),
+        "distributed.sequence_parallel_save_gathered=true",
+    )
+    assert "needs distributed.sequence_parallel=true" in message
     message = error_of("distributed.world_size=4", mesh, "distributed.strategy=zero")
     assert "ZeRO over a data axis of size 1 partitions nothing" in message
     assert "strategy ddp with tp=4" in message
@@ -560,3 +566,23 @@ def test_zero_and_fsdp_pipelines_compose_with_tp():
     )
     assert cfg.pipeline_mesh() == [[2, 2], ["fsdp", "pp"]]
     assert cfg.distributed.tensor_parallel_size == 2
+
+
+def test_zb_h1_with_tp_is_refused_and_split_by_time_accepted():
+    """zb_h1 defers plain nn.Linear weight gradients, not tp layers': refused with the fix;
+    split=time with tp validates (rank 0 times a tp copy over a do-nothing group)."""
+    mesh = 'model.mesh_shape=[[2,2],["pp","tp"]]'
+    message = error_of(
+        "distributed.world_size=4",
+        mesh,
+        "distributed.strategy=pipeline",
+        "distributed.pipeline.schedule=zb_h1",
+    )
+    assert "schedule other than zb_h1" in message
+    cfg = load(
+        "distributed.world_size=4",
+        mesh,
+        "distributed.strategy=pipeline",
+        "distributed.pipeline.split=time",
+    )
+    assert cfg.distributed.pipeline.split == "time"

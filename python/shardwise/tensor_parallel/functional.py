@@ -14,12 +14,15 @@ def _group(group):
     return group if group is not None else dist.group.WORLD
 
 
-def column_parallel_linear(x, weight, bias, group=None, sequence_parallel=False, sequence_dim=1):
+def column_parallel_linear(
+    x, weight, bias, group=None, sequence_parallel=False, sequence_dim=1, save_gathered=False
+):
     """``x @ weight.T + bias`` with ``weight`` this rank's output rows; backward all-reduces the
     input gradient (reduce-scatters it under sequence parallelism), overlapped with the weight
-    gradient."""
+    gradient. ``save_gathered`` (sequence parallelism): keep the gathered input for backward
+    instead of gathering it again (one all-gather less, tp times the saved input's memory)."""
     return _C.tp_column_parallel_linear(
-        x, weight, bias, _group(group), sequence_parallel, sequence_dim
+        x, weight, bias, _group(group), sequence_parallel, sequence_dim, save_gathered
     )
 
 

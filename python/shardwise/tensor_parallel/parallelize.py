@@ -95,24 +95,29 @@ def _validate(style, module: nn.Module, name: str, tp: int) -> None:
         )
 
 
-def gpt_plan(model, sequence_parallel: bool = False, loss_parallel: bool = True) -> dict:
+def gpt_plan(
+    model, sequence_parallel: bool = False, loss_parallel: bool = True, save_gathered: bool = False
+) -> dict:
     """The plan for the bundled GPT (``shardwise.models.GPT``): the token embedding split on the
     vocabulary, in every block the fused QKV column-parallel by heads and the output projection
     row-parallel, the MLP's up column- and down row-parallel, and the head (tied to the
     embedding) column-parallel with the vocabulary-parallel loss. ``sequence_parallel`` also
     splits the norms' and residuals' tokens (the position embedding's output is cut to this
-    rank's positions)."""
+    rank's positions); ``save_gathered`` keeps the column-parallel layers' gathered inputs for
+    backward instead of gathering them again."""
     cfg = model.cfg
-    sp = sequence_parallel
+    sp, keep = sequence_parallel, save_gathered and sequence_parallel
     plan = {
         "embed": st.VocabParallelEmbedding(sequence_parallel=sp),
-        "blocks.*.qkv": st.ColwiseParallel(chunks=3, heads=cfg.heads, sequence_parallel=sp),
+        "blocks.*.qkv": st.ColwiseParallel(
+            chunks=3, heads=cfg.heads, sequence_parallel=sp, save_gathered=keep
+        ),
         "blocks.*.proj": st.RowwiseParallel(sequence_parallel=sp),
-        "blocks.*.up": st.ColwiseParallel(sequence_parallel=sp),
+        "blocks.*.up": st.ColwiseParallel(sequence_parallel=sp, save_gathered=keep),
         "blocks.*.down": st.RowwiseParallel(sequence_parallel=sp),
-        "head": st.LossParallel(sequence_parallel=sp)
+        "head": st.LossParallel(sequence_parallel=sp, save_gathered=keep)
         if loss_parallel
-        else st.ColwiseParallel(sequence_parallel=sp),
+        else st.ColwiseParallel(sequence_parallel=sp, save_gathered=keep),
     }
     if sp:
         plan.update(

@@ -65,21 +65,28 @@ class ColwiseParallel:
     """``nn.Linear`` split on its output features: ``weight`` [out / tp, in], ``bias`` split too.
     ``chunks`` > 1 splits each of that many fused parts (3 for a QKV projection, so each rank
     gets its heads of q, k and v); ``heads`` (if given) must divide by the tp size.
-    ``sequence_parallel``: the input arrives split along ``sequence_dim`` and is gathered."""
+    ``sequence_parallel``: the input arrives split along ``sequence_dim`` and is gathered;
+    ``save_gathered``: the gathered input is saved for backward instead of gathered again."""
 
     chunks: int = 1
     heads: int | None = None
     sequence_parallel: bool = False
     sequence_dim: int = 1
+    save_gathered: bool = False
 
     def apply(self, module: nn.Module, name: str, ctx: Context) -> None:
         _expect(module, (nn.Linear,), name, "ColwiseParallel")
         _shard(ctx, module, name, "weight", 0, self.chunks)
         _shard(ctx, module, name, "bias", 0, self.chunks)
-        group, sp, dim = ctx.group, self.sequence_parallel, self.sequence_dim
+        group, sp, dim, keep = (
+            ctx.group,
+            self.sequence_parallel,
+            self.sequence_dim,
+            self.save_gathered,
+        )
 
         def forward(self_, x):
-            return tpf.column_parallel_linear(x, self_.weight, self_.bias, group, sp, dim)
+            return tpf.column_parallel_linear(x, self_.weight, self_.bias, group, sp, dim, keep)
 
         module.forward = types.MethodType(forward, module)
 

@@ -85,6 +85,7 @@ def run_spec(cfg: TrainConfig, resume: bool, memory_note: str) -> RunSpec:
         mesh=cfg.pipeline_mesh() if d.strategy == "pipeline" else None,
         tensor_parallel=d.tensor_parallel_size,
         sequence_parallel=d.sequence_parallel,
+        save_gathered=d.sequence_parallel_save_gathered,
         micro_batch=t.micro_batch_size,
         accumulation=t.gradient_accumulation_steps,
     )

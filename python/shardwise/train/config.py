@@ -143,6 +143,9 @@ class DistributedSection(_Section):
     master_port: int | None = Field(None, gt=0, lt=65536)
     tensor_parallel_size: int | None = Field(None, gt=0)
     sequence_parallel: bool = False  # with tp > 1: norms and residuals split along the sequence
+    # with sequence_parallel: column-parallel layers keep their gathered input for backward
+    # (one all-gather less per layer, tp times that input's memory)
+    sequence_parallel_save_gathered: bool = False
     pipeline_parallel_size: int | None = Field(None, gt=0)
     mesh_shape: list | None = None
     mesh_axis_names: list[str] | None = None
@@ -592,6 +595,11 @@ def _check_tensor_parallel(cfg: TrainConfig) -> None:
     d = cfg.distributed
     tp = d.tensor_parallel_size
     key = "distributed.tensor_parallel_size" if _given_mesh(cfg)[0] is None else _given_mesh(cfg)[0]
+    if d.sequence_parallel_save_gathered and not d.sequence_parallel:
+        raise ValueError(
+            "distributed.sequence_parallel_save_gathered=true needs "
+            "distributed.sequence_parallel=true; set it or drop sequence_parallel_save_gathered"
+        )
     if tp == 1:
         if d.sequence_parallel:
             raise ValueError(
@@ -603,11 +611,10 @@ def _check_tensor_parallel(cfg: TrainConfig) -> None:
     axes = dict(zip(mesh[1], mesh[0], strict=True)) if mesh else {}
     if d.strategy == "pipeline":
         p = d.pipeline
-        if p.schedule == "zb_h1" or p.split == "time":
+        if p.schedule == "zb_h1":
             raise ValueError(
                 "distributed.pipeline: with tensor parallelism use a schedule other than zb_h1 "
-                "and split=parameters (zb_h1's deferred layers and a cut timed on one rank do "
-                "not run tensor-parallel layers)"
+                "(its deferred weight gradients are plain nn.Linear's, not tp layers')"
             )
     data = d.world_size // (tp * d.pipeline_parallel_size)
     if d.strategy == "fsdp":

@@ -52,7 +52,12 @@ def shape_only_group(size: int):
 
 
 def _saved_bytes(
-    gpt_config, micro_batch_size: int, bf16: bool, tp: int = 1, sequence_parallel: bool = False
+    gpt_config,
+    micro_batch_size: int,
+    bf16: bool,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    save_gathered: bool = False,
 ) -> int:
     """Bytes autograd saves for backward in one forward + loss of the bundled GPT (storages
     other than the parameters, each counted once), measured with saved_tensors_hooks; with
@@ -66,7 +71,7 @@ def _saved_bytes(
     if tp > 1:
         from .. import tensor_parallel
 
-        plan = tensor_parallel.gpt_plan(model, sequence_parallel)
+        plan = tensor_parallel.gpt_plan(model, sequence_parallel, save_gathered=save_gathered)
         tensor_parallel.parallelize(model, shape_only_group(tp), plan)
     params = {p.untyped_storage().data_ptr() for p in model.parameters()}
     saved: dict[int, int] = {}
@@ -91,6 +96,7 @@ def gpt_activation_bytes(
     checkpointing: bool = False,
     tp: int = 1,
     sequence_parallel: bool = False,
+    save_gathered: bool = False,
 ) -> int:
     """Activation bytes of one microbatch through the bundled GPT as shardwise-train runs it
     (bf16 autocast or fp32), measured rather than modelled, on one tp rank when ``tp`` > 1.
@@ -103,7 +109,9 @@ def gpt_activation_bytes(
     while it is recomputed."""
     bf16 = mixed_precision != "fp32"
     f = {
-        (n, b): _saved_bytes(replace(gpt_config, layers=n), b, bf16, tp, sequence_parallel)
+        (n, b): _saved_bytes(
+            replace(gpt_config, layers=n), b, bf16, tp, sequence_parallel, save_gathered
+        )
         for n in (1, 2)
         for b in (1, 2)
     }
@@ -148,7 +156,8 @@ def gpt_tp_communication_bytes(
     biases' gradient all-reductions (dim floats each). This is the minimum, with every gathered
     activation kept for backward; shardwise's SP column-parallel layer re-gathers its input in
     backward to save that memory (as Megatron-LM's does), adding ``regather``: an all-gather of
-    A per column-parallel layer. Returns {"blocks", "regather", "total"} (total without it)."""
+    A per column-parallel layer (none with ``save_gathered``). Returns {"blocks", "regather",
+    "total"} (total without it)."""
     a = micro_batch_size * cfg.seq_len * cfg.dim
     ring_ar, ring_half = 2 * (tp - 1) / tp, (tp - 1) / tp
     blocks = 4 * cfg.layers * a * block_bytes * ring_ar

@@ -18,7 +18,7 @@ from __future__ import annotations
 import contextlib
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import torch
 import torch.distributed as dist
@@ -47,6 +47,7 @@ class StrategyOptions:
     mesh: list | None = None  # [[d, p], [kind, "pp"]] for the pipeline
     tensor_parallel: int = 1  # the tp axis of the mesh
     sequence_parallel: bool = False
+    save_gathered: bool = False  # sequence parallelism: gathered inputs saved for backward
     micro_batch: int = 1  # ZeRO's train_micro_batch_size_per_gpu
     accumulation: int = 1  # ZeRO's gradient_accumulation_steps
 
@@ -180,7 +181,8 @@ def tensor_parallel(model: GPT, options: StrategyOptions, axes: Axes) -> None:
     if axes.tp_group is not None:
         from .. import tensor_parallel as tp
 
-        tp.parallelize(model, axes.tp_group, tp.gpt_plan(model, options.sequence_parallel))
+        plan = tp.gpt_plan(model, options.sequence_parallel, save_gathered=options.save_gathered)
+        tp.parallelize(model, axes.tp_group, plan)
 
 
 def checkpoint_activations(model: GPT, options: StrategyOptions) -> None:
@@ -212,7 +214,7 @@ def split_pipeline(
     names = {id(t): n for n, t in model.named_parameters()}
     blocks, tied = pp.gpt_blocks(model)
     names[id(blocks[-1].head.weight)] = "embed.weight"  # the head's copy of the tie
-    groups = _stage_groups(blocks, p * v, options)
+    groups = _stage_groups(blocks, p * v, options, axes)
     par.stages = {}
     for s in range(axes.pipeline_rank, p * v, p):
         body = nn.Sequential(*(blocks[i] for i in groups[s]))
@@ -225,17 +227,30 @@ def split_pipeline(
     return par
 
 
-def _stage_groups(blocks, count: int, options: StrategyOptions) -> list[list[int]]:
+def _stage_groups(blocks, count: int, options: StrategyOptions, axes: Axes) -> list[list[int]]:
+    """The blocks of each stage: by parameter count, or by time measured on rank 0 alone and
+    shared. With tensor parallelism rank 0 times a copy cut over a process group whose
+    collectives do nothing (its tp peers are busy elsewhere): the compute of one tp rank."""
     from .. import pipeline as pp
 
     if options.pipeline.get("split", "parameters") != "time":
         return pp.split_by_parameters(blocks, count)
-    groups = None  # timed on rank 0 alone, then shared
+    groups = None
     if dist.get_rank() == 0:
+        loss = _plain_loss
+        if axes.tp_group is not None:
+            from .gpt_costs import shape_only_group
+
+            rng = torch.get_rng_state()  # the copy's init leaves the RNG as other ranks'
+            model = build_model(options)
+            torch.set_rng_state(rng)
+            fake = replace(axes, tp_group=shape_only_group(axes.tp_group.size()))
+            tensor_parallel(model, options, fake)
+            blocks, loss = pp.gpt_blocks(model)[0], model.cross_entropy  # vocabulary-parallel
         g = torch.Generator().manual_seed(0)  # leaves the global RNG as other ranks'
         sample = torch.randint(0, options.gpt.vocab_size, (1, options.gpt.seq_len + 1), generator=g)
         with autocast_context(options.bf16):
-            groups = pp.split_by_time(blocks, count, sample[:, :-1], 2, _plain_loss, sample[:, 1:])
+            groups = pp.split_by_time(blocks, count, sample[:, :-1], 2, loss, sample[:, 1:])
     return pp.broadcast_groups(groups)
 
 

@@ -505,11 +505,11 @@ def plan_for_config(cfg, memory: int, optimizer: str = "adamw", overhead: float 
         micro_batches *= d.pipeline.num_microbatches or stages
     block_bytes = 4 if precision == "fp32" else 2
 
-    def tp_bytes(degree: int, sequence_parallel: bool = True) -> float:
+    def tp_bytes(degree: int, sequence_parallel: bool = True, saved: bool = False) -> float:
         counts = gpt_tp_communication_bytes(
             gpt, t.micro_batch_size, sequence_parallel, block_bytes, degree
         )
-        return counts["total"] + counts["regather"]
+        return counts["total"] + (0 if saved else counts["regather"])
 
     return plan(
         params,
@@ -518,7 +518,13 @@ def plan_for_config(cfg, memory: int, optimizer: str = "adamw", overhead: float 
         mixed_precision=precision,
         optimizer=optimizer,
         activation_bytes_per_rank=gpt_activation_bytes(
-            gpt, t.micro_batch_size, precision, t.gradient_checkpointing, tp, sp
+            gpt,
+            t.micro_batch_size,
+            precision,
+            t.gradient_checkpointing,
+            tp,
+            sp,
+            d.sequence_parallel_save_gathered,
         ),
         pipeline_stages=stages if stages > 1 else None,
         overhead=overhead,
@@ -527,7 +533,9 @@ def plan_for_config(cfg, memory: int, optimizer: str = "adamw", overhead: float 
         micro_batches=micro_batches,
         stage_message_bytes=t.micro_batch_size * gpt.seq_len * gpt.dim * 4,
         tp_communication_bytes=tp_bytes if tp == 1 else None,
-        extra_communication_bytes=tp_bytes(tp, sp) * micro_batches if tp > 1 else 0.0,
+        extra_communication_bytes=(
+            tp_bytes(tp, sp, d.sequence_parallel_save_gathered) * micro_batches if tp > 1 else 0.0
+        ),
     )
 
 

@@ -198,6 +198,15 @@ class TrainStep:
                 total += storage.nbytes()
         return total
 
+    def scaler_state(self) -> dict | None:
+        """fp16 outside ZeRO: the GradScaler's state (the same on every rank: the overflow is
+        agreed over the world), so a resumed run goes on with the scale it had."""
+        return self.scaler.state() if self.engine is None and self.scaler is not None else None
+
+    def load_scaler_state(self, state: dict | None) -> None:
+        if self.engine is None and self.scaler is not None and state is not None:
+            self.scaler.load_state(state)
+
     def save_slots(self) -> list[Slot]:
         """What this rank writes: replicated copies (dp ranks other than 0, tp ranks other than
         0 for replicated parameters, the head's copy of the tie) are left to their owner."""

@@ -117,6 +117,7 @@ class Trainer:
             payload["zero"] = s.payload()
         else:
             payload["pieces"] = pieces.to_pieces(s.save_slots())
+            payload["scaler"] = s.scaler_state()
         return payload
 
     def save(self) -> Path:
@@ -152,6 +153,7 @@ class Trainer:
                 raise ValueError(f"{path}: a ZeRO checkpoint; resume it with strategy zero")
             pieces.fill(s.load_slots(), [x for p in payloads for x in p["pieces"]])
             s.set_optimizer_step_count(payloads[0]["optimizer_step"])
+            s.load_scaler_state(payloads[0].get("scaler"))
         mine = payloads[self.rank] if self.rank < saved_world else payloads[0]
         if saved_world == self.world:  # the same ranks: this rank's own random stream
             torch.set_rng_state(mine["rng"])
