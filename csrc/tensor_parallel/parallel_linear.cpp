@@ -65,7 +65,8 @@ struct ColumnParallelFn : public torch::autograd::Function<ColumnParallelFn> {
     const at::Tensor g = grads[0].to(w.scalar_type());
     // The full input for the weight gradient is gathered again while grad_input is computed
     // (unless it was saved whole).
-    Pending gathered = regather ? all_gather_dim_async(x, dim, group) : Pending{nullptr, x, nullptr};
+    Pending gathered =
+        regather ? all_gather_dim_async(x, dim, group) : Pending{nullptr, x, nullptr};
     at::Tensor grad_input = g.matmul(w);
     const at::Tensor full = gathered.wait();
     Pending reduced = sp ? reduce_scatter_dim_async(grad_input, dim, group)
@@ -76,8 +77,8 @@ struct ColumnParallelFn : public torch::autograd::Function<ColumnParallelFn> {
       grad_bias = g.reshape({-1, g.size(-1)}).sum(0).to(weight_dtype);
     }
     grad_input = reduced.wait().to(input_dtype);
-    return {grad_input, grad_weight, grad_bias, at::Tensor(), at::Tensor(), at::Tensor(),
-            at::Tensor()};
+    return {grad_input,   grad_weight,  grad_bias,   at::Tensor(),
+            at::Tensor(), at::Tensor(), at::Tensor()};
   }
 };
 
@@ -117,8 +118,8 @@ at::Tensor column_parallel_linear(const at::Tensor& input,
   check_linear(input, weight, bias, options, "column_parallel_linear", true);
   const int64_t dim =
       options.sequence_dim < 0 ? options.sequence_dim + input.dim() : options.sequence_dim;
-  return ColumnParallelFn::apply(input, weight, bias, options.group, options.sequence_parallel,
-                                 dim, options.save_gathered);
+  return ColumnParallelFn::apply(input, weight, bias, options.group, options.sequence_parallel, dim,
+                                 options.save_gathered);
 }
 
 at::Tensor row_parallel_linear(const at::Tensor& input,

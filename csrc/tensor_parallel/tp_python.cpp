@@ -75,8 +75,7 @@ void bind_tensor_parallel(py::module& m) {
       [](const at::Tensor& input, const at::Tensor& weight, std::optional<at::Tensor> bias,
          const Group& group, bool sequence_parallel, int64_t sequence_dim, bool save_gathered) {
         return column_parallel_linear(
-            input, weight, bias,
-            options_of(group, sequence_parallel, sequence_dim, save_gathered));
+            input, weight, bias, options_of(group, sequence_parallel, sequence_dim, save_gathered));
       },
       py::arg("input"), py::arg("weight"), py::arg("bias"), py::arg("group"),
       py::arg("sequence_parallel") = false, py::arg("sequence_dim") = 1,
