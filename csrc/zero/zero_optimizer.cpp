@@ -162,6 +162,11 @@ void ZeroOptimizer::init_local(std::vector<at::Tensor> shards, std::vector<Piece
                      shards[i].scalar_type(), "; the FSDP master shards must be float32");
     TORCH_CHECK_VALUE(shards[i].numel() == pieces[i].numel, "ZeRO stage 3: shard ", i, " has ",
                       shards[i].numel(), " elements but its piece says ", pieces[i].numel);
+    const auto& tp = options_.tensor_parallel;
+    TORCH_CHECK_VALUE(!tp.group || (pieces[i].param >= 0 &&
+                                    pieces[i].param < static_cast<int64_t>(tp.split.size())),
+                      "ZeRO: tensor_parallel.split has ", tp.split.size(), " entries but shard ", i,
+                      " is of parameter ", pieces[i].param, "; give one per parameter id");
     allocate_state(shards[i], shards[i].numel());
   }
   local_ = true;

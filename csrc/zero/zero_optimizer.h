@@ -37,6 +37,7 @@
 
 #include <array>
 #include <deque>
+#include <functional>
 #include <map>
 #include <memory>
 #include <optional>
@@ -156,6 +157,9 @@ class ZeroOptimizer : public std::enable_shared_from_this<ZeroOptimizer> {
   bool any_overflow(const std::vector<at::Tensor>& grads) const;
   double global_norm(const std::vector<at::Tensor>& grads) const;
   double tensor_parallel_norm(const std::vector<at::Tensor>& grads) const;
+  // Calls fn(k, master, offset) for every piece k of pieces_: it lies at elements
+  // [offset, offset + pieces_[k].numel) of masters_[master] (and of the matching gradient).
+  void for_each_piece(const std::function<void(size_t, size_t, int64_t)>& fn) const;
   void run_optimizer(const std::vector<at::Tensor>& masters,
                      const std::vector<at::Tensor>& grads,
                      const std::vector<at::Tensor>& low,

@@ -22,25 +22,31 @@ std::vector<std::string> state_names(OptimizerKind kind) {
 std::vector<StatePiece> ZeroOptimizer::state_pieces() const {
   const std::vector<std::string> names = state_names(options_.optimizer.kind);
   std::vector<StatePiece> out;
-  size_t k = 0;
-  auto add = [&](const PieceInfo& info, size_t master, int64_t offset) {
+  for_each_piece([&](size_t k, size_t master, int64_t offset) {
+    const PieceInfo& info = pieces_[k];
     StatePiece piece{info, {}};
     piece.tensors[names[0]] = masters_[master].narrow(0, offset, info.numel);
     for (size_t s = 1; s < names.size(); ++s) {
       piece.tensors[names[s]] = state_[master][s - 1].narrow(0, offset, info.numel);
     }
     out.push_back(std::move(piece));
-  };
+  });
+  return out;
+}
+
+// Local mode: piece k is the whole shard masters_[k]. Partitioned: the pieces of each bucket's
+// parameters, in bucket order, inside the one flat partition.
+void ZeroOptimizer::for_each_piece(const std::function<void(size_t, size_t, int64_t)>& fn) const {
+  size_t k = 0;
   if (local_) {
-    for (; k < pieces_.size(); ++k) add(pieces_[k], k, 0);
-    return out;
+    for (; k < pieces_.size(); ++k) fn(k, k, 0);
+    return;
   }
   for (const Bucket& bucket : buckets_) {
     for (size_t j = 0; j < bucket.params.size(); ++j, ++k) {
-      add(pieces_[k], 0, bucket.offset + bucket.layout.offset(static_cast<int64_t>(j)));
+      fn(k, 0, bucket.offset + bucket.layout.offset(static_cast<int64_t>(j)));
     }
   }
-  return out;
 }
 
 void ZeroOptimizer::load_state_pieces(const std::vector<StatePiece>& saved, int64_t step_count) {

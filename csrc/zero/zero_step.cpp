@@ -64,24 +64,11 @@ double ZeroOptimizer::global_norm(const std::vector<at::Tensor>& grads) const {
 double ZeroOptimizer::tensor_parallel_norm(const std::vector<at::Tensor>& grads) const {
   const std::vector<bool>& split = options_.tensor_parallel.split;
   double sums[2] = {0.0, 0.0};  // split, replicated
-  auto add = [&](const PieceInfo& info, const at::Tensor& grad) {
-    TORCH_CHECK_VALUE(info.param >= 0 && info.param < static_cast<int64_t>(split.size()),
-                      "ZeRO: tensor_parallel.split has ", split.size(),
-                      " entries but parameter id ", info.param, " exists; give one per parameter");
+  for_each_piece([&](size_t k, size_t master, int64_t offset) {
+    const at::Tensor grad = grads[master].narrow(0, offset, pieces_[k].numel);
     const double sq = at::linalg_vector_norm(grad, 2, {}, false, at::kDouble).pow(2).item<double>();
-    sums[split[info.param] ? 0 : 1] += sq;
-  };
-  size_t k = 0;
-  if (local_) {
-    for (; k < pieces_.size(); ++k) add(pieces_[k], grads[k]);
-  } else {
-    for (const Bucket& bucket : buckets_) {
-      for (size_t j = 0; j < bucket.params.size(); ++j, ++k) {
-        const int64_t offset = bucket.offset + bucket.layout.offset(static_cast<int64_t>(j));
-        add(pieces_[k], grads[0].narrow(0, offset, pieces_[k].numel));
-      }
-    }
-  }
+    sums[split[pieces_[k].param] ? 0 : 1] += sq;
+  });
   tensor_parallel::ClipOptions reduce;
   reduce.tp_group = options_.tensor_parallel.group;
   if (local_ || world_ > 1) reduce.shard_group = options_.group;

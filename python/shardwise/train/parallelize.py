@@ -16,6 +16,7 @@ executor, the tensor-parallel layers); this module only wires them to the config
 from __future__ import annotations
 
 import contextlib
+import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -118,7 +119,10 @@ class Parallel:
     params: list[torch.Tensor]  # what the optimizer steps (ZeRO: its engine's own)
     owned: dict = field(default_factory=dict)  # id(p) -> (full name, start, valid, tp runs)
     global_names: dict[int, dict[str, str]] = field(default_factory=dict)  # stage: local->full
-    pipe: object = None  # pipeline.Pipeline
+    pipelined: bool = False  # cut into stages over the pp axis
+    stage_blocks: list[list[int]] = field(default_factory=list)  # the cut: blocks per stage
+    tied: tuple[str, str] | None = None  # gpt_blocks' tied embedding/head names
+    pipe: object = None  # the pipeline.Pipeline over the wrapped stages
     engine: object = None  # zero.ZeroEngine
     head_copy: int | None = None  # id of the last stage's copy of a tied embedding
     autocast: bool = False  # the forward under bf16 autocast
@@ -130,15 +134,15 @@ class Parallel:
     def forward(self) -> nn.Module:
         return self.stages[0]
 
-    @property
+    @functools.cached_property
     def split(self) -> set[int]:
-        """ids of the parameters split over the tp axis."""
+        """ids of the parameters split over the tp axis (read once ``owned`` is complete)."""
         return {k for k, v in self.owned.items() if v[3] is not None}
 
     def no_sync(self, last: bool):
         """No gradient reduction before the last micro-batch (DDP, FSDP); ZeRO-2 reduces into
         its partition every micro-batch, the pipeline averages after its step."""
-        if last or self.pipe is not None or self.kind == "zero":
+        if last or self.pipelined or self.kind == "zero":
             return contextlib.nullcontext()
         return getattr(self.forward, "no_sync", contextlib.nullcontext)()
 
@@ -162,7 +166,7 @@ def parallelize(options: StrategyOptions, axes: Axes, kind: str, pipeline: bool)
     model = build_model(options)
     tensor_parallel(model, options, axes)
     par = split_pipeline(model, options, axes, kind, pipeline)
-    if not (kind == "fsdp" and par.pipe is None):  # FSDP's units checkpoint themselves
+    if not (kind == "fsdp" and not par.pipelined):  # FSDP's units checkpoint themselves
         checkpoint_activations(model, options)
     data_parallel(par)
     return par
@@ -223,7 +227,7 @@ def split_pipeline(
         if cfg.get("schedule", "1f1b") == "zb_h1":
             pp.defer_weight_gradients(par.stages[s])
     par.head_copy = id(blocks[-1].head.weight) if tied else None
-    par.pipe = (tied, groups)  # made into the Pipeline once the stages are wrapped
+    par.pipelined, par.stage_blocks, par.tied = True, groups, tied
     return par
 
 
@@ -286,7 +290,7 @@ def data_parallel(par: Parallel) -> None:
     if par.kind == "zero":
         _zero(par)
         return
-    if par.pipe is not None:
+    if par.pipelined:
         _pipeline_data_parallel(par)
         return
     o, model = par.options, par.gpt
@@ -361,7 +365,7 @@ def _pipeline_data_parallel(par: Parallel) -> None:
             for n, t in local.items():
                 par.owned[id(t)] = (to_global[n.removeprefix("body.")], 0, t.numel(), runs[n])
         par.stages[s] = stage
-    tied, groups = par.pipe
+    tied, groups = par.tied, par.stage_blocks
     cfg = par.options.pipeline
     p, v = axes.pipeline_size, int(cfg.get("virtual_stages", 1))
     ties = []

@@ -27,19 +27,18 @@ inline c10::intrusive_ptr<c10d::ProcessGroup> make_thread_group(
   return group;
 }
 
-// Runs fn(rank, group) on `world` thread ranks sharing one store; fails the calling test with
-// any rank's exception (each rank's message, by rank).
-inline void on_thread_ranks(
-    int world,
-    const std::string& prefix,
-    const std::function<void(int, c10::intrusive_ptr<c10d::ProcessGroup>)>& fn) {
-  auto store = c10::make_intrusive<c10d::HashStore>();
+// Runs fn(rank, store) on `world` threads sharing one in-memory store (for tests that make
+// their own sub-groups with make_thread_group); fails the calling test with any rank's exception
+// (each rank's message, by rank).
+inline void on_threads_with_store(
+    int world, const std::function<void(int, const c10::intrusive_ptr<c10d::Store>&)>& fn) {
+  c10::intrusive_ptr<c10d::Store> store = c10::make_intrusive<c10d::HashStore>();
   std::vector<std::string> errors(world);
   std::vector<std::thread> threads;
   for (int rank = 0; rank < world; ++rank) {
     threads.emplace_back([&, rank] {
       try {
-        fn(rank, make_thread_group(store, rank, world, prefix));
+        fn(rank, store);
       } catch (const std::exception& e) {
         errors[rank] = e.what();
       }
@@ -47,4 +46,14 @@ inline void on_thread_ranks(
   }
   for (auto& t : threads) t.join();
   for (int rank = 0; rank < world; ++rank) ASSERT_EQ(errors[rank], "") << "rank " << rank;
+}
+
+// Runs fn(rank, group) on `world` thread ranks of one group over the shardwise backend.
+inline void on_thread_ranks(
+    int world,
+    const std::string& prefix,
+    const std::function<void(int, c10::intrusive_ptr<c10d::ProcessGroup>)>& fn) {
+  on_threads_with_store(world, [&](int rank, const c10::intrusive_ptr<c10d::Store>& store) {
+    fn(rank, make_thread_group(store, rank, world, prefix));
+  });
 }
