@@ -28,16 +28,29 @@ ifdef CUDA_HOME
 export PYTORCH_NVCC ?= ccache $(CUDA_HOME)/bin/nvcc
 endif
 
-.PHONY: demo test test-cpp test-python test-cpu-torch build venv cpu-venv system-deps bench \
+.PHONY: demo demo-cpp test test-cpp test-python test-cpu-torch test-package build venv cpu-venv \
+	system-deps bench \
 	format lint clean
 
-test: build test-cpp test-python test-cpu-torch ## build, then run every test suite
+test: build test-cpp test-python test-cpu-torch test-package ## build, then run every test suite
 
 demo: build ## 2-process CPU training of the bundled GPT (FSDP, bf16), ~2 minutes: outputs/demo/
 	rm -rf outputs/demo
 	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --standalone --nproc_per_node=2 -m shardwise.train \
 		--config examples/configs/demo.yaml
 	$(VENV)/bin/shardwise-plot outputs/demo
+
+TRAIN_GPT_BUILD := build/train_gpt
+demo-cpp: build ## the C++ GPT trainer (examples/cpp/train_gpt) against the installed package, 2 processes
+	cmake -S examples/cpp/train_gpt -B $(TRAIN_GPT_BUILD) -G Ninja -DCMAKE_BUILD_TYPE=Release \
+		$(if $(CUDA_HOME),-DCUDA_TOOLKIT_ROOT_DIR=$(CUDA_HOME) \
+		-DCMAKE_CUDA_COMPILER=$(CUDA_HOME)/bin/nvcc) \
+		-DCMAKE_PREFIX_PATH="$$($(PY) -c 'import torch, shardwise; \
+		print(torch.utils.cmake_prefix_path + ";" + shardwise.cmake_prefix_path)')"
+	cmake --build $(TRAIN_GPT_BUILD)
+	mkdir -p outputs && $(PY) -m shardwise.train.data outputs/corpus.txt
+	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --no-python --standalone --nproc_per_node=2 \
+		$(TRAIN_GPT_BUILD)/train_gpt --data outputs/corpus.txt --steps 200 --log-every 20
 
 system-deps: ## compilers' companions from Debian: GoogleTest, ccache, CMake, Ninja
 	@bash scripts/install_system_deps.sh
@@ -62,6 +75,17 @@ test-cpp: system-deps cpu-venv ## GoogleTest: the torch-free core and the LibTor
 		-DCMAKE_PREFIX_PATH="$$($(CPU_PY) -c 'import torch; print(torch.utils.cmake_prefix_path)')"
 	cmake --build $(CMAKE_BUILD) -j $(JOBS)
 	ctest --test-dir $(CMAKE_BUILD) --output-on-failure -j $(JOBS)
+
+# The C++ package from its users' side (tests/package): examples/cpp/train_gpt built out of tree
+# against cmake --install's prefix and pip's copy (CPU torch), against the editable install (CUDA
+# torch), and refused by name against a torch of the other minor version.
+test-package: test-cpp test-cpu-torch build ## the installed C++ package, consumed out of tree
+	cmake --install $(CMAKE_BUILD) --prefix $(CMAKE_BUILD)/install > /dev/null
+	SHARDWISE_INSTALL_PREFIX=$(CURDIR)/$(CMAKE_BUILD)/install \
+	SHARDWISE_OTHER_TORCH="$$($(PY) -c 'import torch; print(torch.utils.cmake_prefix_path)')" \
+		$(CPU_PY) -m pytest -ra -p no:cacheprovider tests/package
+	SHARDWISE_OTHER_TORCH="$$($(CPU_PY) -c 'import torch; print(torch.utils.cmake_prefix_path)')" \
+		$(PY) -m pytest -ra -p no:cacheprovider tests/package
 
 test-python: build ## pytest: ops, exhaustive casts, distributed (multi-process)
 	$(PY) -m pytest -ra tests/python $(wildcard tests/distributed) || { rc=$$?; \
@@ -89,14 +113,15 @@ bench: build ## benchmarks (with OpenMPI as an anchor); results land in benchmar
 		--png results/$$(date +%Y-%m-%d)-pipeline-zb-h1-timeline.png
 
 format: venv ## clang-format and ruff format, in place
-	$(VENV)/bin/clang-format -i $$(git ls-files 'csrc/*.h' 'csrc/*.cc' 'csrc/*.cpp' 'csrc/*.cu' 'tests/cpp/*.cc' 'examples/cpp/*.cc')
+	$(VENV)/bin/clang-format -i $$(git ls-files 'csrc/*.h' 'csrc/*.cc' 'csrc/*.cpp' 'csrc/*.cu' 'tests/cpp/*.cc' 'examples/cpp/*.cc' 'examples/cpp/*.cpp' 'examples/cpp/*.h')
 	$(VENV)/bin/ruff format python tests benchmarks examples setup.py
 	$(VENV)/bin/ruff check --fix python tests benchmarks examples setup.py
 
 lint: venv ## the same checks, changing nothing
-	$(VENV)/bin/clang-format --dry-run -Werror $$(git ls-files 'csrc/*.h' 'csrc/*.cc' 'csrc/*.cpp' 'csrc/*.cu' 'tests/cpp/*.cc' 'examples/cpp/*.cc')
+	$(VENV)/bin/clang-format --dry-run -Werror $$(git ls-files 'csrc/*.h' 'csrc/*.cc' 'csrc/*.cpp' 'csrc/*.cu' 'tests/cpp/*.cc' 'examples/cpp/*.cc' 'examples/cpp/*.cpp' 'examples/cpp/*.h')
 	$(VENV)/bin/ruff format --check python tests benchmarks examples setup.py
 	$(VENV)/bin/ruff check python tests benchmarks examples setup.py
 
 clean: ## build outputs in the clone (the caches under $(CACHE) stay)
-	rm -rf build python/shardwise/*.so python/*.egg-info
+	rm -rf build python/shardwise/*.so python/shardwise/lib python/shardwise/include \
+		python/shardwise/share python/*.egg-info

@@ -1,13 +1,17 @@
-"""Builds shardwise._C with torch.utils.cpp_extension.
+"""Builds shardwise: libshardwise.so with CMake (CMakeLists.txt, the library C++ programs link
+too), installed into the package with its headers and CMake package (shardwise.cmake_prefix_path),
+then the Python module shardwise._C (torch.utils.cpp_extension) linked against it.
 
-CUDA sources (*.cu and *_cuda.cpp under csrc/) are compiled when the installed torch has CUDA
-and nvcc is found; SHARDWISE_WITH_CUDA=0 forces a CPU-only build, =1 requires CUDA. Without a GPU
-to detect, the CUDA architectures default to sm_80 and sm_90 (+PTX); set TORCH_CUDA_ARCH_LIST to
-choose others. Put ccache in front with PATH=/usr/lib/ccache:$PATH and
-PYTORCH_NVCC="ccache nvcc" (the Makefile does).
+The CUDA kernels and NCCL are built when the installed torch has CUDA and nvcc is found;
+SHARDWISE_WITH_CUDA=0 forces a CPU-only build, =1 requires CUDA. The CUDA architectures default
+to sm_80 and sm_90 (+PTX); set TORCH_CUDA_ARCH_LIST to choose others. Put ccache in front with
+PATH=/usr/lib/ccache:$PATH (the Makefile does; nvcc gets ccache as CMake's launcher).
 """
 
 import os
+import re
+import shutil
+import subprocess
 from pathlib import Path
 
 import torch
@@ -54,53 +58,85 @@ def want_cuda() -> bool:
     return available
 
 
-def sources(with_cuda: bool) -> list[str]:
-    files = sorted(CSRC.rglob("*.cc")) + sorted(CSRC.rglob("*.cpp"))
-    cuda_files = sorted(CSRC.rglob("*.cu")) + [f for f in files if f.stem.endswith("_cuda")]
-    files = [f for f in files if not f.stem.endswith("_cuda")]
-    if with_cuda:
-        files += cuda_files
-    return [str(f.relative_to(ROOT)) for f in files]
+def cmake_list(name: str) -> list[str]:
+    """A list from cmake/sources.cmake, the one list of sources CMake builds from too."""
+    text = (ROOT / "cmake" / "sources.cmake").read_text()
+    match = re.search(rf"^set\({name}\n(.*?)^\)", text, re.MULTILINE | re.DOTALL)
+    if match is None:
+        raise RuntimeError(f"cmake/sources.cmake has no list {name}")
+    return [line.strip() for line in match.group(1).splitlines() if line.strip()]
 
 
-def nccl_flags() -> tuple[list[str], list[str]]:
-    """Include dirs and link args for the NCCL that torch's CUDA wheels bring (nvidia-nccl-*),
-    or one installed beside the CUDA toolkit."""
-    import importlib.util
+def build_library(prefix: Path, build_dir: Path, with_cuda: bool) -> None:
+    """Builds libshardwise.so with CMake (CMakeLists.txt, tests off) and installs it, its headers
+    and its CMake package into `prefix` (the package folder: shardwise/{lib,include,share})."""
+    cmake = shutil.which("cmake")
+    if cmake is None:
+        raise RuntimeError(
+            "building shardwise needs CMake >= 3.22: pip install cmake, or apt-get install cmake"
+        )
+    configure = [
+        cmake, "-S", str(ROOT), "-B", str(build_dir),
+        "-DCMAKE_BUILD_TYPE=Release",
+        "-DCMAKE_INSTALL_LIBDIR=lib",
+        "-DSHARDWISE_BUILD_TESTS=OFF",
+        f"-DSHARDWISE_WITH_CUDA={'ON' if with_cuda else 'OFF'}",
+        f"-DCMAKE_PREFIX_PATH={torch.utils.cmake_prefix_path}",
+    ]  # fmt: skip
+    if shutil.which("ninja"):
+        configure += ["-G", "Ninja"]
+    home = cuda_home()
+    if home is not None and torch.version.cuda is not None:
+        # A CUDA torch's CMake config enables CUDA itself, even for a CPU-only shardwise.
+        configure += [
+            f"-DCMAKE_CUDA_COMPILER={home / 'bin' / 'nvcc'}",
+            f"-DCUDA_TOOLKIT_ROOT_DIR={home}",
+            f"-DCUDAToolkit_ROOT={home}",
+        ]
+        if shutil.which("ccache"):
+            configure.append("-DCMAKE_CUDA_COMPILER_LAUNCHER=ccache")
+    jobs = os.environ.get("MAX_JOBS", str(os.cpu_count() or 1))
+    for command in (
+        configure,
+        [cmake, "--build", str(build_dir), "-j", jobs],
+        [cmake, "--install", str(build_dir), "--prefix", str(prefix)],
+    ):
+        subprocess.run(
+            command, check=True, stdout=subprocess.DEVNULL if "--install" in command else None
+        )
 
-    spec = importlib.util.find_spec("nvidia.nccl")
-    if spec is not None and spec.submodule_search_locations:
-        root = Path(list(spec.submodule_search_locations)[0])
-        lib = root / "lib"
-        return [str(root / "include")], [f"-L{lib}", "-l:libnccl.so.2", f"-Wl,-rpath,{lib}"]
-    home = Path(cpp_extension.CUDA_HOME or "/usr/local/cuda")
-    if (home / "include" / "nccl.h").exists():
-        return [str(home / "include")], ["-lnccl"]
-    raise RuntimeError(
-        "building with CUDA needs NCCL: install torch's CUDA wheel (it brings nvidia-nccl) or "
-        "NCCL beside the CUDA toolkit, or build CPU-only with SHARDWISE_WITH_CUDA=0"
-    )
+
+class BuildExt(cpp_extension.BuildExtension):
+    """Builds the library first, then shardwise._C (the pybind11 glue) linked against it; the
+    library lands in the package (shardwise/lib) beside the module, which finds it by RPATH."""
+
+    def build_extensions(self):
+        with_cuda = want_cuda()
+        package = Path(self.get_ext_fullpath("shardwise._C")).resolve().parent
+        if self.inplace or getattr(self, "editable_mode", False):
+            # An editable install copies only the module back into the source tree: put the
+            # library there directly.
+            package = ROOT / "python" / "shardwise"
+        flavour = f"torch{torch.__version__}-{'cuda' if with_cuda else 'cpu'}"
+        # A lasting build folder per torch (not pip's temporary one), so rebuilds are incremental.
+        build_library(package, ROOT / "build" / f"cmake-python-{flavour}", with_cuda)
+        for ext in self.extensions:
+            ext.library_dirs.append(str(package / "lib"))
+            ext.libraries.append("shardwise")
+            ext.extra_link_args.append("-Wl,-rpath,$ORIGIN/lib")
+        super().build_extensions()
 
 
 def extension():
-    with_cuda = want_cuda()
-    if with_cuda and "TORCH_CUDA_ARCH_LIST" not in os.environ and not torch.cuda.is_available():
-        os.environ["TORCH_CUDA_ARCH_LIST"] = "8.0;9.0+PTX"
-    define = [("SHARDWISE_WITH_CUDA", "1")] if with_cuda else []
-    args = {"cxx": ["-O3", "-Wall"], "nvcc": ["-O3"]}
-    kind = cpp_extension.CUDAExtension if with_cuda else cpp_extension.CppExtension
-    include_dirs, link_args = nccl_flags() if with_cuda else ([], [])
-    return kind(
+    return cpp_extension.CppExtension(
         name="shardwise._C",
-        sources=sources(with_cuda),
-        include_dirs=[str(CSRC), *include_dirs],
-        define_macros=define,
-        extra_compile_args=args,
-        extra_link_args=link_args,
+        sources=cmake_list("SHARDWISE_PYTHON_SOURCES"),
+        include_dirs=[str(CSRC)],
+        extra_compile_args={"cxx": ["-O3", "-Wall"]},
     )
 
 
 setup(
     ext_modules=[extension()],
-    cmdclass={"build_ext": cpp_extension.BuildExtension.with_options(use_ninja=True)},
+    cmdclass={"build_ext": BuildExt.with_options(use_ninja=True)},
 )

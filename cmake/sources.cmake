@@ -1,4 +1,6 @@
-# Source lists shared by CMakeLists.txt (setup.py keeps its own globs of the same folders).
+# The one list of sources. CMakeLists.txt builds the library from it; setup.py reads it too
+# (SHARDWISE_PYTHON_SOURCES: the Python extension, linked against that library). Keep each list
+# one path per line: setup.py parses this file.
 set(SHARDWISE_CORE_SOURCES
   csrc/collectives/all_gather.cc
   csrc/collectives/allreduce.cc
@@ -30,6 +32,7 @@ set(SHARDWISE_CORE_SOURCES
   csrc/pipeline/partition.cc
   csrc/mesh/mesh_layout.cc
   csrc/tensor_parallel/tp_shapes.cc
+  csrc/distributed/torchrun_env.cc
 )
 set(SHARDWISE_CORE_TEST_SOURCES
   tests/cpp/test_collectives.cc
@@ -43,6 +46,7 @@ set(SHARDWISE_CORE_TEST_SOURCES
   tests/cpp/test_pipeline_schedule.cc
   tests/cpp/test_pipeline_partition.cc
   tests/cpp/test_mesh_layout.cc
+  tests/cpp/test_torchrun_env.cc
 )
 set(SHARDWISE_TORCH_SOURCES
   csrc/backend/functional_ops.cpp
@@ -59,22 +63,48 @@ set(SHARDWISE_TORCH_SOURCES
   csrc/sharding/checkpoint_pieces.cpp
   csrc/fsdp/fsdp_unit.cpp
   csrc/fsdp/fsdp_engine.cpp
+  csrc/fsdp/fully_shard.cpp
   csrc/fsdp/storage.cpp
   csrc/fsdp/storage_stub.cpp
   csrc/zero/zero_optimizer.cpp
   csrc/zero/zero_step.cpp
   csrc/zero/zero_state.cpp
   csrc/zero/grad_scaler.cpp
+  csrc/zero/zero_redundancy_optimizer.cpp
   csrc/pipeline/executor.cpp
   csrc/pipeline/deferred_linear.cpp
   csrc/optim/fused_optim_checks.cpp
   csrc/optim/fused_optim_ops.cpp
+  csrc/optim/fused_adamw.cpp
   csrc/tensor_parallel/regions.cpp
   csrc/tensor_parallel/parallel_linear.cpp
   csrc/tensor_parallel/parallel_attention.cpp
   csrc/tensor_parallel/vocab_parallel.cpp
   csrc/tensor_parallel/shard_tensor.cpp
   csrc/tensor_parallel/grad_norm.cpp
+  csrc/distributed/process_group.cpp
+  csrc/distributed/device_mesh.cpp
+  csrc/distributed/broadcast_module.cpp
+  csrc/data/token_stream.cpp
+)
+# Built when CUDA is (SHARDWISE_WITH_CUDA); their *_stub.cpp counterparts compile to nothing then.
+set(SHARDWISE_CUDA_SOURCES
+  csrc/backend/nccl_comm_cuda.cpp
+  csrc/fsdp/storage_cuda.cpp
+  csrc/optim/fused_optim_cuda.cu
+  csrc/optim/fused_optim_ops_cuda.cpp
+  csrc/precision/cast_cuda.cu
+  csrc/precision/cast_ops_cuda.cpp
+  csrc/sharding/copy_runs_cuda.cu
+  csrc/sharding/shard_ops_cuda.cpp
+)
+# The pybind11 module shardwise._C (built by setup.py only).
+set(SHARDWISE_PYTHON_SOURCES
+  csrc/python_bindings.cpp
+  csrc/fsdp/fsdp_python.cpp
+  csrc/pipeline/pipeline_python.cpp
+  csrc/tensor_parallel/tp_python.cpp
+  csrc/zero/zero_python.cpp
 )
 set(SHARDWISE_TORCH_TEST_SOURCES
   tests/cpp/torch/test_cast_ops_libtorch.cc
@@ -84,4 +114,6 @@ set(SHARDWISE_TORCH_TEST_SOURCES
   tests/cpp/torch/test_checkpoint_pieces_libtorch.cc
   tests/cpp/torch/test_tensor_parallel_libtorch.cc
   tests/cpp/torch/test_grad_scaler_libtorch.cc
+  tests/cpp/torch/test_fully_shard_libtorch.cc
+  tests/cpp/torch/test_torch_optim_adapters_libtorch.cc
 )

@@ -10,6 +10,7 @@
 
 #include "backend/shardwise_backend.hpp"
 #include "common/cpu_features.h"
+#include "data/token_stream.h"
 #include "fsdp/fsdp_python.h"
 #include "pipeline/pipeline_python.h"
 #include "sharding/checkpoint_pieces.h"
@@ -80,6 +81,24 @@ PYBIND11_MODULE(_C, m) {
       py::call_guard<py::gil_scoped_release>(),
       "Creates the shardwise c10d backend (used by torch.distributed's backend registry).");
 
+  {
+    using shardwise::data::TokenStream;
+    py::class_<TokenStream>(
+        m, "TokenStream",
+        "The training data stream (data/token_stream.h): the same batches in C++ "
+        "and Python.")
+        .def(py::init([](const at::Tensor& tokens, int64_t seq_len, int64_t micro_batch,
+                         int data_rank, int data_world, int64_t seed, bool shuffle) {
+               shardwise::data::TokenStreamOptions options{seq_len,    micro_batch, data_rank,
+                                                           data_world, seed,        shuffle};
+               return TokenStream(tokens, options);
+             }),
+             py::arg("tokens"), py::arg("seq_len"), py::arg("micro_batch"), py::arg("data_rank"),
+             py::arg("data_world"), py::arg("seed"), py::arg("shuffle"))
+        .def("batch", &TokenStream::batch)
+        .def("window_order", &TokenStream::window_order)
+        .def_property_readonly("batches_per_epoch", &TokenStream::batches_per_epoch);
+  }
   shardwise::fsdp::bind_fsdp(m);
   shardwise::zero::bind_zero(m);
   shardwise::pipeline::bind_pipeline(m);

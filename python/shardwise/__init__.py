@@ -3,6 +3,8 @@
 Importing the package loads the native library, which registers the ``torch.ops.shardwise`` ops.
 """
 
+from pathlib import Path as _Path
+
 import torch  # noqa: F401  (loads libtorch before the extension)
 
 from . import _C, distributed  # noqa: F401  (registers the "shardwise" backend)
@@ -15,6 +17,11 @@ from .ops import (
 )
 
 __version__ = "0.1.0"
+
+#: The folder holding shardwise's CMake package (share/cmake/shardwise), for C++ programs built
+#: against this installation, as ``torch.utils.cmake_prefix_path`` is for torch's: put both on
+#: ``CMAKE_PREFIX_PATH`` (separated by ``;``) and call ``find_package(shardwise)``.
+cmake_prefix_path = str(_Path(__file__).resolve().parent / "share" / "cmake")
 
 
 def detected_cpu_isa() -> str:
@@ -42,6 +49,7 @@ __all__ = [
     "cast",
     "cast_check_finite",
     "cast_stochastic_bf16",
+    "cmake_prefix_path",
     "detected_cpu_isa",
     "multi_cast_",
     "set_cpu_isa",

@@ -96,3 +96,31 @@ def test_state_resumes_with_identical_next_batch_across_epochs():
 def test_too_little_data_is_rejected():
     with pytest.raises(ValueError, match="global batch"):
         data.TokenStream(torch.zeros(20, dtype=torch.long), 8, 2, 0, 2)
+
+
+def _reference_batch(tokens, seq_len, micro_batch, rank, world, seed, epoch, index):
+    """The stream's rule written out in torch (the module docstring), to pin the C++ stream."""
+    windows = (len(tokens) - 1) // seq_len
+    gen = torch.Generator().manual_seed((seed * 1_000_003 + epoch) % (2**63))
+    order = torch.randperm(windows, generator=gen)
+    per_global = micro_batch * world
+    starts = order[index * per_global : (index + 1) * per_global][rank::world] * seq_len
+    rows = tokens[starts[:, None] + torch.arange(seq_len + 1)[None, :]].long()
+    return rows[:, :-1], rows[:, 1:]
+
+
+def test_stream_batches_follow_the_documented_rule_exactly():
+    """Catches: the C++ stream (which the C++ trainer reads too) drifting from the documented
+    shuffle, e.g. another generator seed, another permutation or another per-rank slice."""
+    tokens = torch.randint(0, 256, (5000,), generator=torch.Generator().manual_seed(3))
+    tokens = tokens.to(torch.uint8)
+    for seed in (0, 7, 2**62 + 5):
+        for rank, world in ((0, 1), (1, 2), (2, 3)):
+            stream = data.TokenStream(
+                tokens, seq_len=16, micro_batch=4, data_rank=rank, data_world=world, seed=seed
+            )
+            for epoch, index in ((0, 0), (0, 3), (2, 1)):
+                got = stream.batch(epoch, index)
+                want = _reference_batch(tokens, 16, 4, rank, world, seed, epoch, index)
+                assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+                assert got[0].dtype == torch.long

@@ -38,8 +38,9 @@ from collections.abc import Iterable, Mapping
 
 import torch
 
+from .. import _C
+
 VOCAB_SIZE = 256
-_SEED_STRIDE = 1_000_003  # mixes (seed, epoch) into one generator seed
 
 
 @functools.lru_cache(maxsize=1)
@@ -120,13 +121,20 @@ class TokenStream:
             )
         self.epoch, self.index = 0, 0
         self._order_epoch, self._order = -1, torch.empty(0, dtype=torch.long)
+        # The batches come from C++ (csrc/data/token_stream.h), so the C++ trainer reads the same.
+        self._native = _C.TokenStream(
+            self.tokens,
+            self.seq_len,
+            self.micro_batch,
+            self.data_rank,
+            self.data_world,
+            self.seed,
+            self.shuffle,
+        )
 
     def window_order(self, epoch: int) -> torch.Tensor:
         """Window numbers of ``epoch`` in global order (same on every rank)."""
-        if not self.shuffle:
-            return torch.arange(self.num_windows)
-        gen = torch.Generator().manual_seed((self.seed * _SEED_STRIDE + epoch) % (2**63))
-        return torch.randperm(self.num_windows, generator=gen)
+        return self._native.window_order(epoch)
 
     def batch_windows(self, epoch: int, index: int) -> torch.Tensor:
         """Window numbers this rank reads for batch ``index`` of ``epoch``."""
@@ -138,10 +146,7 @@ class TokenStream:
 
     def batch(self, epoch: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets) of batch ``index`` of ``epoch`` without moving the position."""
-        starts = self.batch_windows(epoch, index) * self.seq_len
-        offsets = torch.arange(self.seq_len + 1)
-        windows = self.tokens[starts[:, None] + offsets[None, :]].long()
-        return windows[:, :-1].contiguous(), windows[:, 1:].contiguous()
+        return self._native.batch(epoch, index)
 
     def __iter__(self) -> TokenStream:
         return self
@@ -165,3 +170,20 @@ class TokenStream:
                 f"invalid stream state {dict(state)} ({self.batches_per_epoch} batches per epoch)"
             )
         self.epoch, self.index = epoch, index
+
+
+def write_corpus(path: str) -> int:
+    """Writes the bundled corpus's UTF-8 bytes to ``path`` (for the C++ trainer,
+    ``examples/cpp/train_gpt``); returns the byte count."""
+    data = load_corpus().encode("utf-8")
+    with open(path, "wb") as f:
+        f.write(data)
+    return len(data)
+
+
+if __name__ == "__main__":  # python -m shardwise.train.data PATH
+    import sys
+
+    if len(sys.argv) != 2:
+        sys.exit("usage: python -m shardwise.train.data PATH  (writes the bundled corpus there)")
+    print(f"wrote {write_corpus(sys.argv[1])} bytes to {sys.argv[1]}")

@@ -1,0 +1,69 @@
+// Training data for LibTorch programs, the same stream the Python trainer reads
+// (python/shardwise/train/data.py), so a C++ and a Python run see the same batches.
+//
+// Tokens: the UTF-8 bytes of a text file (vocabulary 256). Split: the last `val_fraction` of the
+// tokens is the validation set (round(n * val_fraction), at least 1, Python's rounding).
+// Stream: the tokens are cut into non-overlapping windows of seq_len + 1 tokens starting at
+// 0, seq_len, 2 * seq_len, ...; every epoch the window numbers are permuted by torch's CPU
+// generator seeded with (seed * 1000003 + epoch) mod 2^63; global batch b of an epoch is slice
+// [b * micro_batch * data_world, (b + 1) * micro_batch * data_world) of that order, and data rank
+// r reads its positions r, r + data_world, ... Windows that do not fill a global batch are
+// dropped, so every rank has `batches_per_epoch` batches.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+#include <string>
+#include <utility>
+
+namespace shardwise::data {
+
+// The bytes of the file at `path` as a 1-D uint8 tensor; throws std::runtime_error naming the
+// path when it cannot be read or is empty.
+at::Tensor read_byte_tokens(const std::string& path);
+
+// (train, validation): the last round(numel * val_fraction) tokens (at least 1) validate.
+std::pair<at::Tensor, at::Tensor> split_tokens(const at::Tensor& tokens,
+                                               double val_fraction = 0.05);
+
+struct TokenStreamOptions {
+  int64_t seq_len = 0;
+  int64_t micro_batch = 0;
+  int data_rank = 0;
+  int data_world = 1;
+  int64_t seed = 0;
+  bool shuffle = true;
+};
+
+class TokenStream {
+ public:
+  // Throws std::invalid_argument naming the option when a size is not positive, data_rank is
+  // outside [0, data_world), or the tokens do not fill one global batch.
+  TokenStream(at::Tensor tokens, TokenStreamOptions options);
+
+  // (inputs, targets), each [micro_batch, seq_len] int64 on the CPU; advances the position.
+  std::pair<at::Tensor, at::Tensor> next();
+  // Batch `index` of `epoch` without moving the position.
+  std::pair<at::Tensor, at::Tensor> batch(int64_t epoch, int64_t index);
+  // Window numbers of `epoch` in global order (the same on every rank).
+  at::Tensor window_order(int64_t epoch) const;
+
+  int64_t batches_per_epoch() const { return batches_per_epoch_; }
+  int64_t epoch() const { return epoch_; }
+  int64_t index() const { return index_; }
+  // Restores a position (the next batch to produce); throws when it is out of range.
+  void load_state(int64_t epoch, int64_t index);
+
+ private:
+  at::Tensor tokens_;
+  TokenStreamOptions options_;
+  int64_t num_windows_ = 0;
+  int64_t batches_per_epoch_ = 0;
+  int64_t epoch_ = 0;
+  int64_t index_ = 0;
+  int64_t order_epoch_ = -1;
+  at::Tensor order_;
+};
+
+}  // namespace shardwise::data

@@ -1,0 +1,141 @@
+// FSDP for torch::nn modules, with no hand-written pre/post-forward calls: the LibTorch face of
+// the engine (fsdp_engine.h), as shardwise.FullyShardedDataParallel is its Python face.
+//
+//   shardwise::fsdp::FullyShardOptions options;
+//   options.shard_group = world.group;
+//   shardwise::fsdp::FullyShardedDataParallel<GPT> fsdp(model, options, {&model->blocks});
+//   auto logits = fsdp.forward(tokens);       // unshards, runs, reshards each unit
+//   torch::optim::AdamW optimizer(fsdp.parameters(), ...);   // the shards
+//
+// Auto-wrap: every child of each listed torch::nn::Sequential becomes its own unit, wrapped in a
+// FullyShardedModule (which drives the engine around the child's forward), in place: the
+// holder the caller passed and the parent's registered child both point at the new Sequential,
+// so the model's own forward (x = blocks->forward(x)) runs the units without knowing. Every
+// parameter not in a wrapped child (embeddings, final norm, tied head) forms the root unit,
+// driven by FullyShardedDataParallel::forward.
+//
+// Parameters become this rank's shards in place (FsdpUnit), so any torch::optim optimizer over
+// parameters() updates the shards; gradients arrive reduced and sharded after backward.
+#pragma once
+
+#include <torch/nn/module.h>
+#include <torch/nn/modules/container/any.h>
+#include <torch/nn/modules/container/sequential.h>
+#include <torch/ordered_dict.h>
+
+#include <memory>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "fsdp/fsdp_engine.h"
+#include "fsdp/fsdp_unit.h"
+#include "sharding/checkpoint_pieces.h"
+
+namespace shardwise::fsdp {
+
+struct FullyShardOptions {
+  c10::intrusive_ptr<c10d::ProcessGroup> shard_group;      // required
+  c10::intrusive_ptr<c10d::ProcessGroup> replicate_group;  // hybrid sharding; null: none
+  std::optional<at::ScalarType> param_dtype;               // e.g. at::kBFloat16
+  std::optional<at::ScalarType> reduce_dtype;
+  bool reshard_after_forward = true;  // false: SHARD_GRAD_OP (keep units gathered until backward)
+  bool sync_module_states = true;     // broadcast rank 0's parameters before sharding
+  EngineOptions engine;               // prefetching; engine.world_group checks forward order
+};
+
+// One wrapped child: forward(x) = pre_forward, the child's forward(x), post_forward.
+class FullyShardedModuleImpl : public torch::nn::Module {
+ public:
+  FullyShardedModuleImpl(torch::nn::AnyModule inner, std::shared_ptr<FsdpEngine> engine, int unit);
+  at::Tensor forward(at::Tensor x);
+  const torch::nn::AnyModule& inner() const { return inner_; }
+  int unit() const { return unit_; }
+
+ private:
+  torch::nn::AnyModule inner_;
+  std::shared_ptr<FsdpEngine> engine_;
+  int unit_;
+};
+TORCH_MODULE(FullyShardedModule);
+
+// The untyped part of the wrapper (fully_shard.cpp): planning units, sharding, state dicts.
+class FullyShardedState {
+ public:
+  FullyShardedState(std::shared_ptr<torch::nn::Module> root,
+                    const FullyShardOptions& options,
+                    const std::vector<torch::nn::Sequential*>& wrap);
+
+  FsdpEngine& engine() { return *engine_; }
+  std::shared_ptr<FsdpEngine> engine_ptr() { return engine_; }
+  int root_unit() const { return root_unit_; }
+  // This rank's parameter shards (each parameter once), for the optimizer.
+  std::vector<at::Tensor> parameters() const;
+  // The full parameters by their names in the unwrapped model (e.g. "blocks.0.qkv.weight"),
+  // gathered on every rank (collective).
+  torch::OrderedDict<std::string, at::Tensor> full_state_dict();
+  // Sets every shard from full parameters named as full_state_dict() names them; every name must
+  // be present with its shape (an error names the first that is not). No communication.
+  void load_full_state_dict(const torch::OrderedDict<std::string, at::Tensor>& full);
+  // This rank's pieces: (name, first element of the flattened full tensor, values), the format
+  // of sharding/checkpoint_pieces.h, so they load at any world size with fill_from_pieces.
+  std::vector<sharding::TensorSlice> sharded_state_dict() const;
+  void load_sharded_state_dict(const std::vector<sharding::TensorSlice>& pieces);
+  // Gradient clipping over all shards (FsdpEngine::clip_grad_norm_); returns the norm before.
+  double clip_grad_norm_(double max_norm, double norm_type = 2.0);
+  // The compute dtype floating inputs are cast to (FullyShardOptions::param_dtype), if any.
+  std::optional<at::ScalarType> param_dtype() const { return param_dtype_; }
+
+ private:
+  std::optional<at::ScalarType> param_dtype_;
+  std::shared_ptr<FsdpEngine> engine_;
+  int root_unit_ = -1;
+  std::vector<std::vector<std::string>> unit_names_;  // per unit, its parameters' names
+};
+
+// The root wrapper: forward(args...) runs the model's forward between the root unit's
+// pre_forward and post_forward, floating tensor arguments cast to param_dtype first (as torch's
+// FSDP does). ModuleHolder: a TORCH_MODULE holder type (e.g. GPT).
+template <typename ModuleHolder>
+class FullyShardedDataParallel : public FullyShardedState {
+ public:
+  FullyShardedDataParallel(ModuleHolder module,
+                           const FullyShardOptions& options,
+                           const std::vector<torch::nn::Sequential*>& wrap = {})
+      : FullyShardedState(module.ptr(), options, wrap), module_(std::move(module)) {}
+
+  template <typename... Args>
+  decltype(auto) forward(Args&&... args) {
+    engine().pre_forward(root_unit());
+    auto output = module_->forward(to_compute_dtype(std::forward<Args>(args))...);
+    engine().post_forward(root_unit(), output_tensors(output));
+    return output;
+  }
+  ModuleHolder& module() { return module_; }
+
+ private:
+  template <typename T>
+  decltype(auto) to_compute_dtype(T&& arg) const {
+    if constexpr (std::is_same_v<std::decay_t<T>, at::Tensor>) {
+      const auto dtype = param_dtype();
+      return dtype && arg.is_floating_point() ? arg.to(*dtype) : at::Tensor(arg);
+    } else {
+      return std::forward<T>(arg);
+    }
+  }
+  static std::vector<at::Tensor> output_tensors(const at::Tensor& t) { return {t}; }
+  static std::vector<at::Tensor> output_tensors(const std::vector<at::Tensor>& ts) { return ts; }
+  template <typename... Ts>
+  static std::vector<at::Tensor> output_tensors(const std::tuple<Ts...>& tuple) {
+    std::vector<at::Tensor> out;
+    std::apply([&](const auto&... items) { (add_if_tensor(out, items), ...); }, tuple);
+    return out;
+  }
+  template <typename T>
+  static void add_if_tensor(std::vector<at::Tensor>& out, const T& item) {
+    if constexpr (std::is_same_v<T, at::Tensor>) out.push_back(item);
+  }
+  ModuleHolder module_;
+};
+
+}  // namespace shardwise::fsdp

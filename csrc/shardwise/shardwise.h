@@ -1,0 +1,43 @@
+// shardwise's C++ API in one include: #include <shardwise/shardwise.h>, link shardwise::shardwise.
+//
+//   distributed::init_from_env, new_group, DeviceMesh   process groups without Python (torchrun)
+//   backend::ShardwiseBackend                          the c10d backend itself
+//   fsdp::FsdpEngine, fsdp::FsdpUnit                   fully sharded data parallelism
+//   zero::ZeroRedundancyOptimizer                      ZeRO 0-2 as a torch::optim optimizer
+//   zero::ZeroOptimizer, zero::GradScaler              the ZeRO engine and fp16 loss scaling
+//   optim::FusedAdamW (and fused_optim_ops.h)          the fused AdamW as a torch::optim optimizer
+//   pipeline::PipelineExecutor, schedules, partition   pipeline parallelism (1F1B, ZB-H1, ...)
+//   tensor_parallel::*                                 column/row/vocab-parallel layers, attention
+//   sharding::*                                        flat layouts and checkpoint pieces
+//   ops (precision/cast_ops.h)                         the bf16/fp16 casts
+#pragma once
+
+#define SHARDWISE_VERSION_MAJOR 0
+#define SHARDWISE_VERSION_MINOR 1
+#define SHARDWISE_VERSION_PATCH 0
+
+#include "backend/shardwise_backend.hpp"
+#include "data/token_stream.h"
+#include "distributed/broadcast_module.h"
+#include "distributed/device_mesh.h"
+#include "distributed/process_group.h"
+#include "distributed/torchrun_env.h"
+#include "fsdp/fsdp_engine.h"
+#include "fsdp/fsdp_unit.h"
+#include "fsdp/fully_shard.h"
+#include "mesh/mesh_layout.h"
+#include "optim/fused_adamw.h"
+#include "optim/fused_optim_ops.h"
+#include "pipeline/executor.h"
+#include "pipeline/partition.h"
+#include "pipeline/schedule.h"
+#include "precision/cast_ops.h"
+#include "sharding/checkpoint_pieces.h"
+#include "tensor_parallel/grad_norm.h"
+#include "tensor_parallel/parallel_attention.h"
+#include "tensor_parallel/parallel_linear.h"
+#include "tensor_parallel/shard_tensor.h"
+#include "tensor_parallel/vocab_parallel.h"
+#include "zero/grad_scaler.h"
+#include "zero/zero_optimizer.h"
+#include "zero/zero_redundancy_optimizer.h"

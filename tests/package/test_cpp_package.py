@@ -1,0 +1,152 @@
+"""The C++ package as its users meet it: ``examples/cpp/train_gpt`` configured out of tree with
+nothing but ``find_package(shardwise)`` against an installed shardwise, built, and run under
+``torchrun --no-python``.
+
+Installations tested (``make test-package`` runs this file once per torch):
+    ``pip``            pip's copy, found through ``shardwise.cmake_prefix_path``;
+    ``cmake-install``  ``cmake --install``'s prefix, when ``SHARDWISE_INSTALL_PREFIX`` names it.
+``SHARDWISE_OTHER_TORCH`` (a torch of another minor version's ``cmake_prefix_path``) enables the
+mismatch test. No conftest: this folder must not need ``import shardwise`` to be collected.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+ROOT = Path(__file__).resolve().parents[2]
+EXAMPLE = ROOT / "examples" / "cpp" / "train_gpt"
+BUILD = ROOT / "build" / "package-tests"
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+# A small GPT; the 2-process run reads 4 windows per rank, the 1-process run 8: one global batch.
+MODEL = ["--dim", "64", "--layers", "2", "--heads", "4", "--seq-len", "64", "--steps", "12"]
+MODEL += ["--log-every", "3", "--threads", "1"]
+
+
+def _pip_prefix() -> str:
+    code = "import shardwise; print(shardwise.cmake_prefix_path)"
+    return subprocess.run(
+        [sys.executable, "-c", code], check=True, capture_output=True, text=True
+    ).stdout.strip()
+
+
+def _installations() -> list:
+    found = [pytest.param("pip", id="pip")]
+    if os.environ.get("SHARDWISE_INSTALL_PREFIX"):
+        found.append(pytest.param("cmake-install", id="cmake-install"))
+    return found
+
+
+def _prefix(kind: str) -> str:
+    return _pip_prefix() if kind == "pip" else os.environ["SHARDWISE_INSTALL_PREFIX"]
+
+
+def _configure(build: Path, prefixes: list[str]) -> subprocess.CompletedProcess:
+    # A cache would keep the torch and shardwise found last time.
+    (build / "CMakeCache.txt").unlink(missing_ok=True)
+    command = ["cmake", "-S", str(EXAMPLE), "-B", str(build), "-DCMAKE_BUILD_TYPE=Release"]
+    command.append("-DCMAKE_PREFIX_PATH=" + ";".join(prefixes))
+    if shutil.which("ninja"):
+        command += ["-G", "Ninja"]
+    command += _cuda_toolkit()
+    return subprocess.run(command, capture_output=True, text=True, timeout=600)
+
+
+def _cuda_toolkit() -> list[str]:
+    """Where the CUDA toolkit is, for a CUDA torch's CMake config (which needs it to be found
+    even by CPU-only consumers); nothing without one."""
+    home = Path(os.environ.get("CUDA_HOME", "/usr/local/cuda"))
+    if not (home / "bin" / "nvcc").exists():
+        return []
+    return [f"-DCUDA_TOOLKIT_ROOT_DIR={home}", f"-DCMAKE_CUDA_COMPILER={home / 'bin' / 'nvcc'}"]
+
+
+@pytest.fixture(scope="module", params=_installations())
+def train_gpt(request) -> Path:
+    """The example built against one installation (a lasting folder per installation and torch,
+    so ccache and ninja make a rebuild cheap)."""
+    build = BUILD / f"{request.param}-torch{torch.__version__}"
+    configured = _configure(build, [torch.utils.cmake_prefix_path, _prefix(request.param)])
+    assert configured.returncode == 0, configured.stdout + configured.stderr
+    built = subprocess.run(
+        ["cmake", "--build", str(build)], capture_output=True, text=True, timeout=900
+    )
+    assert built.returncode == 0, built.stdout + built.stderr
+    return build / "train_gpt"
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """The bundled corpus (CPython's help topics) as the text file the C++ trainer reads."""
+    from pydoc_data.topics import topics
+
+    path = tmp_path_factory.mktemp("corpus") / "corpus.txt"
+    text = "\n\n".join(topics[key].strip("\n") for key in sorted(topics)) + "\n"
+    path.write_bytes(text.encode("utf-8"))
+    return path
+
+
+def _losses(output: str) -> list[float]:
+    return [float(m) for m in re.findall(r"^step \d+ loss (\S+)", output, re.MULTILINE)]
+
+
+def _run(command: list[str]) -> str:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode == 0, done.stdout + done.stderr
+    return done.stdout
+
+
+@pytest.mark.parametrize("strategy", ["fsdp", "zero2"])
+def test_two_processes_under_torchrun_match_one_process(train_gpt, corpus, strategy):
+    """Catches: a package whose library or config cannot be consumed out of tree (missing
+    headers, torch not re-found, registrations dropped at link time), a process group from
+    torchrun's environment that does not form (the agent's store), and FSDP or ZeRO-2 from C++
+    that does not train like one process on the same global batch."""
+    common = ["--data", str(corpus), "--strategy", strategy, *MODEL]
+    single = _losses(_run([str(train_gpt), "--micro-batch", "8", *common]))
+    launch = [str(TORCHRUN), "--no-python", "--standalone", "--nproc_per_node=2"]
+    output = _run([*launch, str(train_gpt), "--micro-batch", "4", *common])
+    double = _losses(output)
+    assert len(single) == len(double) == 4, output
+    assert double == pytest.approx(single, abs=1e-5)
+    assert double[-1] < double[0] - 0.3, f"the loss did not fall: {double}"
+    summary = r"^summary world 2 tokens/s [0-9.]+ step_s [0-9.]+ peak_rss_mib [0-9.]+$"
+    assert re.search(summary, output, re.MULTILINE), output
+
+
+def test_bad_flags_are_named_before_anything_runs(train_gpt, corpus):
+    """Catches: bad input that starts a run (or crashes) instead of naming the argument."""
+    for flags, message in [
+        (["--steps", "x"], "--steps x: not a number"),
+        (["--dtype", "fp8"], "--dtype fp8: use fp32 or bf16"),
+        (["--bogus", "1"], "unknown flag --bogus"),
+        (["--strategy", "pp"], "--strategy pp: use fsdp, zero1 or zero2"),
+        ([], "--data is required"),
+    ]:
+        data = ["--data", str(corpus)] if flags or message != "--data is required" else []
+        done = subprocess.run([str(train_gpt), *data, *flags], capture_output=True, text=True)
+        assert done.returncode == 2 and message in done.stderr, done.stderr
+
+
+@pytest.mark.skipif(
+    not os.environ.get("SHARDWISE_OTHER_TORCH"), reason="SHARDWISE_OTHER_TORCH is not set"
+)
+def test_a_torch_of_another_minor_version_is_refused_by_name():
+    """Catches: a consumer silently linking shardwise against a LibTorch of another ABI (a crash
+    at run time) instead of find_package(shardwise) saying what to do."""
+    build = BUILD / f"mismatch-torch{torch.__version__}"
+    other = os.environ["SHARDWISE_OTHER_TORCH"]
+    configured = _configure(build, [other, _pip_prefix()])
+    log = " ".join((configured.stdout + configured.stderr).split())  # CMake wraps messages
+    assert configured.returncode != 0, log
+    built_against = re.match(r"\d+\.\d+", torch.__version__).group(0)
+    assert f"was built against LibTorch {built_against}" in log, log
+    assert "LibTorch's ABI changes between minor versions" in log, log
