@@ -33,6 +33,7 @@ set(SHARDWISE_CORE_SOURCES
   csrc/mesh/mesh_layout.cc
   csrc/tensor_parallel/tp_shapes.cc
   csrc/distributed/torchrun_env.cc
+  csrc/checkpoint/safetensors_header.cc
 )
 set(SHARDWISE_CORE_TEST_SOURCES
   tests/cpp/test_collectives.cc
@@ -47,6 +48,7 @@ set(SHARDWISE_CORE_TEST_SOURCES
   tests/cpp/test_pipeline_partition.cc
   tests/cpp/test_mesh_layout.cc
   tests/cpp/test_torchrun_env.cc
+  tests/cpp/test_safetensors_header.cc
 )
 set(SHARDWISE_TORCH_SOURCES
   csrc/backend/functional_ops.cpp
@@ -86,6 +88,7 @@ set(SHARDWISE_TORCH_SOURCES
   csrc/distributed/device_mesh.cpp
   csrc/distributed/broadcast_module.cpp
   csrc/data/token_stream.cpp
+  csrc/checkpoint/safetensors.cpp
 )
 # Built when CUDA is (SHARDWISE_WITH_CUDA); their *_stub.cpp counterparts compile to nothing then.
 set(SHARDWISE_CUDA_SOURCES

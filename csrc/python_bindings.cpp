@@ -5,10 +5,12 @@
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <map>
 #include <optional>
 #include <string>
 
 #include "backend/shardwise_backend.hpp"
+#include "checkpoint/safetensors.h"
 #include "common/cpu_features.h"
 #include "data/token_stream.h"
 #include "fsdp/fsdp_python.h"
@@ -99,6 +101,18 @@ PYBIND11_MODULE(_C, m) {
         .def("window_order", &TokenStream::window_order)
         .def_property_readonly("batches_per_epoch", &TokenStream::batches_per_epoch);
   }
+  m.def(
+      "save_safetensors",
+      [](const std::string& path, const std::vector<std::pair<std::string, at::Tensor>>& tensors,
+         const std::map<std::string, std::string>& metadata) {
+        torch::OrderedDict<std::string, at::Tensor> ordered;
+        for (const auto& [name, tensor] : tensors) ordered.insert(name, tensor);
+        shardwise::checkpoint::save_safetensors(path, ordered, metadata);
+      },
+      py::arg("path"), py::arg("tensors"),
+      py::arg("metadata") = std::map<std::string, std::string>{},
+      py::call_guard<py::gil_scoped_release>(),
+      "Writes (name, tensor) pairs as a safetensors file, crash-safe (checkpoint/safetensors.h).");
   shardwise::fsdp::bind_fsdp(m);
   shardwise::zero::bind_zero(m);
   shardwise::pipeline::bind_pipeline(m);

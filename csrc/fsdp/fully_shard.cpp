@@ -150,32 +150,28 @@ void FullyShardedState::load_full_state_dict(
   }
 }
 
-std::vector<sharding::TensorSlice> FullyShardedState::sharded_state_dict() const {
+std::vector<sharding::TensorSlice> FullyShardedState::shard_slices() const {
   std::vector<sharding::TensorSlice> out;
   for (int u = 0; u < engine_->num_units(); ++u) {
     const FsdpUnit& unit = engine_->unit(u);
     const auto views = unit.shard_views();
     for (size_t i = 0; i < views.size(); ++i) {
       out.push_back({unit_names_[u][i],
-                     unit.layout().start(static_cast<int64_t>(i), unit.shard_rank()),
-                     views[i].detach().clone()});
+                     unit.layout().start(static_cast<int64_t>(i), unit.shard_rank()), views[i]});
     }
   }
   return out;
 }
 
+std::vector<sharding::TensorSlice> FullyShardedState::sharded_state_dict() const {
+  auto pieces = shard_slices();
+  for (auto& piece : pieces) piece.values = piece.values.detach().clone();
+  return pieces;
+}
+
 void FullyShardedState::load_sharded_state_dict(const std::vector<sharding::TensorSlice>& pieces) {
-  std::vector<sharding::TensorSlice> slots;
-  for (int u = 0; u < engine_->num_units(); ++u) {
-    const FsdpUnit& unit = engine_->unit(u);
-    const auto views = unit.shard_views();
-    for (size_t i = 0; i < views.size(); ++i) {
-      slots.push_back({unit_names_[u][i],
-                       unit.layout().start(static_cast<int64_t>(i), unit.shard_rank()), views[i]});
-    }
-  }
   at::NoGradGuard no_grad;
-  sharding::fill_from_pieces(slots, pieces, /*strict=*/true);
+  sharding::fill_from_pieces(shard_slices(), pieces, /*strict=*/true);
 }
 
 double FullyShardedState::clip_grad_norm_(double max_norm, double norm_type) {

@@ -87,6 +87,9 @@ class FullyShardedState {
   std::optional<at::ScalarType> param_dtype() const { return param_dtype_; }
 
  private:
+  // Every parameter's shard as a slot (name, first element, a view of the shard).
+  std::vector<sharding::TensorSlice> shard_slices() const;
+
   std::optional<at::ScalarType> param_dtype_;
   std::shared_ptr<FsdpEngine> engine_;
   int root_unit_ = -1;

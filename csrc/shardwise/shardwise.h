@@ -9,6 +9,8 @@
 //   pipeline::PipelineExecutor, schedules, partition   pipeline parallelism (1F1B, ZB-H1, ...)
 //   tensor_parallel::*                                 column/row/vocab-parallel layers, attention
 //   sharding::*                                        flat layouts and checkpoint pieces
+//   checkpoint::save_safetensors                       full-model export (crash-safe)
+//   data::TokenStream                                  the trainers' data stream
 //   ops (precision/cast_ops.h)                         the bf16/fp16 casts
 #pragma once
 
@@ -17,6 +19,7 @@
 #define SHARDWISE_VERSION_PATCH 0
 
 #include "backend/shardwise_backend.hpp"
+#include "checkpoint/safetensors.h"
 #include "data/token_stream.h"
 #include "distributed/broadcast_module.h"
 #include "distributed/device_mesh.h"

@@ -11,9 +11,11 @@ mismatch test. No conftest: this folder must not need ``import shardwise`` to be
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 from pathlib import Path
@@ -104,8 +106,35 @@ def _run(command: list[str]) -> str:
     return done.stdout
 
 
+def _safetensors_names(path: Path) -> dict[str, list[int]]:
+    """Tensor names and shapes from a safetensors header (stdlib only: this venv may lack the
+    safetensors package; tests/python/test_safetensors.py reads files with it)."""
+    data = path.read_bytes()
+    header = json.loads(data[8 : 8 + struct.unpack("<Q", data[:8])[0]])
+    return {k: v["shape"] for k, v in header.items() if k != "__metadata__"}
+
+
+def _gpt_names(layers: int, dim: int, seq: int) -> dict[str, list[int]]:
+    """The bundled GPT's parameter names and shapes (python/shardwise/models/gpt.py; its head is
+    the token embedding)."""
+    names = {"embed.weight": [256, dim], "pos.weight": [seq, dim]}
+    names |= {"norm.weight": [dim], "norm.bias": [dim]}
+    shapes = {
+        "qkv": [3 * dim, dim],
+        "proj": [dim, dim],
+        "up": [4 * dim, dim],
+        "down": [dim, 4 * dim],
+    }
+    for i in range(layers):
+        for norm in ("norm1", "norm2"):
+            names |= {f"blocks.{i}.{norm}.weight": [dim], f"blocks.{i}.{norm}.bias": [dim]}
+        for layer, shape in shapes.items():
+            names |= {f"blocks.{i}.{layer}.weight": shape, f"blocks.{i}.{layer}.bias": shape[:1]}
+    return names
+
+
 @pytest.mark.parametrize("strategy", ["fsdp", "zero2"])
-def test_two_processes_under_torchrun_match_one_process(train_gpt, corpus, strategy):
+def test_two_processes_under_torchrun_match_one_process(train_gpt, corpus, strategy, tmp_path):
     """Catches: a package whose library or config cannot be consumed out of tree (missing
     headers, torch not re-found, registrations dropped at link time), a process group from
     torchrun's environment that does not form (the agent's store), and FSDP or ZeRO-2 from C++
@@ -113,13 +142,15 @@ def test_two_processes_under_torchrun_match_one_process(train_gpt, corpus, strat
     common = ["--data", str(corpus), "--strategy", strategy, *MODEL]
     single = _losses(_run([str(train_gpt), "--micro-batch", "8", *common]))
     launch = [str(TORCHRUN), "--no-python", "--standalone", "--nproc_per_node=2"]
-    output = _run([*launch, str(train_gpt), "--micro-batch", "4", *common])
+    saved = tmp_path / "model.safetensors"
+    output = _run([*launch, str(train_gpt), "--micro-batch", "4", *common, "--save", str(saved)])
     double = _losses(output)
     assert len(single) == len(double) == 4, output
     assert double == pytest.approx(single, abs=1e-5)
     assert double[-1] < double[0] - 0.3, f"the loss did not fall: {double}"
     summary = r"^summary world 2 tokens/s [0-9.]+ step_s [0-9.]+ peak_rss_mib [0-9.]+$"
     assert re.search(summary, output, re.MULTILINE), output
+    assert _safetensors_names(saved) == _gpt_names(layers=2, dim=64, seq=64)
 
 
 def test_bad_flags_are_named_before_anything_runs(train_gpt, corpus):

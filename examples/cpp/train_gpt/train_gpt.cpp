@@ -32,13 +32,14 @@ struct Flags {
   double lr = 1e-3, clip = 1.0;
   std::string dtype = "fp32";
   std::string strategy = "fsdp";
+  std::string save;  // a safetensors path for the trained model; empty: none
 };
 
 const char* kUsage =
     "usage: train_gpt --data FILE [--steps N] [--micro-batch N] [--seq-len N] [--dim N]\n"
     "                 [--layers N] [--heads N] [--lr X] [--clip X (0: off)] [--seed N]\n"
     "                 [--dtype fp32|bf16] [--strategy fsdp|zero1|zero2] [--log-every N]\n"
-    "                 [--threads N]\n";
+    "                 [--threads N] [--save MODEL.safetensors]\n";
 
 // `value` of `flag` as a number; an error naming both when it is not one.
 double number(const std::string& flag, const std::string& value, bool integer) {
@@ -68,7 +69,8 @@ Flags parse(int argc, char** argv) {
       std::cout << kUsage;
       std::exit(0);
     }
-    const bool text = flag == "--data" || flag == "--dtype" || flag == "--strategy";
+    const bool text =
+        flag == "--data" || flag == "--dtype" || flag == "--strategy" || flag == "--save";
     if (!text && !ints.count(flag) && !reals.count(flag)) {
       throw std::invalid_argument("unknown flag " + flag + "\n" + kUsage);
     }
@@ -80,6 +82,8 @@ Flags parse(int argc, char** argv) {
       f.dtype = value;
     } else if (flag == "--strategy") {
       f.strategy = value;
+    } else if (flag == "--save") {
+      f.save = value;
     } else if (ints.count(flag)) {
       *ints[flag] = static_cast<int64_t>(number(flag, value, /*integer=*/true));
     } else {
@@ -105,10 +109,12 @@ Flags parse(int argc, char** argv) {
   return f;
 }
 
-// The model under one strategy: forward, then clip + optimizer step + zero_grad.
+// The model under one strategy: forward, then clip + optimizer step + zero_grad, and the full
+// parameters by name (collective).
 struct Strategy {
   std::function<torch::Tensor(const torch::Tensor&)> forward;
   std::function<void()> update;
+  std::function<torch::OrderedDict<std::string, torch::Tensor>()> full_state;
 };
 
 // FSDP: every block its own unit, the embeddings and final norm the root; the fused AdamW steps
@@ -129,7 +135,8 @@ Strategy fsdp(GPT model, const Flags& flags, const shardwise::distributed::World
             if (clip > 0) wrapper->clip_grad_norm_(clip);
             optimizer->step();
             optimizer->zero_grad();
-          }};
+          },
+          [wrapper] { return wrapper->full_state_dict(); }};
 }
 
 // ZeRO-1/2: the model whole on every rank (rank 0's weights), the optimizer state (and with
@@ -149,7 +156,8 @@ Strategy zero(GPT model, const Flags& flags, const shardwise::distributed::World
           [optimizer] {
             optimizer->step();
             optimizer->zero_grad();
-          }};
+          },
+          [model] { return model->named_parameters(); }};
 }
 
 double peak_rss_mib() {
@@ -231,6 +239,13 @@ int run(const Flags& flags) {
         std::fflush(stdout);
       }
       interval_start = std::chrono::steady_clock::now();
+    }
+  }
+  if (!flags.save.empty()) {
+    const auto full = strategy.full_state();  // every rank takes part in the gather
+    if (world.rank() == 0) {
+      shardwise::checkpoint::save_safetensors(flags.save, full, {{"format", "pt"}});
+      std::printf("saved %zu tensors to %s\n", full.size(), flags.save.c_str());
     }
   }
   const double rss = reduce(group, peak_rss_mib(), c10d::ReduceOp::MAX);
