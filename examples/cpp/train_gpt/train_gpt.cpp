@@ -242,7 +242,10 @@ int run(const Flags& flags) {
     }
   }
   if (!flags.save.empty()) {
-    const auto full = strategy.full_state();  // every rank takes part in the gather
+    auto full = strategy.full_state();  // every rank takes part in the gather
+    // The head is the token embedding; written under both names, as shardwise-train does, so
+    // the Python GPT loads the file with strict=True.
+    full.insert("head.weight", full["embed.weight"]);
     if (world.rank() == 0) {
       shardwise::checkpoint::save_safetensors(flags.save, full, {{"format", "pt"}});
       std::printf("saved %zu tensors to %s\n", full.size(), flags.save.c_str());
