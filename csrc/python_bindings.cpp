@@ -13,6 +13,7 @@
 #include "checkpoint/safetensors.h"
 #include "common/cpu_features.h"
 #include "data/token_stream.h"
+#include "distributed/process_group.h"
 #include "fsdp/fsdp_python.h"
 #include "pipeline/pipeline_python.h"
 #include "sharding/checkpoint_pieces.h"
@@ -68,21 +69,16 @@ PYBIND11_MODULE(_C, m) {
   m.def(
       "_create_backend",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,
-         std::chrono::milliseconds timeout, size_t ring_bytes, int64_t spin_us,
-         size_t single_copy_bytes) -> c10::intrusive_ptr<c10d::Backend> {
-        shardwise::backend::ShardwiseOptions options;
+         std::chrono::milliseconds timeout) -> c10::intrusive_ptr<c10d::Backend> {
+        // The SHARDWISE_* variables, read as LibTorch programs read them (distributed/).
+        auto options = shardwise::distributed::ProcessGroupOptions::backend_options_from_env();
         options.timeout = timeout;
-        if (ring_bytes > 0) options.ring_bytes = ring_bytes;
-        options.spin = std::chrono::microseconds(spin_us);
-        options.single_copy_bytes = single_copy_bytes;
         return c10::make_intrusive<shardwise::backend::ShardwiseBackend>(store, rank, size,
                                                                          options);
       },
       py::arg("store"), py::arg("rank"), py::arg("size"), py::arg("timeout"),
-      py::arg("ring_bytes") = 0, py::arg("spin_us") = -1, py::arg("single_copy_bytes") = 0,
       py::call_guard<py::gil_scoped_release>(),
       "Creates the shardwise c10d backend (used by torch.distributed's backend registry).");
-
   {
     using shardwise::data::TokenStream;
     py::class_<TokenStream>(
@@ -97,8 +93,13 @@ PYBIND11_MODULE(_C, m) {
              }),
              py::arg("tokens"), py::arg("seq_len"), py::arg("micro_batch"), py::arg("data_rank"),
              py::arg("data_world"), py::arg("seed"), py::arg("shuffle"))
+        .def("next", &TokenStream::next)
         .def("batch", &TokenStream::batch)
+        .def("batch_windows", &TokenStream::batch_windows)
         .def("window_order", &TokenStream::window_order)
+        .def("load_state", &TokenStream::load_state)
+        .def_property_readonly("epoch", &TokenStream::epoch)
+        .def_property_readonly("index", &TokenStream::index)
         .def_property_readonly("batches_per_epoch", &TokenStream::batches_per_epoch);
   }
   m.def(

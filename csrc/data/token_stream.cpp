@@ -73,15 +73,18 @@ at::Tensor TokenStream::window_order(int64_t epoch) const {
   return at::randperm(num_windows_, generator, at::TensorOptions().dtype(at::kLong));
 }
 
-std::pair<at::Tensor, at::Tensor> TokenStream::batch(int64_t epoch, int64_t index) {
+at::Tensor TokenStream::batch_windows(int64_t epoch, int64_t index) {
   if (epoch != order_epoch_) {
     order_ = window_order(epoch);
     order_epoch_ = epoch;
   }
   const int64_t per_global = options_.micro_batch * options_.data_world;
-  const at::Tensor chunk = order_.narrow(0, index * per_global, per_global);
-  const at::Tensor starts =
-      chunk.slice(0, options_.data_rank, per_global, options_.data_world) * options_.seq_len;
+  return order_.narrow(0, index * per_global, per_global)
+      .slice(0, options_.data_rank, per_global, options_.data_world);
+}
+
+std::pair<at::Tensor, at::Tensor> TokenStream::batch(int64_t epoch, int64_t index) {
+  const at::Tensor starts = batch_windows(epoch, index) * options_.seq_len;
   const at::Tensor offsets = at::arange(options_.seq_len + 1, at::kLong);
   const at::Tensor positions = starts.unsqueeze(1) + offsets.unsqueeze(0);
   const at::Tensor windows =

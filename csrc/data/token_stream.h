@@ -48,6 +48,8 @@ class TokenStream {
   std::pair<at::Tensor, at::Tensor> batch(int64_t epoch, int64_t index);
   // Window numbers of `epoch` in global order (the same on every rank).
   at::Tensor window_order(int64_t epoch) const;
+  // The window numbers this rank reads for batch `index` of `epoch`.
+  at::Tensor batch_windows(int64_t epoch, int64_t index);
 
   int64_t batches_per_epoch() const { return batches_per_epoch_; }
   int64_t epoch() const { return epoch_; }

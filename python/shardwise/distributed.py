@@ -12,7 +12,6 @@ the ring (default 0, off: slower on the virtual machines measured, see the bench
 """
 
 import datetime
-import os
 
 import torch.distributed as dist
 
@@ -22,25 +21,11 @@ NAME = "shardwise"
 
 
 def _create_backend(store, rank, world_size, timeout):
+    """The backend for torch.distributed; the SHARDWISE_* variables are read in C++
+    (``distributed/process_group.h``), as LibTorch programs read them."""
     if isinstance(timeout, (int, float)):
         timeout = datetime.timedelta(seconds=timeout)
-    ring_bytes = _int_env("SHARDWISE_RING_BYTES", 0)
-    spin_us = _int_env("SHARDWISE_SPIN_US", -1)
-    single_copy = _int_env("SHARDWISE_SINGLE_COPY_BYTES", 0)
-    return _C._create_backend(store, rank, world_size, timeout, ring_bytes, spin_us, single_copy)
-
-
-def _int_env(name: str, default: int) -> int:
-    text = os.environ.get(name)
-    if text is None or text == "":
-        return default
-    try:
-        value = int(text)
-    except ValueError:
-        value = -2
-    if value < -1 or (value == -1 and default != -1):
-        raise ValueError(f"{name}={text!r} is not a valid size; unset it or give a number >= 0")
-    return value
+    return _C._create_backend(store, rank, world_size, timeout)
 
 
 def register() -> None:

@@ -104,33 +104,12 @@ class TokenStream:
         seed: int = 0,
         shuffle: bool = True,
     ):
-        if seq_len < 1 or micro_batch < 1 or data_world < 1:
-            raise ValueError("seq_len, micro_batch and data_world must be positive")
-        if not 0 <= data_rank < data_world:
-            raise ValueError(f"data_rank {data_rank} outside [0, {data_world})")
-        self.tokens = tokens.reshape(-1)
-        self.seq_len, self.micro_batch = int(seq_len), int(micro_batch)
-        self.data_rank, self.data_world = int(data_rank), int(data_world)
-        self.seed, self.shuffle = int(seed), bool(shuffle)
-        self.num_windows = (len(self.tokens) - 1) // self.seq_len
-        self.batches_per_epoch = self.num_windows // (self.micro_batch * self.data_world)
-        if self.batches_per_epoch < 1:
-            raise ValueError(
-                f"{len(self.tokens)} tokens make {self.num_windows} windows of {seq_len}: fewer "
-                f"than one global batch ({micro_batch} x {data_world} data ranks)"
-            )
-        self.epoch, self.index = 0, 0
-        self._order_epoch, self._order = -1, torch.empty(0, dtype=torch.long)
-        # The batches come from C++ (csrc/data/token_stream.h), so the C++ trainer reads the same.
+        # The stream is C++ (csrc/data/token_stream.h), so the C++ trainer reads the same
+        # batches; it validates the arguments (ValueError naming the bad one).
         self._native = _C.TokenStream(
-            self.tokens,
-            self.seq_len,
-            self.micro_batch,
-            self.data_rank,
-            self.data_world,
-            self.seed,
-            self.shuffle,
+            tokens.reshape(-1), seq_len, micro_batch, data_rank, data_world, seed, shuffle
         )
+        self.batches_per_epoch = self._native.batches_per_epoch
 
     def window_order(self, epoch: int) -> torch.Tensor:
         """Window numbers of ``epoch`` in global order (same on every rank)."""
@@ -138,11 +117,7 @@ class TokenStream:
 
     def batch_windows(self, epoch: int, index: int) -> torch.Tensor:
         """Window numbers this rank reads for batch ``index`` of ``epoch``."""
-        if epoch != self._order_epoch:
-            self._order, self._order_epoch = self.window_order(epoch), epoch
-        per_global = self.micro_batch * self.data_world
-        chunk = self._order[index * per_global : (index + 1) * per_global]
-        return chunk[self.data_rank :: self.data_world]
+        return self._native.batch_windows(epoch, index)
 
     def batch(self, epoch: int, index: int) -> tuple[torch.Tensor, torch.Tensor]:
         """(inputs, targets) of batch ``index`` of ``epoch`` without moving the position."""
@@ -152,24 +127,15 @@ class TokenStream:
         return self
 
     def __next__(self) -> tuple[torch.Tensor, torch.Tensor]:
-        out = self.batch(self.epoch, self.index)
-        self.index += 1
-        if self.index == self.batches_per_epoch:
-            self.epoch, self.index = self.epoch + 1, 0
-        return out
+        return self._native.next()
 
     def state(self) -> dict:
         """Position of the next batch: ``{"epoch": int, "index": int}``."""
-        return {"epoch": self.epoch, "index": self.index}
+        return {"epoch": self._native.epoch, "index": self._native.index}
 
     def load_state(self, state: Mapping) -> None:
         """Restores a position from ``state()``; the next batch is the one that followed it."""
-        epoch, index = int(state["epoch"]), int(state["index"])
-        if epoch < 0 or not 0 <= index < self.batches_per_epoch:
-            raise ValueError(
-                f"invalid stream state {dict(state)} ({self.batches_per_epoch} batches per epoch)"
-            )
-        self.epoch, self.index = epoch, index
+        self._native.load_state(int(state["epoch"]), int(state["index"]))
 
 
 def write_corpus(path: str) -> int:
