@@ -75,6 +75,9 @@ set(SHARDWISE_TORCH_SOURCES
   csrc/zero/zero_redundancy_optimizer.cpp
   csrc/pipeline/executor.cpp
   csrc/pipeline/deferred_linear.cpp
+  csrc/pipeline/pipeline.cpp
+  csrc/pipeline/tied_parameters.cpp
+  csrc/pipeline/split_by_time.cpp
   csrc/optim/fused_optim_checks.cpp
   csrc/optim/fused_optim_ops.cpp
   csrc/optim/fused_adamw.cpp
@@ -87,6 +90,7 @@ set(SHARDWISE_TORCH_SOURCES
   csrc/distributed/process_group.cpp
   csrc/distributed/device_mesh.cpp
   csrc/distributed/broadcast_module.cpp
+  csrc/distributed/average_gradients.cpp
   csrc/data/token_stream.cpp
   csrc/checkpoint/safetensors.cpp
 )

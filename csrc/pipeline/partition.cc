@@ -44,4 +44,43 @@ std::vector<int> balanced_partition(const std::vector<double>& costs, int num_st
   return starts;
 }
 
+std::vector<int> refine_partition(std::vector<int> starts,
+                                  int num_blocks,
+                                  const std::function<double(const std::vector<int>&)>& slowest,
+                                  double min_gain) {
+  const int stages = static_cast<int>(starts.size());
+  double best_time = slowest(starts);
+  for (int round = 0; round < 2 * stages; ++round) {
+    std::vector<int> best_cut;
+    double best_candidate = std::numeric_limits<double>::infinity();
+    for (int k = 1; k < stages; ++k) {
+      for (int step : {-1, 1}) {
+        std::vector<int> cut = starts;
+        cut[k] += step;
+        const int upper = k + 1 < stages ? cut[k + 1] : num_blocks;
+        if (cut[k - 1] >= cut[k] || cut[k] >= upper) continue;
+        const double time = slowest(cut);
+        if (time < best_candidate || (time == best_candidate && cut < best_cut)) {
+          best_candidate = time;
+          best_cut = cut;
+        }
+      }
+    }
+    if (best_cut.empty() || best_candidate >= (1.0 - min_gain) * best_time) break;
+    best_time = best_candidate;
+    starts = best_cut;
+  }
+  return starts;
+}
+
+std::vector<std::vector<int>> stage_groups(const std::vector<int>& starts, int num_blocks) {
+  std::vector<std::vector<int>> groups;
+  for (size_t k = 0; k < starts.size(); ++k) {
+    const int end = k + 1 < starts.size() ? starts[k + 1] : num_blocks;
+    groups.emplace_back();
+    for (int i = starts[k]; i < end; ++i) groups.back().push_back(i);
+  }
+  return groups;
+}
+
 }  // namespace shardwise::pipeline

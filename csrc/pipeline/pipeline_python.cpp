@@ -7,12 +7,16 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <utility>
 
 #include "pipeline/deferred_linear.h"
 #include "pipeline/executor.h"
 #include "pipeline/partition.h"
+#include "pipeline/pipeline.h"
 #include "pipeline/schedule.h"
 #include "pipeline/schedule_validator.h"
+#include "pipeline/split_by_time.h"
 
 namespace py = pybind11;
 
@@ -27,6 +31,27 @@ ScheduleKind kind_of(const std::string& name) {
   if (name == "interleaved_1f1b") return ScheduleKind::kInterleaved1F1B;
   if (name == "zb_h1") return ScheduleKind::kZeroBubbleH1;
   throw py::value_error("schedule '" + name + "'; valid: gpipe, 1f1b, interleaved_1f1b, zb_h1");
+}
+
+using Fn = std::function<at::Tensor(const at::Tensor&)>;
+using LossFn = std::function<at::Tensor(const at::Tensor&, const at::Tensor&)>;
+
+std::vector<TimedBlock> timed_blocks(std::vector<Fn> forwards,
+                                     std::vector<std::vector<at::Tensor>> parameters) {
+  TORCH_CHECK_VALUE(forwards.size() == parameters.size(), "split: one parameter list per block");
+  std::vector<TimedBlock> blocks;
+  for (size_t k = 0; k < forwards.size(); ++k) {
+    blocks.push_back({std::move(forwards[k]), std::move(parameters[k])});
+  }
+  return blocks;
+}
+
+TimingOptions timing(int repeats, std::optional<LossFn> loss, std::optional<at::Tensor> target) {
+  TimingOptions o;
+  o.repeats = repeats;
+  if (loss) o.loss = std::move(*loss);
+  if (target) o.target = *target;
+  return o;
 }
 
 py::dict report_dict(const ValidationReport& r) {
@@ -92,34 +117,78 @@ void bind_pipeline(py::module& m) {
       },
       py::arg("schedule"), py::arg("forward") = 1.0, py::arg("backward") = 2.0,
       py::arg("buffered_sends") = true);
-  py::class_<PipelineExecutor, std::shared_ptr<PipelineExecutor>>(
-      m, "PipelineExecutor", "The C++ pipeline executor (pipeline/executor.h).")
-      .def(py::init([](std::vector<int> stage_ids,
-                       std::vector<std::function<at::Tensor(const at::Tensor&)>> stages,
+  py::class_<Pipeline, std::shared_ptr<Pipeline>>(m, "Pipeline",
+                                                  "A pipeline training step (pipeline/pipeline.h).")
+      .def(py::init([](std::vector<int> stage_ids, std::vector<Fn> forwards,
+                       std::vector<std::vector<std::pair<std::string, at::Tensor>>> parameters,
+                       std::vector<std::optional<std::function<void(bool)>>> gradient_syncs,
                        const Schedule& schedule, int rank, std::optional<Group> group,
-                       std::function<at::Tensor(const at::Tensor&, int)> loss,
-                       std::optional<std::function<void(int)>> before_last_backward) {
-             ExecutorOptions o;
+                       std::optional<Group> data_parallel_group,
+                       const std::vector<std::tuple<int, std::string, int, std::string>>& tied,
+                       std::function<at::Tensor(const at::Tensor&, const at::Tensor&)> loss) {
+             const size_t n = stage_ids.size();
+             TORCH_CHECK_VALUE(
+                 forwards.size() == n && parameters.size() == n && gradient_syncs.size() == n,
+                 "Pipeline: one forward, parameter list and sync per stage id");
+             std::vector<PipelineStage> stages(n);
+             for (size_t k = 0; k < n; ++k) {
+               stages[k] = {stage_ids[k], std::move(forwards[k]), std::move(parameters[k]),
+                            gradient_syncs[k] ? *gradient_syncs[k] : nullptr};
+             }
+             PipelineOptions o;
              o.schedule = schedule;
              o.rank = rank;
              if (group) o.group = *group;
+             if (data_parallel_group) o.data_parallel_group = *data_parallel_group;
+             for (const auto& [a, name_a, b, name_b] : tied)
+               o.tied.push_back({a, name_a, b, name_b});
              o.loss = std::move(loss);
-             if (before_last_backward) o.before_last_backward = *before_last_backward;
-             return std::make_shared<PipelineExecutor>(std::move(stage_ids), std::move(stages),
-                                                       std::move(o));
+             py::gil_scoped_release release;  // the tied exchange waits for other processes
+             return std::make_shared<Pipeline>(std::move(stages), std::move(o));
            }),
-           py::arg("stage_ids"), py::arg("stages"), py::arg("schedule"), py::arg("rank"),
-           py::arg("group"), py::arg("loss"), py::arg("before_last_backward") = py::none())
-      .def("step", [](PipelineExecutor& e, const std::vector<at::Tensor>& inputs) {
-        StepResult r;
-        {
-          // Autograd must run without the GIL; the stage and loss callables take it back.
-          py::gil_scoped_release release;
-          r = e.step(inputs);
-        }
-        return py::dict(py::arg("loss") = r.loss, py::arg("times") = r.times,
-                        py::arg("peak_stashed") = r.peak_stashed);
-      });
+           py::arg("stage_ids"), py::arg("forwards"), py::arg("parameters"),
+           py::arg("gradient_syncs"), py::arg("schedule"), py::arg("rank"), py::arg("group"),
+           py::arg("data_parallel_group"), py::arg("tied"), py::arg("loss"))
+      .def("step",
+           [](Pipeline& p, std::optional<at::Tensor> inputs, std::optional<at::Tensor> targets) {
+             StepResult r;
+             {
+               // Autograd must run without the GIL; the stage and loss callables take it back.
+               py::gil_scoped_release release;
+               r = p.step(inputs.value_or(at::Tensor()), targets.value_or(at::Tensor()));
+             }
+             return py::dict(py::arg("loss") = r.loss, py::arg("times") = r.times,
+                             py::arg("peak_stashed") = r.peak_stashed);
+           })
+      .def("clip_grad_norm_", &Pipeline::clip_grad_norm_, py::arg("max_norm"),
+           py::call_guard<py::gil_scoped_release>());
+  m.def(
+      "pipeline_group_times",
+      [](std::vector<Fn> forwards, std::vector<std::vector<at::Tensor>> parameters,
+         const std::vector<std::vector<int>>& groups, const at::Tensor& sample, int repeats,
+         std::optional<LossFn> loss, std::optional<at::Tensor> target) {
+        const auto blocks = timed_blocks(std::move(forwards), std::move(parameters));
+        const TimingOptions o = timing(repeats, std::move(loss), std::move(target));
+        py::gil_scoped_release release;
+        return group_times(blocks, groups, sample, o);
+      },
+      py::arg("forwards"), py::arg("parameters"), py::arg("groups"), py::arg("sample"),
+      py::arg("repeats"), py::arg("loss"), py::arg("target"));
+  m.def(
+      "pipeline_split_by_time",
+      [](std::vector<Fn> forwards, std::vector<std::vector<at::Tensor>> parameters, int num_stages,
+         const at::Tensor& sample, int repeats, std::optional<LossFn> loss,
+         std::optional<at::Tensor> target, bool refine) {
+        const auto blocks = timed_blocks(std::move(forwards), std::move(parameters));
+        const TimingOptions o = timing(repeats, std::move(loss), std::move(target));
+        py::gil_scoped_release release;
+        return split_by_time(blocks, num_stages, sample, o, refine);
+      },
+      py::arg("forwards"), py::arg("parameters"), py::arg("num_stages"), py::arg("sample"),
+      py::arg("repeats"), py::arg("loss"), py::arg("target"), py::arg("refine"));
+  m.def("pipeline_split_by_parameters", &split_by_parameters, py::arg("parameters"),
+        py::arg("num_stages"));
+  m.def("pipeline_stage_groups", &stage_groups, py::arg("starts"), py::arg("num_blocks"));
 }
 
 }  // namespace shardwise::pipeline

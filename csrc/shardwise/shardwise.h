@@ -6,7 +6,9 @@
 //   zero::ZeroRedundancyOptimizer                      ZeRO 0-2 as a torch::optim optimizer
 //   zero::ZeroOptimizer, zero::GradScaler              the ZeRO engine and fp16 loss scaling
 //   optim::FusedAdamW (and fused_optim_ops.h)          the fused AdamW as a torch::optim optimizer
-//   pipeline::PipelineExecutor, schedules, partition   pipeline parallelism (1F1B, ZB-H1, ...)
+//   pipeline::Pipeline, PipelineExecutor              pipeline parallelism (1F1B, ZB-H1, ...)
+//   pipeline::split_by_time, split_by_parameters       cutting a model into stages
+//   distributed::average_gradients                    data-parallel gradient averaging
 //   tensor_parallel::*                                 column/row/vocab-parallel layers, attention
 //   sharding::*                                        flat layouts and checkpoint pieces
 //   checkpoint::save_safetensors                       full-model export (crash-safe)
@@ -21,6 +23,7 @@
 #include "backend/shardwise_backend.hpp"
 #include "checkpoint/safetensors.h"
 #include "data/token_stream.h"
+#include "distributed/average_gradients.h"
 #include "distributed/broadcast_module.h"
 #include "distributed/device_mesh.h"
 #include "distributed/process_group.h"
@@ -33,7 +36,9 @@
 #include "optim/fused_optim_ops.h"
 #include "pipeline/executor.h"
 #include "pipeline/partition.h"
+#include "pipeline/pipeline.h"
 #include "pipeline/schedule.h"
+#include "pipeline/split_by_time.h"
 #include "precision/cast_ops.h"
 #include "sharding/checkpoint_pieces.h"
 #include "tensor_parallel/grad_norm.h"

@@ -152,6 +152,42 @@ def test_two_processes_under_torchrun_match_one_process(train_gpt, corpus, strat
     _python_gpt_loads(_read_safetensors(saved))
 
 
+@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
+def test_a_two_stage_pipeline_under_torchrun_matches_one_process(
+    train_gpt, corpus, schedule, tmp_path
+):
+    """Catches: a C++ pipeline that does not train like the unpipelined model on the same batch
+    (a tied embedding/head whose copies drift, microbatches scaled twice or not at all, clipping
+    on one stage's norm), and an export that misses the other stage's parameters."""
+    common = ["--data", str(corpus), "--micro-batch", "8", *MODEL]
+    one = tmp_path / "one.safetensors"
+    single = _losses(_run([str(train_gpt), *common, "--save", str(one)]))
+    launch = [str(TORCHRUN), "--no-python", "--standalone", "--nproc_per_node=2"]
+    saved = tmp_path / "pipeline.safetensors"
+    output = _run(
+        [
+            *launch,
+            str(train_gpt),
+            *common,
+            "--pp",
+            "2",
+            "--schedule",
+            schedule,
+            "--save",
+            str(saved),
+        ]
+    )
+    double = _losses(output)
+    assert len(single) == len(double) == 4, output
+    assert double == pytest.approx(single, abs=1e-5)
+    assert double[-1] < double[0] - 0.3, f"the loss did not fall: {double}"
+    state, reference = _read_safetensors(saved), _read_safetensors(one)
+    assert sorted(state) == sorted(reference)
+    for name, value in reference.items():
+        torch.testing.assert_close(state[name], value, rtol=0, atol=1e-4, msg=name)
+    _python_gpt_loads(state)
+
+
 def test_bad_flags_are_named_before_anything_runs(train_gpt, corpus):
     """Catches: bad input that starts a run (or crashes) instead of naming the argument."""
     for flags, message in [
@@ -159,6 +195,10 @@ def test_bad_flags_are_named_before_anything_runs(train_gpt, corpus):
         (["--dtype", "fp8"], "--dtype fp8: use fp32 or bf16"),
         (["--bogus", "1"], "unknown flag --bogus"),
         (["--strategy", "pp"], "--strategy pp: use fsdp, zero1 or zero2"),
+        (["--pp", "2", "--strategy", "zero2"], "--strategy zero2 with --pp 2"),
+        (["--pp", "2", "--microbatches", "3"], "must be a multiple of --microbatches 3"),
+        (["--pp", "2"], "--pp 2 must divide the world size 1"),
+        (["--schedule", "zb"], "--schedule zb: use 1f1b or gpipe"),
         ([], "--data is required"),
     ]:
         data = ["--data", str(corpus)] if flags or message != "--data is required" else []

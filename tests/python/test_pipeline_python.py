@@ -53,6 +53,56 @@ def test_single_rank_interleaved_pipeline_matches_the_model():
     assert text.startswith("rank 0 |") and "bubble" in text
 
 
+def test_tied_copies_start_equal_and_step_with_the_summed_gradient():
+    """Catches a tie that is not set up (stage 1's copy keeps its own init) or a gradient that is
+    not summed: the tied pair must behave as the one shared weight of the unpipelined model."""
+    torch.manual_seed(0)
+    shared = nn.Linear(4, 4, bias=False)
+    first, last = nn.Linear(4, 4, bias=False), nn.Linear(4, 4, bias=False)
+    with torch.no_grad():
+        first.weight.copy_(shared.weight)
+    x, y = torch.randn(4, 4), torch.randn(4, 4)
+    pipe = pp.Pipeline(
+        {0: first, 1: last},
+        pp.make_schedule("interleaved_1f1b", 1, 2, 2),
+        F.mse_loss,
+        tied=[(0, "weight", 1, "weight")],
+    )
+    torch.testing.assert_close(last.weight, first.weight, rtol=0, atol=0)
+    loss = pipe.step(x, y)
+    ref = F.mse_loss(shared(shared(x)), y)
+    ref.backward()
+    assert loss == pytest.approx(ref.item(), rel=1e-6)
+    torch.testing.assert_close(first.weight.grad, shared.weight.grad, rtol=1e-6, atol=1e-7)
+    torch.testing.assert_close(last.weight.grad, first.weight.grad, rtol=0, atol=0)
+    norm = pipe.clip_grad_norm_(1e-3)  # the tied pair counted once, as the shared weight
+    ref_norm = torch.nn.utils.clip_grad_norm_(shared.parameters(), 1e-3)
+    assert norm == pytest.approx(ref_norm.item(), rel=1e-6)
+    torch.testing.assert_close(first.weight.grad, shared.weight.grad, rtol=1e-5, atol=1e-9)
+
+
+def test_bad_batches_and_ties_are_named_before_any_work():
+    blocks = {0: nn.Linear(2, 2)}
+    pipe = pp.Pipeline(blocks, pp.make_schedule("1f1b", 1, 4), F.mse_loss)
+    with pytest.raises(ValueError, match="inputs: a batch of 3 rows cannot make 4 microbatches"):
+        pipe.step(torch.randn(3, 2), torch.randn(3, 2))
+    with pytest.raises(ValueError, match="rank of the last stage needs targets"):
+        pipe.step(torch.randn(4, 2), None)
+    with pytest.raises(ValueError, match="tied parameter nope: stage 0 has no parameter"):
+        pp.Pipeline(
+            blocks, pp.make_schedule("1f1b", 1, 4), F.mse_loss, tied=[(0, "nope", 0, "bias")]
+        )
+
+
+def test_group_times_time_each_stage_and_clear_the_gradients():
+    blocks = [nn.Linear(16, 16) for _ in range(3)]
+    times = pp.group_times(blocks, [[0, 1], [2]], torch.randn(8, 16), repeats=2)
+    assert len(times) == 2 and all(t > 0 for t in times)
+    assert all(p.grad is None for b in blocks for p in b.parameters())
+    with pytest.raises(ValueError, match="repeats 0 must be at least 1"):
+        pp.block_times(blocks, torch.randn(8, 16), repeats=0)
+
+
 def test_timeline_png(tmp_path):
     pytest.importorskip("matplotlib")
     s = pp.make_schedule("1f1b", 2, 3)

@@ -1,5 +1,7 @@
 // Trains the bundled GPT from C++ (no Python in the step) on a text file's bytes, with FSDP
-// (default) or ZeRO-1/2 (--strategy zero2):
+// (default) or ZeRO-1/2 (--strategy zero2), or as a pipeline (--pp 2: 1F1B over the ranks of each
+// pipeline, the pipelines data parallel; --micro-batch rows per pipeline, cut into
+// --microbatches):
 //
 //   torchrun --no-python --standalone --nproc_per_node=2 ./train_gpt --data corpus.txt
 //
@@ -22,16 +24,19 @@
 #include <vector>
 
 #include "gpt.h"
+#include "gpt_pipeline.h"
 
 namespace {
 
 struct Flags {
   std::string data;
   int64_t steps = 100, micro_batch = 8, seq_len = 128, dim = 192, layers = 4, heads = 6;
-  int64_t seed = 0, log_every = 10, threads = 0;
+  int64_t seed = 0, log_every = 10, threads = 0, pp = 1, microbatches = 4;
   double lr = 1e-3, clip = 1.0;
   std::string dtype = "fp32";
   std::string strategy = "fsdp";
+  bool strategy_given = false;
+  std::string schedule = "1f1b";
   std::string save;  // a safetensors path for the trained model; empty: none
 };
 
@@ -39,7 +44,8 @@ const char* kUsage =
     "usage: train_gpt --data FILE [--steps N] [--micro-batch N] [--seq-len N] [--dim N]\n"
     "                 [--layers N] [--heads N] [--lr X] [--clip X (0: off)] [--seed N]\n"
     "                 [--dtype fp32|bf16] [--strategy fsdp|zero1|zero2] [--log-every N]\n"
-    "                 [--threads N] [--save MODEL.safetensors]\n";
+    "                 [--threads N] [--save MODEL.safetensors]\n"
+    "                 [--pp STAGES [--microbatches N] [--schedule 1f1b|gpipe]]\n";
 
 // `value` of `flag` as a number; an error naming both when it is not one.
 double number(const std::string& flag, const std::string& value, bool integer) {
@@ -58,10 +64,17 @@ double number(const std::string& flag, const std::string& value, bool integer) {
 
 Flags parse(int argc, char** argv) {
   Flags f;
-  std::map<std::string, int64_t*> ints{
-      {"--steps", &f.steps}, {"--micro-batch", &f.micro_batch}, {"--seq-len", &f.seq_len},
-      {"--dim", &f.dim},     {"--layers", &f.layers},           {"--heads", &f.heads},
-      {"--seed", &f.seed},   {"--log-every", &f.log_every},     {"--threads", &f.threads}};
+  std::map<std::string, int64_t*> ints{{"--steps", &f.steps},
+                                       {"--micro-batch", &f.micro_batch},
+                                       {"--seq-len", &f.seq_len},
+                                       {"--dim", &f.dim},
+                                       {"--layers", &f.layers},
+                                       {"--heads", &f.heads},
+                                       {"--seed", &f.seed},
+                                       {"--log-every", &f.log_every},
+                                       {"--threads", &f.threads},
+                                       {"--pp", &f.pp},
+                                       {"--microbatches", &f.microbatches}};
   std::map<std::string, double*> reals{{"--lr", &f.lr}, {"--clip", &f.clip}};
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
@@ -69,8 +82,8 @@ Flags parse(int argc, char** argv) {
       std::cout << kUsage;
       std::exit(0);
     }
-    const bool text =
-        flag == "--data" || flag == "--dtype" || flag == "--strategy" || flag == "--save";
+    const bool text = flag == "--data" || flag == "--dtype" || flag == "--strategy" ||
+                      flag == "--save" || flag == "--schedule";
     if (!text && !ints.count(flag) && !reals.count(flag)) {
       throw std::invalid_argument("unknown flag " + flag + "\n" + kUsage);
     }
@@ -82,6 +95,9 @@ Flags parse(int argc, char** argv) {
       f.dtype = value;
     } else if (flag == "--strategy") {
       f.strategy = value;
+      f.strategy_given = true;
+    } else if (flag == "--schedule") {
+      f.schedule = value;
     } else if (flag == "--save") {
       f.save = value;
     } else if (ints.count(flag)) {
@@ -106,15 +122,44 @@ Flags parse(int argc, char** argv) {
   if (f.strategy != "fsdp" && f.dtype != "fp32") {
     throw std::invalid_argument("--dtype " + f.dtype + " needs --strategy fsdp (ZeRO runs fp32)");
   }
+  if (f.schedule != "1f1b" && f.schedule != "gpipe") {
+    throw std::invalid_argument("--schedule " + f.schedule + ": use 1f1b or gpipe");
+  }
+  if (f.pp > 1) {
+    if (f.strategy_given) {
+      throw std::invalid_argument("--strategy " + f.strategy + " with --pp " +
+                                  std::to_string(f.pp) +
+                                  ": a pipeline replicates its stages over the data-parallel "
+                                  "ranks; leave --strategy out (it applies without --pp)");
+    }
+    if (f.dtype != "fp32") throw std::invalid_argument("--pp runs fp32; leave --dtype out");
+    if (f.micro_batch % f.microbatches != 0) {
+      throw std::invalid_argument("--micro-batch " + std::to_string(f.micro_batch) +
+                                  " must be a multiple of --microbatches " +
+                                  std::to_string(f.microbatches));
+    }
+    if (f.pp > f.layers + 2) {
+      throw std::invalid_argument("--pp " + std::to_string(f.pp) + ": at most --layers + 2 (" +
+                                  std::to_string(f.layers + 2) + ") stages");
+    }
+  }
   return f;
 }
 
-// The model under one strategy: forward, then clip + optimizer step + zero_grad, and the full
-// parameters by name (collective).
+// The mean cross-entropy of the logits against the next tokens.
+torch::Tensor gpt_loss(const torch::Tensor& logits, const torch::Tensor& targets) {
+  return torch::nn::functional::cross_entropy(
+      logits.to(torch::kFloat).reshape({-1, logits.size(-1)}), targets.reshape(-1));
+}
+
+// The model under one strategy: a whole training step (forward, backward, clip, optimizer step,
+// zero_grad) returning this rank's loss (undefined on ranks that compute none: a pipeline's
+// earlier stages), the full parameters by name (collective; complete on rank 0), and which part
+// of the data this rank reads.
 struct Strategy {
-  std::function<torch::Tensor(const torch::Tensor&)> forward;
-  std::function<void()> update;
+  std::function<torch::Tensor(const torch::Tensor& inputs, const torch::Tensor& targets)> step;
   std::function<torch::OrderedDict<std::string, torch::Tensor>()> full_state;
+  int data_rank = 0, data_world = 1;
 };
 
 // FSDP: every block its own unit, the embeddings and final norm the root; the fused AdamW steps
@@ -130,13 +175,15 @@ Strategy fsdp(GPT model, const Flags& flags, const shardwise::distributed::World
       wrapper->parameters(),
       torch::optim::AdamWOptions(flags.lr).betas({0.9, 0.95}).weight_decay(0.1));
   const double clip = flags.clip;
-  return {[wrapper](const torch::Tensor& x) { return wrapper->forward(x); },
-          [wrapper, optimizer, clip] {
+  return {[wrapper, optimizer, clip](const torch::Tensor& inputs, const torch::Tensor& targets) {
+            auto loss = gpt_loss(wrapper->forward(inputs), targets);
+            loss.backward();
             if (clip > 0) wrapper->clip_grad_norm_(clip);
             optimizer->step();
             optimizer->zero_grad();
+            return loss.detach();
           },
-          [wrapper] { return wrapper->full_state_dict(); }};
+          [wrapper] { return wrapper->full_state_dict(); }, world.rank(), world.size()};
 }
 
 // ZeRO-1/2: the model whole on every rank (rank 0's weights), the optimizer state (and with
@@ -152,12 +199,85 @@ Strategy zero(GPT model, const Flags& flags, const shardwise::distributed::World
   options.optimizer.weight_decay = 0.1;
   auto optimizer =
       std::make_shared<shardwise::zero::ZeroRedundancyOptimizer>(model->parameters(), options);
-  return {[model](const torch::Tensor& x) mutable { return model->forward(x); },
-          [optimizer] {
+  return {[model, optimizer](const torch::Tensor& inputs, const torch::Tensor& targets) mutable {
+            auto loss = gpt_loss(model->forward(inputs), targets);
+            loss.backward();
             optimizer->step();
             optimizer->zero_grad();
+            return loss.detach();
           },
-          [model] { return model->named_parameters(); }};
+          [model] { return model->named_parameters(); }, world.rank(), world.size()};
+}
+
+// A pipeline of --pp stages (split_by_parameters over gpt_blocks), one per rank of each
+// pipeline; the world / --pp pipelines are data parallel (their replicated stages' gradients
+// averaged by the Pipeline). The token embedding on the first stage and the head's copy on the
+// last are tied. The fused AdamW steps this rank's stage; clipping uses the pipeline's norm.
+Strategy pipelined(GPT model, const Flags& flags, const shardwise::distributed::World& world) {
+  const int pp = static_cast<int>(flags.pp);
+  if (world.size() % pp != 0) {
+    throw std::invalid_argument("--pp " + std::to_string(pp) + " must divide the world size " +
+                                std::to_string(world.size()));
+  }
+  const int dp = world.size() / pp;
+  shardwise::distributed::broadcast_module(*model, *world.group);
+  auto mesh = std::make_shared<shardwise::distributed::DeviceMesh>(
+      world, std::vector<int>{dp, pp}, std::vector<std::string>{"dp", "pp"});
+  const int stage = mesh->coordinate("pp");
+  const torch::Tensor head = model->embed->weight.detach().clone().requires_grad_(true);
+  const std::vector<GPTBlock> blocks = gpt_blocks(model, head);
+  std::vector<std::vector<torch::Tensor>> block_parameters;
+  for (const auto& b : blocks) {
+    block_parameters.emplace_back();
+    for (const auto& [name, p] : b.parameters) block_parameters.back().push_back(p);
+  }
+  const auto groups = shardwise::pipeline::stage_groups(
+      shardwise::pipeline::split_by_parameters(block_parameters, pp),
+      static_cast<int>(blocks.size()));
+  shardwise::pipeline::PipelineOptions options;
+  options.schedule = shardwise::pipeline::make_schedule(
+      {flags.schedule == "gpipe" ? shardwise::pipeline::ScheduleKind::kGPipe
+                                 : shardwise::pipeline::ScheduleKind::k1F1B,
+       pp, static_cast<int>(flags.microbatches), 1});
+  options.rank = stage;
+  options.group = mesh->group({"pp"});
+  if (dp > 1) options.data_parallel_group = mesh->group({"dp"});
+  options.tied = {{0, "embed.weight", pp - 1, "head.weight"}};
+  options.loss = gpt_loss;
+  auto pipeline = std::make_shared<shardwise::pipeline::Pipeline>(
+      std::vector<shardwise::pipeline::PipelineStage>{gpt_stage(blocks, groups[stage], stage)},
+      options);
+  auto optimizer = std::make_shared<shardwise::optim::FusedAdamW>(
+      pipeline->parameters(),
+      torch::optim::AdamWOptions(flags.lr).betas({0.9, 0.95}).weight_decay(0.1));
+  const double clip = flags.clip;
+  auto step = [pipeline, optimizer, clip, stage, pp](const torch::Tensor& inputs,
+                                                     const torch::Tensor& targets) {
+    const auto result = pipeline->step(inputs, targets);
+    if (clip > 0) pipeline->clip_grad_norm_(clip);
+    optimizer->step();
+    optimizer->zero_grad();
+    return stage == pp - 1 ? torch::tensor(result.loss, torch::kFloat64) : torch::Tensor();
+  };
+  // The first pipeline's stages send their parameters to rank 0 (stage 0 of that pipeline).
+  auto full_state = [mesh, blocks, groups, stage, pp, group = options.group] {
+    torch::OrderedDict<std::string, torch::Tensor> full;
+    if (mesh->coordinate("dp") != 0) return full;
+    for (int s = 0; s < pp; ++s) {
+      for (int i : groups[s]) {
+        for (const auto& [name, p] : blocks[i].parameters) {
+          if (name == "head.weight") continue;  // the tie's copy (saved as embed.weight's)
+          std::vector<torch::Tensor> tensor{s == stage ? p.detach().contiguous()
+                                                       : torch::empty_like(p)};
+          if (s != stage && stage == 0) group->recv(tensor, s, 0)->wait();
+          if (s == stage && stage != 0) group->send(tensor, 0, 0)->wait();
+          if (stage == 0) full.insert(name, tensor[0].clone());
+        }
+      }
+    }
+    return full;
+  };
+  return {step, full_state, mesh->coordinate("dp"), dp};
 }
 
 double peak_rss_mib() {
@@ -174,6 +294,14 @@ double reduce(c10d::ProcessGroup& group, double value, c10d::ReduceOp::RedOpType
   group.allreduce(tensors, options)->wait();
   const double out = tensors[0].item<double>();
   return op == c10d::ReduceOp::SUM ? out / group.getSize() : out;
+}
+
+// The mean of `loss` over the ranks where it is defined (all, or a pipeline's last stages).
+double mean_over_ranks_with_a_loss(c10d::ProcessGroup& group, const torch::Tensor& loss) {
+  std::vector<at::Tensor> tensors{torch::tensor(
+      {loss.defined() ? loss.item<double>() : 0.0, loss.defined() ? 1.0 : 0.0}, torch::kFloat64)};
+  group.allreduce(tensors)->wait();
+  return tensors[0][0].item<double>() / tensors[0][1].item<double>();
 }
 
 // The median over steps (the first, warm-up step left out when there are others) of each step's
@@ -201,35 +329,32 @@ int run(const Flags& flags) {
   cfg.layers = flags.layers;
   cfg.heads = flags.heads;
   GPT model(cfg);
-  Strategy strategy =
-      flags.strategy == "fsdp" ? fsdp(model, flags, world) : zero(model, flags, world);
+  Strategy strategy = flags.pp > 1               ? pipelined(model, flags, world)
+                      : flags.strategy == "fsdp" ? fsdp(model, flags, world)
+                                                 : zero(model, flags, world);
 
   auto [train, validation] =
       shardwise::data::split_tokens(shardwise::data::read_byte_tokens(flags.data));
   shardwise::data::TokenStreamOptions stream_options;
   stream_options.seq_len = flags.seq_len;
   stream_options.micro_batch = flags.micro_batch;
-  stream_options.data_rank = world.rank();
-  stream_options.data_world = world.size();
+  stream_options.data_rank = strategy.data_rank;
+  stream_options.data_world = strategy.data_world;
   stream_options.seed = flags.seed;
   shardwise::data::TokenStream stream(train, stream_options);
 
   const double tokens_per_step =
-      static_cast<double>(flags.micro_batch * flags.seq_len) * world.size();
+      static_cast<double>(flags.micro_batch * flags.seq_len) * strategy.data_world;
   std::vector<double> step_seconds;
   auto interval_start = std::chrono::steady_clock::now();
   for (int64_t step = 1; step <= flags.steps; ++step) {
     const auto step_start = std::chrono::steady_clock::now();
     auto [inputs, targets] = stream.next();
-    auto logits = strategy.forward(inputs);
-    auto loss = torch::nn::functional::cross_entropy(
-        logits.to(torch::kFloat).reshape({-1, cfg.vocab_size}), targets.reshape(-1));
-    loss.backward();
-    strategy.update();
+    const torch::Tensor loss = strategy.step(inputs, targets);
     const auto now = std::chrono::steady_clock::now();
     step_seconds.push_back(std::chrono::duration<double>(now - step_start).count());
     if (step % flags.log_every == 0 || step == flags.steps) {
-      const double mean_loss = reduce(group, loss.item<double>(), c10d::ReduceOp::SUM);
+      const double mean_loss = mean_over_ranks_with_a_loss(group, loss);
       const int64_t steps_in_interval =
           step % flags.log_every == 0 ? flags.log_every : step % flags.log_every;
       const double seconds = std::chrono::duration<double>(now - interval_start).count();
@@ -243,10 +368,10 @@ int run(const Flags& flags) {
   }
   if (!flags.save.empty()) {
     auto full = strategy.full_state();  // every rank takes part in the gather
-    // The head is the token embedding; written under both names, as shardwise-train does, so
-    // the Python GPT loads the file with strict=True.
-    full.insert("head.weight", full["embed.weight"]);
     if (world.rank() == 0) {
+      // The head is the token embedding; written under both names, as shardwise-train does, so
+      // the Python GPT loads the file with strict=True.
+      full.insert("head.weight", full["embed.weight"]);
       shardwise::checkpoint::save_safetensors(flags.save, full, {{"format", "pt"}});
       std::printf("saved %zu tensors to %s\n", full.size(), flags.save.c_str());
     }

@@ -42,16 +42,15 @@ def defer_weight_gradients(module: nn.Module) -> nn.Module:
     return module
 
 
-def _groups(starts: list[int], count: int) -> list[list[int]]:
-    bounds = [*starts, count]
-    return [list(range(bounds[k], bounds[k + 1])) for k in range(len(starts))]
+def _blocks(blocks: Sequence[nn.Module]) -> tuple[list, list[list[torch.Tensor]]]:
+    return list(blocks), [list(b.parameters()) for b in blocks]
 
 
 def split_by_parameters(blocks: Sequence[nn.Module], num_stages: int) -> list[list[int]]:
     """Contiguous groups of block indices, one per stage, whose largest parameter count is as
-    small as possible (C++ balanced_partition)."""
-    sizes = [float(sum(p.numel() for p in b.parameters())) for b in blocks]
-    return _groups(_C.balanced_partition(sizes, num_stages), len(blocks))
+    small as possible (C++ split_by_parameters)."""
+    starts = _C.pipeline_split_by_parameters(_blocks(blocks)[1], num_stages)
+    return _C.pipeline_stage_groups(starts, len(blocks))
 
 
 def split_by_time(
@@ -64,42 +63,18 @@ def split_by_time(
     refine: bool = True,
 ) -> list[list[int]]:
     """Like split_by_parameters, balancing measured forward + backward time on ``sample`` (fed
-    through the blocks in order). The cut balances the blocks' own times (C++
-    balanced_partition); with ``refine``, each boundary is then moved by one block while that
-    lowers the slowest stage timed as a whole (a stage is not the sum of its blocks: caches,
-    casts and its output conversion), so near-ties are settled by what the stages really take.
-    With ``loss_fn``, the last block is timed with ``loss_fn(output, target)`` as the
-    pipeline's last stage runs it. Runs under the caller's autocast, if any. Timing differs
-    between processes: split on one rank and broadcast the groups (``broadcast_groups``)."""
-    costs = block_times(blocks, sample, repeats, loss_fn, target)
-    starts = list(_C.balanced_partition(costs, num_stages))
-    if refine and num_stages > 1:
-        starts = _refine(blocks, starts, sample, repeats, loss_fn, target)
-    return _groups(starts, len(blocks))
-
-
-def _refine(blocks, starts, sample, repeats, loss_fn, target) -> list[int]:
-    """Moves single boundaries (one block either way) while the slowest stage, timed whole,
-    gets at least 1% faster."""
-
-    def slowest(cut: list[int]) -> float:
-        return max(group_times(blocks, _groups(cut, len(blocks)), sample, repeats, loss_fn, target))
-
-    best, best_time = starts, slowest(starts)
-    for _ in range(2 * len(starts)):
-        candidates = []
-        for k in range(1, len(best)):
-            for step in (-1, 1):
-                cut = list(best)
-                cut[k] += step
-                upper = cut[k + 1] if k + 1 < len(cut) else len(blocks)
-                if cut[k - 1] < cut[k] < upper:
-                    candidates.append(cut)
-        timed = [(slowest(cut), cut) for cut in candidates]
-        if not timed or min(timed)[0] >= 0.99 * best_time:
-            break
-        best_time, best = min(timed)
-    return best
+    through the blocks in order; C++ split_by_time). The cut balances the blocks' own times;
+    with ``refine``, each boundary is then moved by one block while that lowers the slowest
+    stage timed as a whole by 1% (a stage is not the sum of its blocks: caches, casts and its
+    output conversion). With ``loss_fn``, the last block is timed with ``loss_fn(output,
+    target)`` as the pipeline's last stage runs it. Runs under the caller's autocast, if any.
+    Timing differs between processes: split on one rank and broadcast the groups
+    (``broadcast_groups``)."""
+    forwards, parameters = _blocks(blocks)
+    starts = _C.pipeline_split_by_time(
+        forwards, parameters, num_stages, sample, repeats, loss_fn, target, refine
+    )
+    return _C.pipeline_stage_groups(starts, len(blocks))
 
 
 def broadcast_groups(groups: list[list[int]], src: int = 0, group=None) -> list[list[int]]:
@@ -133,28 +108,11 @@ def group_times(
     loss_fn: Callable[[torch.Tensor, torch.Tensor], torch.Tensor] | None = None,
     target: torch.Tensor | None = None,
 ) -> list[float]:
-    """Forward + backward seconds of each group of consecutive blocks run as one stage (the
-    fastest of ``repeats`` after one warm-up: the least disturbed run); a group's input is
-    the previous group's output as a fresh leaf, the last group ends in ``loss_fn`` if given."""
-    import time
-
-    costs, x = [], sample
-    for group in groups:
-        stage = [blocks[i] for i in group]
-        last = loss_fn is not None and group[-1] == len(blocks) - 1
-        times = []
-        for _ in range(repeats + 1):
-            out = x.detach().requires_grad_(x.is_floating_point())
-            start = time.perf_counter()
-            for block in stage:
-                out = block(out)
-            (loss_fn(out, target) if last else out.float().sum()).backward()
-            times.append(time.perf_counter() - start)
-        for block in stage:
-            block.zero_grad(set_to_none=True)
-        costs.append(min(times[1:]))
-        x = out.detach()
-    return costs
+    """Forward + backward seconds of each group of consecutive blocks run as one stage (C++
+    group_times: the fastest of ``repeats`` after one warm-up); a group's input is the previous
+    group's output as a fresh leaf, the last group ends in ``loss_fn`` if given."""
+    forwards, parameters = _blocks(blocks)
+    return _C.pipeline_group_times(forwards, parameters, groups, sample, repeats, loss_fn, target)
 
 
 def stage_modules(blocks: Sequence[nn.Module], groups: list[list[int]]) -> list[nn.Sequential]:
@@ -256,11 +214,17 @@ class MeshGroups:
 
 
 class Pipeline:
-    """Runs ``stages`` (this rank's stage modules, keyed by stage index) under a schedule.
+    """Runs ``stages`` (this rank's stage modules, keyed by stage index) under a schedule: the C++
+    ``pipeline::Pipeline`` (``csrc/pipeline/pipeline.h``), which also keeps ``tied`` parameters
+    equal and averages replicated stages over ``data_parallel_group``.
 
+    A stage is an nn.Module or any callable of one tensor (with no parameters to tie or average).
     ``loss_fn(output, target)`` is applied on the last stage per microbatch; ``step(inputs,
     targets)`` cuts both into the schedule's microbatches and returns the mean loss (on the
     rank of the last stage; 0 elsewhere). Gradients accumulate into the stage modules' ``.grad``.
+    ``tied``: (stage a, name in stage a, stage b, name in stage b); stage b starts from stage a's
+    values and after every step both gradients are their sum. FSDP-sharded stages
+    (``shardwise.FullyShardedDataParallel``) reduce their own gradients in their last backward.
     """
 
     def __init__(
@@ -274,54 +238,38 @@ class Pipeline:
         data_parallel_group: dist.ProcessGroup | None = None,
         tied: Sequence[tuple[int, str, int, str]] = (),
     ):
-        if schedule.name == "zb_h1" and any(hasattr(m, "_engine") for m in stages.values()):
-            raise ValueError(
-                "schedule zb_h1 defers weight gradients past the backward, where FSDP reduces "
-                "them; use 1f1b (or interleaved_1f1b) for FSDP-sharded stages"
-            )
         if group is None and schedule.num_ranks > 1:
             group = dist.group.WORLD
         self.rank = rank if rank is not None else (dist.get_rank(group) if group else 0)
         self.schedule = schedule
         self.stages = stages
         self.data_parallel_group = data_parallel_group
-        self._group = group
-        # Tied parameters on two stages (e.g. the embedding on the first, the head on the last):
-        # (stage_a, name in stage a, stage_b, name in stage b). Stage b starts from stage a's
-        # values; after every step each side's gradient becomes the sum of both.
         self.tied = list(tied)
-        for a, name_a, b, name_b in self.tied:
-            self._exchange_tied(a, name_a, b, name_b, initial=True)
-        self._targets: list[torch.Tensor] = []
+        self._group = group
         ids = sorted(stages)
-        self._executor = _C.PipelineExecutor(
+        self._pipeline = _C.Pipeline(
             ids,
             [stages[i] for i in ids],
+            [_named_parameters(stages[i]) for i in ids],
+            [_gradient_sync(stages[i]) for i in ids],
             schedule,
             self.rank,
             group,
-            lambda output, i: loss_fn(output, self._targets[i]),
-            self._before_last_backward,
+            data_parallel_group,
+            self.tied,
+            loss_fn,
         )
         self.last = None
 
     def step(self, inputs: torch.Tensor | None, targets: torch.Tensor | None) -> float:
-        m = self.schedule.num_microbatches
-        self._targets = list(targets.chunk(m)) if targets is not None else []
-        chunks = list(inputs.chunk(m)) if inputs is not None else []
-        for name, parts in (("inputs", chunks), ("targets", self._targets)):
-            if parts and len(parts) != m:
-                raise ValueError(
-                    f"{name}: a batch of {len(parts)} rows cannot make {m} microbatches"
-                )
-        for stage in self.stages.values():  # FSDP stages: no reduction until their last backward
-            if hasattr(stage, "_engine"):
-                stage._engine.set_requires_gradient_sync(False)
-        self.last = self._executor.step(chunks)
-        for a, name_a, b, name_b in self.tied:
-            self._exchange_tied(a, name_a, b, name_b, initial=False)
-        self._sync_data_parallel()
+        self.last = self._pipeline.step(inputs, targets)
         return self.last["loss"]
+
+    def clip_grad_norm_(self, max_norm: float) -> float:
+        """Clips this pipeline's gradients to ``max_norm`` as torch.nn.utils.clip_grad_norm_
+        clips the unpipelined model's (the 2-norm over every stage, a tied pair counted once;
+        a collective over the pipeline group). Call after ``step``. Returns the norm."""
+        return self._pipeline.clip_grad_norm_(max_norm)
 
     def gather_times(self):
         """(actions, times) of every pipeline rank for the last step (a collective over the
@@ -334,71 +282,16 @@ class Pipeline:
         dist.all_gather_object(gathered, mine, group=group)
         return [g[0] for g in gathered], [g[1] for g in gathered]
 
-    def _exchange_tied(self, a: int, name_a: str, b: int, name_b: str, initial: bool) -> None:
-        """initial: stage a's values to stage b. Else: both gradients := their sum (one
-        exchange between the two ranks, nothing for the others)."""
-        ranks = self.schedule.num_ranks
-        rank_a, rank_b = a % ranks, b % ranks
-        if self.rank not in (rank_a, rank_b):
-            return
-        mine = dict(self.stages[a if self.rank == rank_a else b].named_parameters())[
-            name_a if self.rank == rank_a else name_b
-        ]
-        if rank_a == rank_b:  # both stages here
-            other = dict(self.stages[b].named_parameters())[name_b]
-            if initial:
-                other.data.copy_(mine.data)
-            elif mine.grad is not None and other.grad is not None:
-                total = mine.grad + other.grad
-                mine.grad.copy_(total)
-                other.grad.copy_(total)
-            return
-        peer = dist.get_global_rank(self._group, rank_b if self.rank == rank_a else rank_a)
-        if initial:
-            if self.rank == rank_a:
-                dist.send(mine.data.contiguous(), peer, group=self._group)
-            else:
-                received = torch.empty_like(mine.data)
-                dist.recv(received, peer, group=self._group)
-                mine.data.copy_(received)
-            return
-        grad = mine.grad if mine.grad is not None else torch.zeros_like(mine)
-        theirs = torch.empty_like(grad)
-        ops = [
-            dist.P2POp(dist.isend, grad.contiguous(), peer, self._group),
-            dist.P2POp(dist.irecv, theirs, peer, self._group),
-        ]
-        for work in dist.batch_isend_irecv(ops):
-            work.wait()
-        mine.grad = grad + theirs
 
-    def _before_last_backward(self, stage: int) -> None:
-        module = self.stages[stage]
-        if hasattr(module, "_engine"):  # shardwise.FullyShardedDataParallel
-            module._engine.set_requires_gradient_sync(True)
+def _named_parameters(stage) -> list[tuple[str, torch.Tensor]]:
+    """A module stage's parameters by name; a plain callable stage has none to tie or average."""
+    return list(stage.named_parameters()) if isinstance(stage, nn.Module) else []
 
-    def _sync_data_parallel(self) -> None:
-        """Replicated stages: average the gradients over the data-parallel group, once per step,
-        in one all-reduce (FSDP stages reduced theirs in their last backward)."""
-        group = self.data_parallel_group
-        if group is None or dist.get_world_size(group) == 1:
-            return
-        grads = [
-            p.grad
-            for m in self.stages.values()
-            if not hasattr(m, "_engine")
-            for p in m.parameters()
-            if p.grad is not None
-        ]
-        if not grads:
-            return
-        flat = torch.cat([g.reshape(-1) for g in grads])
-        dist.all_reduce(flat, group=group)
-        flat /= dist.get_world_size(group)
-        offset = 0
-        for g in grads:
-            g.copy_(flat[offset : offset + g.numel()].view_as(g))
-            offset += g.numel()
+
+def _gradient_sync(module: nn.Module):
+    """An FSDP-sharded stage's switch for its own gradient reduction (None for other stages)."""
+    engine = getattr(module, "_engine", None)
+    return engine.set_requires_gradient_sync if engine is not None else None
 
 
 __all__ = [

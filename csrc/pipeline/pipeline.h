@@ -1,0 +1,85 @@
+// A pipeline-parallel training step for LibTorch (and, through shardwise._C, the Python
+// `shardwise.pipeline.Pipeline`): this rank's stages under a validated schedule, with the two
+// things a whole model needs around the executor.
+//
+// step(inputs, targets) cuts both into the schedule's microbatches (at::chunk; every microbatch
+// present), runs PipelineExecutor::step, then:
+// - tied parameters (TiedParameter: e.g. the embedding on the first stage and the head on the
+//   last) get the sum of both copies' gradients; the constructor starts stage b's copy from
+//   stage a's values;
+// - with a data-parallel group (the same stages on other pipelines), the replicated stages'
+//   gradients are averaged over it in one all-reduce. A stage with `set_gradient_sync` (an
+//   FSDP-sharded stage) reduces its own gradients instead: its sync is off during the step and
+//   turned on right before its last backward, and it is left out of the average.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <functional>
+#include <memory>
+#include <string>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <utility>
+#include <vector>
+
+#include "pipeline/executor.h"
+#include "pipeline/tied_parameters.h"
+
+namespace shardwise::pipeline {
+
+struct PipelineStage {
+  int id = 0;  // the stage's index in the schedule
+  PipelineExecutor::StageFn forward;
+  std::vector<std::pair<std::string, at::Tensor>> parameters;  // by name (tied lookups)
+  // Optional: turns the stage's own gradient reduction on or off (FSDP-sharded stages).
+  std::function<void(bool)> set_gradient_sync;
+};
+
+struct PipelineOptions {
+  Schedule schedule;
+  int rank = 0;                                  // this rank's index in `group`
+  c10::intrusive_ptr<c10d::ProcessGroup> group;  // the pipeline ranks; null with one rank
+  // Optional: the ranks holding the same stages in the other pipelines (data parallelism).
+  c10::intrusive_ptr<c10d::ProcessGroup> data_parallel_group;
+  std::vector<TiedParameter> tied;
+  // The last stage's loss of one microbatch (a scalar, averaged over the microbatch).
+  std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)> loss;
+};
+
+class Pipeline {
+ public:
+  // `stages`: exactly the stages the schedule gives this rank. Exchanges the tied values
+  // (collective over the ranks holding tied stages).
+  Pipeline(std::vector<PipelineStage> stages, PipelineOptions options);
+  Pipeline(const Pipeline&) = delete;  // the executor's callbacks hold `this`
+  Pipeline& operator=(const Pipeline&) = delete;
+
+  // One step: `inputs` on the rank of stage 0 and `targets` on the rank of the last stage (each
+  // undefined elsewhere); rows are cut into the microbatches. Gradients accumulate into the
+  // stages' parameters' .grad; the loss (the mean over microbatches) is on the last stage's rank.
+  StepResult step(const at::Tensor& inputs, const at::Tensor& targets);
+
+  const Schedule& schedule() const { return options_.schedule; }
+  int rank() const { return options_.rank; }
+  // This rank's parameters, stage after stage (a tied pair's copies both included).
+  std::vector<at::Tensor> parameters() const;
+  // Scales every gradient of this pipeline by max_norm / (norm + 1e-6) when that is below 1, as
+  // torch.nn.utils.clip_grad_norm_ does on the unpipelined model: the 2-norm sums the squares of
+  // every stage's gradients over the pipeline group, a tied pair counted once (stage a's copy).
+  // Call after step (the replicas' gradients are averaged by then). Returns the norm. Not for
+  // FSDP-sharded stages (their shards' norm needs the data-parallel group too).
+  double clip_grad_norm_(double max_norm);
+
+ private:
+  TiedContext tied_context() const;
+  at::Tensor parameter(int stage, const std::string& name) const;
+  std::vector<at::Tensor> microbatches(const at::Tensor& batch, const char* what) const;
+  void average_replicated_gradients();
+
+  PipelineOptions options_;
+  std::vector<PipelineStage> stages_;
+  std::vector<at::Tensor> targets_;  // this step's, per microbatch
+  std::unique_ptr<PipelineExecutor> executor_;
+};
+
+}  // namespace shardwise::pipeline
