@@ -34,6 +34,10 @@ set(SHARDWISE_CORE_SOURCES
   csrc/tensor_parallel/tp_shapes.cc
   csrc/distributed/torchrun_env.cc
   csrc/checkpoint/safetensors_header.cc
+  csrc/checkpoint/sha256.cc
+  csrc/checkpoint/atomic_file.cc
+  csrc/checkpoint/checkpoint_dir.cc
+  csrc/common/json.cc
 )
 set(SHARDWISE_CORE_TEST_SOURCES
   tests/cpp/test_collectives.cc
@@ -49,6 +53,7 @@ set(SHARDWISE_CORE_TEST_SOURCES
   tests/cpp/test_mesh_layout.cc
   tests/cpp/test_torchrun_env.cc
   tests/cpp/test_safetensors_header.cc
+  tests/cpp/test_checkpoint_dir.cc
 )
 set(SHARDWISE_TORCH_SOURCES
   csrc/backend/functional_ops.cpp
@@ -93,6 +98,8 @@ set(SHARDWISE_TORCH_SOURCES
   csrc/distributed/average_gradients.cpp
   csrc/data/token_stream.cpp
   csrc/checkpoint/safetensors.cpp
+  csrc/checkpoint/training_checkpoint.cpp
+  csrc/optim/adamw_slots.cpp
 )
 # Built when CUDA is (SHARDWISE_WITH_CUDA); their *_stub.cpp counterparts compile to nothing then.
 set(SHARDWISE_CUDA_SOURCES
@@ -122,5 +129,6 @@ set(SHARDWISE_TORCH_TEST_SOURCES
   tests/cpp/torch/test_tensor_parallel_libtorch.cc
   tests/cpp/torch/test_grad_scaler_libtorch.cc
   tests/cpp/torch/test_fully_shard_libtorch.cc
+  tests/cpp/torch/test_training_checkpoint_libtorch.cc
   tests/cpp/torch/test_torch_optim_adapters_libtorch.cc
 )

@@ -1,15 +1,11 @@
 #include "checkpoint/safetensors.h"
 
 #include <ATen/ATen.h>
-#include <fcntl.h>
-#include <unistd.h>
 
-#include <cerrno>
-#include <cstdio>
-#include <cstring>
 #include <stdexcept>
 #include <vector>
 
+#include "checkpoint/atomic_file.h"
 #include "checkpoint/safetensors_header.h"
 
 namespace shardwise::checkpoint {
@@ -43,20 +39,6 @@ std::string dtype_name(const std::string& name, at::ScalarType type) {
   }
 }
 
-// Writes all of `data` to `fd`; throws naming `path`.
-void write_all(int fd, const char* data, size_t size, const std::string& path) {
-  while (size > 0) {
-    const ssize_t written = ::write(fd, data, size);
-    if (written < 0 && errno == EINTR) continue;
-    if (written <= 0) {
-      throw std::runtime_error("safetensors: writing '" + path +
-                               "' failed: " + std::strerror(errno));
-    }
-    data += written;
-    size -= static_cast<size_t>(written);
-  }
-}
-
 }  // namespace
 
 void save_safetensors(const std::string& path,
@@ -71,35 +53,9 @@ void save_safetensors(const std::string& path,
     data.push_back(std::move(cpu));
   }
   const std::string header = safetensors_header(entries, metadata);
-  const std::string temporary = path + ".tmp." + std::to_string(::getpid());
-  const int fd = ::open(temporary.c_str(), O_WRONLY | O_CREAT | O_TRUNC | O_CLOEXEC, 0644);
-  if (fd < 0) {
-    throw std::runtime_error("safetensors: cannot create '" + temporary +
-                             "': " + std::strerror(errno) +
-                             "; check that the folder exists and is "
-                             "writable");
-  }
-  try {
-    write_all(fd, header.data(), header.size(), temporary);
-    for (const auto& t : data) {
-      write_all(fd, static_cast<const char*>(t.data_ptr()), t.nbytes(), temporary);
-    }
-    if (::fsync(fd) != 0) {
-      throw std::runtime_error("safetensors: flushing '" + temporary +
-                               "' failed: " + std::strerror(errno));
-    }
-  } catch (...) {
-    ::close(fd);
-    ::unlink(temporary.c_str());
-    throw;
-  }
-  ::close(fd);
-  if (std::rename(temporary.c_str(), path.c_str()) != 0) {
-    const std::string reason = std::strerror(errno);
-    ::unlink(temporary.c_str());
-    throw std::runtime_error("safetensors: cannot move the saved file to '" + path +
-                             "': " + reason);
-  }
+  std::vector<std::pair<const void*, size_t>> parts{{header.data(), header.size()}};
+  for (const auto& t : data) parts.push_back({t.data_ptr(), t.nbytes()});
+  atomic_write(path, parts, "safetensors");
 }
 
 }  // namespace shardwise::checkpoint

@@ -85,11 +85,11 @@ class FullyShardedState {
   double clip_grad_norm_(double max_norm, double norm_type = 2.0);
   // The compute dtype floating inputs are cast to (FullyShardOptions::param_dtype), if any.
   std::optional<at::ScalarType> param_dtype() const { return param_dtype_; }
-
- private:
-  // Every parameter's shard as a slot (name, first element, a view of the shard).
+  // Every parameter's shard as a slot (name, first element, a view of the shard), in the order
+  // of parameters(): slot i views parameters()[i].
   std::vector<sharding::TensorSlice> shard_slices() const;
 
+ private:
   std::optional<at::ScalarType> param_dtype_;
   std::shared_ptr<FsdpEngine> engine_;
   int root_unit_ = -1;

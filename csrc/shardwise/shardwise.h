@@ -12,6 +12,8 @@
 //   tensor_parallel::*                                 column/row/vocab-parallel layers, attention
 //   sharding::*                                        flat layouts and checkpoint pieces
 //   checkpoint::save_safetensors                       full-model export (crash-safe)
+//   checkpoint::save_training_checkpoint, load_latest_  resumable checkpoints shared with
+//     training_checkpoint, optim::adamw_slots            shardwise-train
 //   data::TokenStream                                  the trainers' data stream
 //   ops (precision/cast_ops.h)                         the bf16/fp16 casts
 #pragma once
@@ -21,7 +23,9 @@
 #define SHARDWISE_VERSION_PATCH 0
 
 #include "backend/shardwise_backend.hpp"
+#include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/safetensors.h"
+#include "checkpoint/training_checkpoint.h"
 #include "data/token_stream.h"
 #include "distributed/average_gradients.h"
 #include "distributed/broadcast_module.h"
@@ -32,6 +36,7 @@
 #include "fsdp/fsdp_unit.h"
 #include "fsdp/fully_shard.h"
 #include "mesh/mesh_layout.h"
+#include "optim/adamw_slots.h"
 #include "optim/fused_adamw.h"
 #include "optim/fused_optim_ops.h"
 #include "pipeline/executor.h"
@@ -44,6 +49,7 @@
 #include "tensor_parallel/grad_norm.h"
 #include "tensor_parallel/parallel_attention.h"
 #include "tensor_parallel/parallel_linear.h"
+#include "tensor_parallel/regions.h"
 #include "tensor_parallel/shard_tensor.h"
 #include "tensor_parallel/vocab_parallel.h"
 #include "zero/grad_scaler.h"

@@ -152,31 +152,22 @@ def test_two_processes_under_torchrun_match_one_process(train_gpt, corpus, strat
     _python_gpt_loads(_read_safetensors(saved))
 
 
-@pytest.mark.parametrize("schedule", ["1f1b", "gpipe"])
-def test_a_two_stage_pipeline_under_torchrun_matches_one_process(
-    train_gpt, corpus, schedule, tmp_path
-):
-    """Catches: a C++ pipeline that does not train like the unpipelined model on the same batch
-    (a tied embedding/head whose copies drift, microbatches scaled twice or not at all, clipping
-    on one stage's norm), and an export that misses the other stage's parameters."""
+@pytest.mark.parametrize(
+    "layout",
+    [["--pp", "2"], ["--pp", "2", "--schedule", "gpipe"], ["--tp", "2"]],
+    ids=["pp2-1f1b", "pp2-gpipe", "tp2"],
+)
+def test_pipeline_and_tensor_parallel_runs_match_one_process(train_gpt, corpus, layout, tmp_path):
+    """Catches: a C++ pipeline or tensor-parallel GPT that does not train like the whole model
+    on the same batch (a tied embedding/head whose copies drift, microbatches scaled twice or not
+    at all, a shard cut from the wrong rows, clipping on one rank's part of the norm), and an
+    export that misses or mis-assembles another rank's parameters."""
     common = ["--data", str(corpus), "--micro-batch", "8", *MODEL]
     one = tmp_path / "one.safetensors"
     single = _losses(_run([str(train_gpt), *common, "--save", str(one)]))
     launch = [str(TORCHRUN), "--no-python", "--standalone", "--nproc_per_node=2"]
-    saved = tmp_path / "pipeline.safetensors"
-    output = _run(
-        [
-            *launch,
-            str(train_gpt),
-            *common,
-            "--pp",
-            "2",
-            "--schedule",
-            schedule,
-            "--save",
-            str(saved),
-        ]
-    )
+    saved = tmp_path / "split.safetensors"
+    output = _run([*launch, str(train_gpt), *common, *layout, "--save", str(saved)])
     double = _losses(output)
     assert len(single) == len(double) == 4, output
     assert double == pytest.approx(single, abs=1e-5)
@@ -188,6 +179,85 @@ def test_a_two_stage_pipeline_under_torchrun_matches_one_process(
     _python_gpt_loads(state)
 
 
+def _python_trainer(out_dir: Path, steps: int) -> dict[int, float]:
+    """shardwise-train at world 2 on the C++ trainer's model and schedule (FSDP, fp32, AdamW at
+    lr 1e-3 with cosine decay, clip 1.0), checkpointing every 3 steps into out_dir/checkpoints
+    and resuming from the newest there; returns its loss per step."""
+    config = {
+        "model": {"preset": "tiny", "dim": 64, "layers": 2, "heads": 4, "seq_len": 64},
+        "training": {
+            "micro_batch_size": 4,
+            "learning_rate": 1e-3,
+            "warmup_steps": 0,
+            "max_steps": steps,
+            "mixed_precision": "no",
+            "gradient_clip_norm": 1.0,
+            "log_every": 1,
+            "checkpoint": {"dir": str(out_dir), "every_steps": 3},
+        },
+        "distributed": {"strategy": "fsdp", "backend": "shardwise"},
+    }
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / "config.json").write_text(json.dumps(config))
+    launch = [str(TORCHRUN), "--standalone", "--nproc_per_node=2", "-m", "shardwise.train"]
+    _run([*launch, "--config", str(out_dir / "config.json")])
+    records = [json.loads(line) for line in (out_dir / "metrics.jsonl").read_text().splitlines()]
+    return {r["step"]: r["loss"] for r in records if "loss" in r}
+
+
+def test_checkpoints_resume_across_the_cpp_and_python_trainers(train_gpt, corpus, tmp_path):
+    """Catches: a C++ checkpoint that shardwise-train cannot load (pickle, manifest, piece names,
+    AdamW moments or step count, data position) or the reverse, and pieces that do not refill
+    shards at another world size: each resumed run must go on exactly as the run that saved."""
+    if "pip-" not in str(train_gpt):
+        pytest.skip("runs once, with pip's installation (the format does not depend on it)")
+    for module in ("omegaconf", "pydantic"):  # the CPU venv installs shardwise with --no-deps
+        pytest.importorskip(module, reason="shardwise-train's dependencies are not installed here")
+    flags = ["--data", str(corpus), *MODEL[:8], "--steps", "6", "--log-every", "1"]
+    flags += ["--threads", "1", "--save-every", "3"]
+    launch = [str(TORCHRUN), "--no-python", "--standalone", "--nproc_per_node=2"]
+    # C++ saves steps 3 and 6; without step 6, shardwise-train resumes from 3.
+    cpp_dir = tmp_path / "from-cpp"
+    checkpoints = cpp_dir / "checkpoints"
+    output = _run(
+        [
+            *launch,
+            str(train_gpt),
+            *flags,
+            "--micro-batch",
+            "4",
+            "--checkpoint-dir",
+            str(checkpoints),
+        ]
+    )
+    cpp = dict(enumerate(_losses(output), start=1))
+    assert sorted(p.name for p in checkpoints.iterdir()) == ["step-00000003", "step-00000006"]
+    shutil.rmtree(checkpoints / "step-00000006")
+    resumed = _python_trainer(cpp_dir, 6)
+    assert sorted(resumed) == [4, 5, 6], resumed
+    for step in (4, 5, 6):
+        assert resumed[step] == pytest.approx(cpp[step], abs=1e-5), (step, resumed, cpp)
+    # shardwise-train saves steps 3 and 6; one C++ process resumes from 3 (8 rows: the same
+    # global batch as 2 ranks of 4).
+    py_dir = tmp_path / "from-python"
+    python = _python_trainer(py_dir, 6)
+    shutil.rmtree(py_dir / "checkpoints" / "step-00000006")
+    output = _run(
+        [
+            str(train_gpt),
+            *flags,
+            "--micro-batch",
+            "8",
+            "--checkpoint-dir",
+            str(py_dir / "checkpoints"),
+        ]
+    )
+    assert "resumed from" in output and "(step 3, saved by 2 ranks)" in output, output
+    cpp = dict(zip((4, 5, 6), _losses(output), strict=True))
+    for step in (4, 5, 6):
+        assert cpp[step] == pytest.approx(python[step], abs=1e-5), (step, cpp, python)
+
+
 def test_bad_flags_are_named_before_anything_runs(train_gpt, corpus):
     """Catches: bad input that starts a run (or crashes) instead of naming the argument."""
     for flags, message in [
@@ -195,7 +265,13 @@ def test_bad_flags_are_named_before_anything_runs(train_gpt, corpus):
         (["--dtype", "fp8"], "--dtype fp8: use fp32 or bf16"),
         (["--bogus", "1"], "unknown flag --bogus"),
         (["--strategy", "pp"], "--strategy pp: use fsdp, zero1 or zero2"),
-        (["--pp", "2", "--strategy", "zero2"], "--strategy zero2 with --pp 2"),
+        (["--pp", "2", "--strategy", "zero2"], "--strategy zero2 with --pp or --tp"),
+        (["--tp", "5"], "--tp 5 must divide --dim (192)"),
+        (["--tp", "3"], "--tp 3 must divide the vocabulary size (256)"),
+        (["--tp", "2"], "--tp 2 must divide the world size 1"),
+        (["--tp", "2", "--pp", "2"], "--pp with --tp: not combined"),
+        (["--checkpoint-dir", "x", "--strategy", "zero2"], "for --strategy fsdp only so far"),
+        (["--warmup-steps", "20", "--steps", "10"], "--warmup-steps 20 exceeds --steps 10"),
         (["--pp", "2", "--microbatches", "3"], "must be a multiple of --microbatches 3"),
         (["--pp", "2"], "--pp 2 must divide the world size 1"),
         (["--schedule", "zb"], "--schedule zb: use 1f1b or gpipe"),

@@ -1,7 +1,8 @@
 // Trains the bundled GPT from C++ (no Python in the step) on a text file's bytes, with FSDP
 // (default) or ZeRO-1/2 (--strategy zero2), or as a pipeline (--pp 2: 1F1B over the ranks of each
 // pipeline, the pipelines data parallel; --micro-batch rows per pipeline, cut into
-// --microbatches):
+// --microbatches), or tensor parallel (--tp 2: Megatron's split of attention heads, MLP and
+// vocabulary over each group of --tp ranks, the groups data parallel):
 //
 //   torchrun --no-python --standalone --nproc_per_node=2 ./train_gpt --data corpus.txt
 //
@@ -13,7 +14,9 @@
 #include <sys/resource.h>
 #include <torch/torch.h>
 
+#include <algorithm>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <functional>
@@ -23,15 +26,19 @@
 #include <string>
 #include <vector>
 
+#include "checkpointing.h"
 #include "gpt.h"
 #include "gpt_pipeline.h"
+#include "gpt_tensor_parallel.h"
 
 namespace {
 
 struct Flags {
   std::string data;
   int64_t steps = 100, micro_batch = 8, seq_len = 128, dim = 192, layers = 4, heads = 6;
-  int64_t seed = 0, log_every = 10, threads = 0, pp = 1, microbatches = 4;
+  int64_t seed = 0, log_every = 10, threads = 0, pp = 1, microbatches = 4, tp = 1;
+  int64_t warmup_steps = 0, save_every = 50, keep_last = 3;
+  std::string checkpoint_dir;  // resumable checkpoints (shardwise-train's format); empty: none
   double lr = 1e-3, clip = 1.0;
   std::string dtype = "fp32";
   std::string strategy = "fsdp";
@@ -45,7 +52,8 @@ const char* kUsage =
     "                 [--layers N] [--heads N] [--lr X] [--clip X (0: off)] [--seed N]\n"
     "                 [--dtype fp32|bf16] [--strategy fsdp|zero1|zero2] [--log-every N]\n"
     "                 [--threads N] [--save MODEL.safetensors]\n"
-    "                 [--pp STAGES [--microbatches N] [--schedule 1f1b|gpipe]]\n";
+    "                 [--pp STAGES [--microbatches N] [--schedule 1f1b|gpipe]] [--tp N]\n"
+    "                 [--warmup-steps N] [--checkpoint-dir DIR [--save-every N] [--keep-last N]]\n";
 
 // `value` of `flag` as a number; an error naming both when it is not one.
 double number(const std::string& flag, const std::string& value, bool integer) {
@@ -74,7 +82,11 @@ Flags parse(int argc, char** argv) {
                                        {"--log-every", &f.log_every},
                                        {"--threads", &f.threads},
                                        {"--pp", &f.pp},
-                                       {"--microbatches", &f.microbatches}};
+                                       {"--microbatches", &f.microbatches},
+                                       {"--tp", &f.tp},
+                                       {"--warmup-steps", &f.warmup_steps},
+                                       {"--save-every", &f.save_every},
+                                       {"--keep-last", &f.keep_last}};
   std::map<std::string, double*> reals{{"--lr", &f.lr}, {"--clip", &f.clip}};
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
@@ -83,7 +95,7 @@ Flags parse(int argc, char** argv) {
       std::exit(0);
     }
     const bool text = flag == "--data" || flag == "--dtype" || flag == "--strategy" ||
-                      flag == "--save" || flag == "--schedule";
+                      flag == "--save" || flag == "--schedule" || flag == "--checkpoint-dir";
     if (!text && !ints.count(flag) && !reals.count(flag)) {
       throw std::invalid_argument("unknown flag " + flag + "\n" + kUsage);
     }
@@ -98,6 +110,8 @@ Flags parse(int argc, char** argv) {
       f.strategy_given = true;
     } else if (flag == "--schedule") {
       f.schedule = value;
+    } else if (flag == "--checkpoint-dir") {
+      f.checkpoint_dir = value;
     } else if (flag == "--save") {
       f.save = value;
     } else if (ints.count(flag)) {
@@ -108,7 +122,7 @@ Flags parse(int argc, char** argv) {
   }
   if (f.data.empty()) throw std::invalid_argument(std::string("--data is required\n") + kUsage);
   for (const auto& [flag, value] : ints) {
-    if (*value < (flag == "--seed" || flag == "--threads" ? 0 : 1)) {
+    if (*value < (flag == "--seed" || flag == "--threads" || flag == "--warmup-steps" ? 0 : 1)) {
       throw std::invalid_argument(flag + " must be positive");
     }
   }
@@ -122,17 +136,40 @@ Flags parse(int argc, char** argv) {
   if (f.strategy != "fsdp" && f.dtype != "fp32") {
     throw std::invalid_argument("--dtype " + f.dtype + " needs --strategy fsdp (ZeRO runs fp32)");
   }
+  if (!f.checkpoint_dir.empty() && (f.pp > 1 || f.tp > 1 || f.strategy != "fsdp")) {
+    throw std::invalid_argument(
+        "--checkpoint-dir: resumable checkpoints are written for "
+        "--strategy fsdp only so far; drop --pp, --tp or --strategy");
+  }
+  if (f.warmup_steps > f.steps) {
+    throw std::invalid_argument("--warmup-steps " + std::to_string(f.warmup_steps) +
+                                " exceeds --steps " + std::to_string(f.steps));
+  }
   if (f.schedule != "1f1b" && f.schedule != "gpipe") {
     throw std::invalid_argument("--schedule " + f.schedule + ": use 1f1b or gpipe");
   }
-  if (f.pp > 1) {
-    if (f.strategy_given) {
-      throw std::invalid_argument("--strategy " + f.strategy + " with --pp " +
-                                  std::to_string(f.pp) +
-                                  ": a pipeline replicates its stages over the data-parallel "
-                                  "ranks; leave --strategy out (it applies without --pp)");
+  if (f.pp > 1 && f.tp > 1) {
+    throw std::invalid_argument("--pp with --tp: not combined in this example; use one of them");
+  }
+  if ((f.pp > 1 || f.tp > 1) && f.strategy_given) {
+    throw std::invalid_argument("--strategy " + f.strategy +
+                                " with --pp or --tp: their groups "
+                                "are data parallel with replicated weights; leave --strategy out "
+                                "(it applies without --pp and --tp)");
+  }
+  if ((f.pp > 1 || f.tp > 1) && f.dtype != "fp32") {
+    throw std::invalid_argument("--pp and --tp run fp32; leave --dtype out");
+  }
+  if (f.tp > 1) {
+    for (const auto& [what, value] : std::map<std::string, int64_t>{
+             {"--heads", f.heads}, {"--dim", f.dim}, {"the vocabulary size", 256}}) {
+      if (value % f.tp != 0) {
+        throw std::invalid_argument("--tp " + std::to_string(f.tp) + " must divide " + what + " (" +
+                                    std::to_string(value) + ")");
+      }
     }
-    if (f.dtype != "fp32") throw std::invalid_argument("--pp runs fp32; leave --dtype out");
+  }
+  if (f.pp > 1) {
     if (f.micro_batch % f.microbatches != 0) {
       throw std::invalid_argument("--micro-batch " + std::to_string(f.micro_batch) +
                                   " must be a multiple of --microbatches " +
@@ -160,7 +197,27 @@ struct Strategy {
   std::function<torch::Tensor(const torch::Tensor& inputs, const torch::Tensor& targets)> step;
   std::function<torch::OrderedDict<std::string, torch::Tensor>()> full_state;
   int data_rank = 0, data_world = 1;
+  std::function<void(double)> set_lr;
+  CheckpointHooks checkpoint;  // empty: this strategy does not checkpoint yet
 };
+
+// Every parameter group's learning rate.
+std::function<void(double)> lr_setter(std::shared_ptr<torch::optim::Optimizer> optimizer) {
+  return [optimizer](double lr) {
+    for (auto& group : optimizer->param_groups()) group.options().set_lr(lr);
+  };
+}
+
+// shardwise-train's schedule: linear warm-up to the peak, then cosine decay to 10% of it at the
+// last step.
+double lr_at(int64_t step, const Flags& flags) {
+  if (flags.warmup_steps > 0 && step <= flags.warmup_steps) {
+    return flags.lr * static_cast<double>(step) / static_cast<double>(flags.warmup_steps);
+  }
+  const double span = static_cast<double>(std::max<int64_t>(1, flags.steps - flags.warmup_steps));
+  const double progress = std::min(1.0, static_cast<double>(step - flags.warmup_steps) / span);
+  return flags.lr * (0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * progress)));
+}
 
 // FSDP: every block its own unit, the embeddings and final norm the root; the fused AdamW steps
 // the fp32 shards.
@@ -175,15 +232,28 @@ Strategy fsdp(GPT model, const Flags& flags, const shardwise::distributed::World
       wrapper->parameters(),
       torch::optim::AdamWOptions(flags.lr).betas({0.9, 0.95}).weight_decay(0.1));
   const double clip = flags.clip;
-  return {[wrapper, optimizer, clip](const torch::Tensor& inputs, const torch::Tensor& targets) {
-            auto loss = gpt_loss(wrapper->forward(inputs), targets);
-            loss.backward();
-            if (clip > 0) wrapper->clip_grad_norm_(clip);
-            optimizer->step();
-            optimizer->zero_grad();
-            return loss.detach();
-          },
-          [wrapper] { return wrapper->full_state_dict(); }, world.rank(), world.size()};
+  Strategy out{
+      [wrapper, optimizer, clip](const torch::Tensor& inputs, const torch::Tensor& targets) {
+        auto loss = gpt_loss(wrapper->forward(inputs), targets);
+        loss.backward();
+        if (clip > 0) wrapper->clip_grad_norm_(clip);
+        optimizer->step();
+        optimizer->zero_grad();
+        return loss.detach();
+      },
+      [wrapper] { return wrapper->full_state_dict(); }, world.rank(), world.size(),
+      lr_setter(optimizer)};
+  out.checkpoint.slots = [wrapper, optimizer](bool create) {
+    return shardwise::optim::adamw_slots(wrapper->shard_slices(), wrapper->parameters(), *optimizer,
+                                         create);
+  };
+  out.checkpoint.optimizer_step = [optimizer] {
+    return shardwise::optim::adamw_step_count(*optimizer);
+  };
+  out.checkpoint.set_optimizer_step = [optimizer](int64_t step) {
+    shardwise::optim::set_adamw_step_count(*optimizer, step);
+  };
+  return out;
 }
 
 // ZeRO-1/2: the model whole on every rank (rank 0's weights), the optimizer state (and with
@@ -206,7 +276,8 @@ Strategy zero(GPT model, const Flags& flags, const shardwise::distributed::World
             optimizer->zero_grad();
             return loss.detach();
           },
-          [model] { return model->named_parameters(); }, world.rank(), world.size()};
+          [model] { return model->named_parameters(); }, world.rank(), world.size(),
+          lr_setter(optimizer)};
 }
 
 // A pipeline of --pp stages (split_by_parameters over gpt_blocks), one per rank of each
@@ -277,7 +348,60 @@ Strategy pipelined(GPT model, const Flags& flags, const shardwise::distributed::
     }
     return full;
   };
-  return {step, full_state, mesh->coordinate("dp"), dp};
+  return {step, full_state, mesh->coordinate("dp"), dp, lr_setter(optimizer)};
+}
+
+// Tensor parallelism over groups of --tp consecutive ranks, the world / --tp groups data
+// parallel (gradients averaged over them); clipping takes the whole model's norm (split
+// gradients summed over the tp group, replicated ones counted once).
+Strategy tensor_parallel(GPT model,
+                         const Flags& flags,
+                         const shardwise::distributed::World& world) {
+  const int tp = static_cast<int>(flags.tp);
+  if (world.size() % tp != 0) {
+    throw std::invalid_argument("--tp " + std::to_string(tp) + " must divide the world size " +
+                                std::to_string(world.size()));
+  }
+  const int dp = world.size() / tp;
+  shardwise::distributed::broadcast_module(*model, *world.group);
+  auto mesh = std::make_shared<shardwise::distributed::DeviceMesh>(
+      world, std::vector<int>{dp, tp}, std::vector<std::string>{"dp", "tp"});
+  auto tp_group = mesh->group({"tp"});
+  auto dp_group = dp > 1 ? mesh->group({"dp"}) : nullptr;
+  auto sharded = std::make_shared<TensorParallelGPT>(model, tp_group);
+  auto optimizer = std::make_shared<shardwise::optim::FusedAdamW>(
+      sharded->parameters(),
+      torch::optim::AdamWOptions(flags.lr).betas({0.9, 0.95}).weight_decay(0.1));
+  const double clip = flags.clip;
+  auto step = [sharded, optimizer, clip, tp_group, dp_group](const torch::Tensor& inputs,
+                                                             const torch::Tensor& targets) {
+    auto loss = sharded->loss(sharded->forward(inputs), targets);
+    loss.backward();
+    if (dp_group) shardwise::distributed::average_gradients(sharded->parameters(), *dp_group);
+    if (clip > 0) {
+      const auto [split, replicated] = sharded->split_and_replicated_grads();
+      shardwise::tensor_parallel::ClipOptions options;
+      options.max_norm = clip;
+      options.tp_group = tp_group;
+      shardwise::tensor_parallel::clip_grad_norm_(split, replicated, options);
+    }
+    optimizer->step();
+    optimizer->zero_grad();
+    return loss.detach();
+  };
+  return {step, [sharded] { return sharded->full_state(); }, mesh->coordinate("dp"), dp,
+          lr_setter(optimizer)};
+}
+
+// The run's settings, recorded in each checkpoint's manifest.
+std::string config_text(const Flags& f) {
+  return "# train_gpt\nmodel: {dim: " + std::to_string(f.dim) +
+         ", layers: " + std::to_string(f.layers) + ", heads: " + std::to_string(f.heads) +
+         ", seq_len: " + std::to_string(f.seq_len) +
+         "}\ntraining: {micro_batch_size: " + std::to_string(f.micro_batch) +
+         ", max_steps: " + std::to_string(f.steps) + ", learning_rate: " + std::to_string(f.lr) +
+         ", warmup_steps: " + std::to_string(f.warmup_steps) + ", seed: " + std::to_string(f.seed) +
+         "}\n";
 }
 
 double peak_rss_mib() {
@@ -330,6 +454,7 @@ int run(const Flags& flags) {
   cfg.heads = flags.heads;
   GPT model(cfg);
   Strategy strategy = flags.pp > 1               ? pipelined(model, flags, world)
+                      : flags.tp > 1             ? tensor_parallel(model, flags, world)
                       : flags.strategy == "fsdp" ? fsdp(model, flags, world)
                                                  : zero(model, flags, world);
 
@@ -347,9 +472,14 @@ int run(const Flags& flags) {
       static_cast<double>(flags.micro_batch * flags.seq_len) * strategy.data_world;
   std::vector<double> step_seconds;
   auto interval_start = std::chrono::steady_clock::now();
-  for (int64_t step = 1; step <= flags.steps; ++step) {
+  int64_t first_step = 1;
+  if (!flags.checkpoint_dir.empty()) {
+    first_step += resume_from(flags.checkpoint_dir, strategy.checkpoint, stream, world);
+  }
+  for (int64_t step = first_step; step <= flags.steps; ++step) {
     const auto step_start = std::chrono::steady_clock::now();
     auto [inputs, targets] = stream.next();
+    strategy.set_lr(lr_at(step, flags));
     const torch::Tensor loss = strategy.step(inputs, targets);
     const auto now = std::chrono::steady_clock::now();
     step_seconds.push_back(std::chrono::duration<double>(now - step_start).count());
@@ -364,6 +494,10 @@ int run(const Flags& flags) {
         std::fflush(stdout);
       }
       interval_start = std::chrono::steady_clock::now();
+    }
+    if (!flags.checkpoint_dir.empty() && (step % flags.save_every == 0 || step == flags.steps)) {
+      save_to(flags.checkpoint_dir, step, static_cast<int>(flags.keep_last), config_text(flags),
+              strategy.checkpoint, stream, world);
     }
   }
   if (!flags.save.empty()) {

@@ -258,12 +258,28 @@ def read_manifest(step_dir: str | Path) -> dict:
     return json.loads((Path(step_dir) / MANIFEST).read_text("utf-8"))
 
 
+def _libtorch_type_tags() -> list:
+    """The functions LibTorch's pickler (``torch::pickle_save``, the C++ trainer's rank files)
+    names to tag containers with their static type; each returns its argument unchanged."""
+    from torch.jit import _pickle
+
+    return [
+        _pickle.restore_type_tag,
+        _pickle.build_intlist,
+        _pickle.build_doublelist,
+        _pickle.build_boollist,
+        _pickle.build_tensorlist,
+    ]
+
+
 def load(path: str | Path, rank: int, map_location="cpu"):
     """This rank's payload from checkpoint directory ``path``, via
-    ``torch.load(weights_only=True)``."""
-    return torch.load(
-        Path(path) / rank_file_name(rank), map_location=map_location, weights_only=True
-    )
+    ``torch.load(weights_only=True)``; files written by LibTorch (the C++ trainer) load too: their
+    type tags, identity functions, are the only globals added."""
+    with torch.serialization.safe_globals(_libtorch_type_tags()):
+        return torch.load(
+            Path(path) / rank_file_name(rank), map_location=map_location, weights_only=True
+        )
 
 
 def _unshared(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

@@ -1,0 +1,120 @@
+#include "checkpoint/training_checkpoint.h"
+
+#include <ATen/ATen.h>
+#include <c10/util/Exception.h>
+#include <torch/serialize.h>
+
+#include <filesystem>
+#include <fstream>
+#include <iterator>
+
+#include "checkpoint/atomic_file.h"
+
+namespace shardwise::checkpoint {
+namespace fs = std::filesystem;
+namespace {
+
+c10::impl::GenericDict string_dict() {
+  return c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
+}
+
+const c10::IValue& member(const c10::impl::GenericDict& dict,
+                          const std::string& key,
+                          const std::string& where) {
+  auto it = dict.find(key);
+  TORCH_CHECK_VALUE(it != dict.end(), where, ": no \"", key, "\" in the checkpoint payload");
+  return it->value();
+}
+
+}  // namespace
+
+c10::IValue to_payload(const TrainingState& state) {
+  auto data = string_dict();
+  data.insert("epoch", state.data_epoch);
+  data.insert("index", state.data_index);
+  c10::impl::GenericList pieces(c10::AnyType::get());
+  for (const auto& piece : state.pieces) {
+    auto entry = string_dict();
+    entry.insert("name", piece.name);
+    entry.insert("start", piece.start);
+    entry.insert("values", piece.values.detach().contiguous());
+    pieces.push_back(entry);
+  }
+  auto payload = string_dict();
+  payload.insert("step", state.step);
+  payload.insert("optimizer_step", state.optimizer_step);
+  payload.insert("rng", state.rng.defined() ? state.rng : at::Tensor());
+  payload.insert("data", data);
+  payload.insert("pieces", pieces);
+  payload.insert("scaler", c10::IValue());
+  return payload;
+}
+
+TrainingState from_payload(const c10::IValue& payload, const std::string& where) {
+  TORCH_CHECK_VALUE(payload.isGenericDict(), where, ": not a training checkpoint payload");
+  const auto dict = payload.toGenericDict();
+  TORCH_CHECK_VALUE(dict.find("zero") == dict.end(), where,
+                    ": a ZeRO checkpoint (the ZeRO engine's own pieces); resume it with strategy "
+                    "zero");
+  TrainingState state;
+  state.step = member(dict, "step", where).toInt();
+  state.optimizer_step = member(dict, "optimizer_step", where).toInt();
+  const auto& rng = member(dict, "rng", where);
+  if (rng.isTensor()) state.rng = rng.toTensor();
+  const auto data = member(dict, "data", where).toGenericDict();
+  state.data_epoch = member(data, "epoch", where + " data").toInt();
+  state.data_index = member(data, "index", where + " data").toInt();
+  for (const auto& item : member(dict, "pieces", where).toList()) {
+    const auto piece = item.get().toGenericDict();
+    state.pieces.push_back({member(piece, "name", where + " piece").toStringRef(),
+                            member(piece, "start", where + " piece").toInt(),
+                            member(piece, "values", where + " piece").toTensor()});
+  }
+  return state;
+}
+
+std::string save_training_checkpoint(const TrainingState& state, const SaveOptions& options) {
+  TORCH_CHECK_VALUE(options.rank >= 0 && options.rank < options.world_size, "checkpoint: rank ",
+                    options.rank, " outside [0, ", options.world_size, ")");
+  TORCH_CHECK_VALUE(options.keep_last >= 1, "checkpoint: keep_last ", options.keep_last,
+                    " must be at least 1");
+  TORCH_CHECK_VALUE(options.world_size == 1 || options.barrier,
+                    "checkpoint: a barrier is needed with ", options.world_size, " ranks");
+  const fs::path step_dir = fs::path(options.directory) / step_dir_name(state.step);
+  fs::create_directories(step_dir);
+  if (options.rank == 0) {  // re-saving a step (after resuming from an earlier one)
+    std::error_code error;
+    fs::remove(step_dir / kManifest, error);
+  }
+  const std::vector<char> bytes = torch::pickle_save(to_payload(state));
+  atomic_write((step_dir / rank_file_name(options.rank)).string(), {{bytes.data(), bytes.size()}},
+               "checkpoint");
+  if (options.barrier) options.barrier();
+  if (options.rank == 0) {
+    write_manifest(step_dir.string(), state.step, options.world_size, options.config_yaml);
+    prune(options.directory, options.keep_last, state.step);
+  }
+  if (options.barrier) options.barrier();
+  return step_dir.string();
+}
+
+std::optional<LoadedCheckpoint> load_latest_training_checkpoint(const std::string& directory) {
+  std::vector<std::string> skipped;
+  auto found = latest(directory, &skipped);
+  if (!found) return std::nullopt;
+  LoadedCheckpoint out;
+  out.path = found->path;
+  out.manifest = found->manifest;
+  out.skipped = skipped;
+  for (int r = 0; r < found->manifest.world_size; ++r) {
+    const std::string file = (fs::path(found->path) / rank_file_name(r)).string();
+    std::ifstream in(file, std::ios::binary);
+    TORCH_CHECK(in, file, ": cannot be read");
+    const std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
+                                  std::istreambuf_iterator<char>());
+    out.ranks.push_back(from_payload(torch::pickle_load(bytes), file));
+  }
+  return out;
+}
+
+}  // namespace shardwise::checkpoint

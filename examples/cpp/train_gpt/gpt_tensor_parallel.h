@@ -1,0 +1,137 @@
+// The GPT of gpt.h split over a tensor-parallel group (Megatron's layout, from
+// shardwise/tensor_parallel): the token embedding and the tied head split on the vocabulary
+// (vocab_parallel_embedding; the head a column-parallel linear whose logits stay split, scored
+// by vocab_parallel_cross_entropy), attention split by heads (parallel_self_attention), the MLP's
+// up projection column-parallel and its down projection row-parallel. Norms, the position
+// embedding and the row-parallel biases are replicated; their gradients are equal on every tp
+// rank. The shards are cut from the full model (shard_tensor), so every tp size starts from the
+// same weights; full_state() gathers them back under the full model's names.
+#pragma once
+
+#include <shardwise/shardwise.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <optional>
+#include <string>
+#include <vector>
+
+#include "gpt.h"
+
+class TensorParallelGPT {
+ public:
+  TensorParallelGPT(GPT full, c10::intrusive_ptr<c10d::ProcessGroup> tp)
+      : cfg_(full->config()), tp_(std::move(tp)) {
+    const int rank = tp_->getRank(), size = tp_->getSize();
+    options_.group = tp_;
+    vocab_start_ = rank * (cfg_.vocab_size / size);
+    for (const auto& item : full->named_parameters()) {
+      const auto spec = split_of(item.key());
+      torch::Tensor value = item.value().detach();
+      if (spec) {
+        shardwise::tensor_parallel::ShardSpec s{spec->first, spec->second, rank,
+                                                size,        item.key(),   "weight"};
+        value = shardwise::tensor_parallel::shard_tensor(value, s);
+      } else {
+        value = value.clone();
+      }
+      params_[item.key()] = value.requires_grad_(true);
+      order_.push_back(item.key());
+    }
+  }
+
+  // Logits [batch, seq, vocab / tp]: this rank's slice of the vocabulary.
+  torch::Tensor forward(const torch::Tensor& tokens) {
+    namespace tp = shardwise::tensor_parallel;
+    auto positions = torch::arange(tokens.size(1), tokens.options().dtype(torch::kLong));
+    auto x = tp::vocab_parallel_embedding(tokens, p("embed.weight"), vocab_start_, options_) +
+             torch::embedding(p("pos.weight"), positions);
+    for (int64_t i = 0; i < cfg_.layers; ++i) {
+      const std::string b = "blocks." + std::to_string(i) + ".";
+      tp::AttentionWeights attention{p(b + "qkv.weight"), p(b + "qkv.bias"), p(b + "proj.weight"),
+                                     p(b + "proj.bias")};
+      x = x + tp::parallel_self_attention(norm(x, b + "norm1"), attention,
+                                          cfg_.heads / tp_->getSize(), /*causal=*/true, options_);
+      auto up = tp::column_parallel_linear(norm(x, b + "norm2"), p(b + "up.weight"),
+                                           p(b + "up.bias"), options_);
+      x = x + tp::row_parallel_linear(torch::gelu(up), p(b + "down.weight"), p(b + "down.bias"),
+                                      options_);
+    }
+    return tp::column_parallel_linear(norm(x, "norm"), p("embed.weight"), std::nullopt, options_);
+  }
+
+  // The mean cross-entropy of the vocabulary-split logits (never gathered).
+  torch::Tensor loss(const torch::Tensor& logits, const torch::Tensor& targets) const {
+    shardwise::tensor_parallel::CrossEntropyOptions o;
+    o.group = tp_;
+    o.vocab_start = vocab_start_;
+    return shardwise::tensor_parallel::vocab_parallel_cross_entropy(logits, targets, o);
+  }
+
+  std::vector<torch::Tensor> parameters() const {
+    std::vector<torch::Tensor> out;
+    for (const auto& name : order_) out.push_back(params_.at(name));
+    return out;
+  }
+
+  // Gradients of the split parameters, then of the replicated ones (for clipping).
+  std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>> split_and_replicated_grads()
+      const {
+    std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>> out;
+    for (const auto& name : order_) {
+      const auto& g = params_.at(name).grad();
+      if (g.defined()) (split_of(name) ? out.first : out.second).push_back(g);
+    }
+    return out;
+  }
+
+  // The full model's parameters by name (collective over the tp group).
+  torch::OrderedDict<std::string, torch::Tensor> full_state() const {
+    torch::NoGradGuard no_grad;
+    torch::OrderedDict<std::string, torch::Tensor> out;
+    const int size = tp_->getSize();
+    for (const auto& name : order_) {
+      const auto spec = split_of(name);
+      torch::Tensor value = params_.at(name).detach();
+      if (spec) {
+        const auto [dim, chunks] = *spec;
+        auto gathered = shardwise::tensor_parallel::all_gather_dim(value, dim, tp_);
+        auto parts = gathered.chunk(size * chunks, dim);  // rank-major: r0's chunks, r1's, ...
+        std::vector<torch::Tensor> ordered;
+        for (int64_t c = 0; c < chunks; ++c) {
+          for (int r = 0; r < size; ++r) ordered.push_back(parts[r * chunks + c]);
+        }
+        value = torch::cat(ordered, dim);
+      }
+      out.insert(name, value.clone());
+    }
+    return out;
+  }
+
+ private:
+  // (dim, fused chunks) of a split parameter; nullopt for a replicated one.
+  static std::optional<std::pair<int64_t, int64_t>> split_of(const std::string& name) {
+    auto ends = [&](const std::string& suffix) {
+      return name.size() >= suffix.size() &&
+             name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
+    };
+    if (name == "embed.weight") return std::make_pair(int64_t{0}, int64_t{1});
+    if (ends("qkv.weight") || ends("qkv.bias")) return std::make_pair(int64_t{0}, int64_t{3});
+    if (ends("up.weight") || ends("up.bias")) return std::make_pair(int64_t{0}, int64_t{1});
+    if (ends("proj.weight") || ends("down.weight")) return std::make_pair(int64_t{1}, int64_t{1});
+    return std::nullopt;
+  }
+
+  const torch::Tensor& p(const std::string& name) const { return params_.at(name); }
+
+  torch::Tensor norm(const torch::Tensor& x, const std::string& prefix) const {
+    return torch::layer_norm(x, {cfg_.dim}, p(prefix + ".weight"), p(prefix + ".bias"));
+  }
+
+  GPTConfig cfg_;
+  c10::intrusive_ptr<c10d::ProcessGroup> tp_;
+  shardwise::tensor_parallel::ParallelOptions options_;
+  int64_t vocab_start_ = 0;
+  std::map<std::string, torch::Tensor> params_;
+  std::vector<std::string> order_;  // the full model's parameter order
+};

@@ -1,0 +1,153 @@
+// The torch-free parts of shardwise-train's checkpoint format: SHA-256 against FIPS 180-4's
+// examples, the JSON reader on what Python's json module writes, the manifest round trip, and
+// the folder rules (a torn or corrupt newer checkpoint is skipped with its reason, pruning keeps
+// the newest complete ones). tests/python/test_checkpoint_cpp.py checks the same files against
+// Python's own reader.
+#include <gtest/gtest.h>
+
+#include <filesystem>
+#include <fstream>
+#include <stdexcept>
+#include <string>
+
+#include "checkpoint/atomic_file.h"
+#include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/sha256.h"
+#include "common/json.h"
+
+namespace shardwise::checkpoint {
+namespace {
+namespace fs = std::filesystem;
+
+std::string hash(const std::string& text) {
+  Sha256 h;
+  h.update(text.data(), text.size());
+  return h.hex();
+}
+
+TEST(Sha256, MatchesTheStandardsExamples) {
+  EXPECT_EQ(hash(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(hash("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(hash("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  // A million 'a's fed in uneven pieces: the buffering across updates.
+  Sha256 h;
+  const std::string piece(997, 'a');
+  int64_t left = 1000000;
+  while (left > 0) {
+    const auto n = static_cast<size_t>(std::min<int64_t>(left, piece.size()));
+    h.update(piece.data(), n);
+    left -= static_cast<int64_t>(n);
+  }
+  EXPECT_EQ(h.hex(), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+TEST(Json, ReadsWhatPythonWrites) {
+  const auto v = json::parse(
+      R"({"a": [1, -2.5e3, true, false, null], "s": "x\"\\\n\u00e9\ud83d\ude00", "n": {}})");
+  EXPECT_EQ(v.at("a").array.size(), 5u);
+  EXPECT_EQ(v.at("a").array[0].as_integer(), 1);
+  EXPECT_DOUBLE_EQ(v.at("a").array[1].number, -2500.0);
+  EXPECT_FALSE(v.at("a").array[1].is_integer);
+  EXPECT_TRUE(v.at("a").array[2].boolean);
+  EXPECT_EQ(v.at("a").array[3].kind, json::Value::Kind::kBool);
+  EXPECT_FALSE(v.at("a").array[3].boolean);
+  EXPECT_EQ(v.at("a").array[4].kind, json::Value::Kind::kNull);
+  EXPECT_EQ(v.at("s").as_string(), "x\"\\\n\xc3\xa9\xf0\x9f\x98\x80");
+  EXPECT_TRUE(v.at("n").object.empty());
+  EXPECT_EQ(json::parse(json::quote("a\"b\\c\n\x01")).as_string(), "a\"b\\c\n\x01");
+}
+
+TEST(Json, MalformedTextIsAnErrorNamingTheByte) {
+  for (const char* bad : {"{", "[1,]", "{\"a\" 1}", "\"\\ud800\"", "tru", "1 2", "\"\x01\""}) {
+    EXPECT_THROW(json::parse(bad), std::invalid_argument) << bad;
+  }
+  try {
+    json::parse("[1, x]");
+    FAIL();
+  } catch (const std::invalid_argument& e) {
+    EXPECT_NE(std::string(e.what()).find("at byte 4"), std::string::npos) << e.what();
+  }
+  EXPECT_THROW(json::parse("{}").at("missing", "manifest"), std::invalid_argument);
+}
+
+class CheckpointDir : public ::testing::Test {
+ protected:
+  void SetUp() override {
+    root_ = fs::temp_directory_path() /
+            ("shardwise-ckpt-" + std::to_string(::testing::UnitTest::GetInstance()->random_seed()) +
+             "-" + ::testing::UnitTest::GetInstance()->current_test_info()->name());
+    fs::remove_all(root_);
+    fs::create_directories(root_);
+  }
+  void TearDown() override { fs::remove_all(root_); }
+
+  // A complete checkpoint of `world` ranks at `step` (rank files hold `text`).
+  std::string save(int64_t step, int world, const std::string& text = "payload") {
+    const fs::path dir = root_ / step_dir_name(step);
+    fs::create_directories(dir);
+    for (int r = 0; r < world; ++r) {
+      atomic_write((dir / rank_file_name(r)).string(), text + std::to_string(r), "test");
+    }
+    write_manifest(dir.string(), step, world, "model:\n  dim: 64\n");
+    return dir.string();
+  }
+
+  fs::path root_;
+};
+
+TEST_F(CheckpointDir, TheManifestRoundTripsAndRecordsEveryRankFile) {
+  EXPECT_EQ(step_dir_name(100), "step-00000100");
+  EXPECT_EQ(rank_file_name(3), "rank-00003.pt");
+  const std::string dir = save(5, 2);
+  std::ifstream in(fs::path(dir) / kManifest);
+  const std::string text((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const Manifest m = parse_manifest(text, "manifest");
+  EXPECT_EQ(m.step, 5);
+  EXPECT_EQ(m.world_size, 2);
+  EXPECT_EQ(m.config_yaml, "model:\n  dim: 64\n");
+  ASSERT_EQ(m.files.size(), 2u);
+  EXPECT_EQ(m.files.at("rank-00001.pt").size, 8);
+  EXPECT_EQ(m.files.at("rank-00001.pt").sha256, hash("payload1"));
+  EXPECT_EQ(manifest_json(m), text);
+  EXPECT_EQ(verify(dir), "");
+}
+
+TEST_F(CheckpointDir, LatestSkipsTornAndCorruptCheckpointsWithTheirReasons) {
+  save(1, 2);
+  const std::string corrupt = save(2, 2);
+  const std::string torn = save(3, 2);
+  // Corrupt at the same size, then a crash before the manifest.
+  std::ofstream(fs::path(corrupt) / "rank-00001.pt") << "payloaX1";
+  fs::remove(fs::path(torn) / kManifest);
+  std::vector<std::string> skipped;
+  const auto found = latest(root_.string(), &skipped);
+  ASSERT_TRUE(found.has_value());
+  EXPECT_EQ(found->manifest.step, 1);
+  ASSERT_EQ(skipped.size(), 2u);
+  EXPECT_NE(skipped[0].find("incomplete checkpoint"), std::string::npos) << skipped[0];
+  EXPECT_NE(skipped[1].find("SHA-256 mismatch"), std::string::npos) << skipped[1];
+  {
+    std::ofstream(fs::path(found->path) / "rank-00000.pt") << "pay";
+  }
+  EXPECT_NE(verify(found->path).find("truncated"), std::string::npos);
+  EXPECT_FALSE(latest(root_.string()).has_value());
+  EXPECT_THROW(write_manifest((root_ / "step-00000009").string(), 9, 1, ""), std::runtime_error);
+}
+
+TEST_F(CheckpointDir, PruneKeepsTheNewestCompleteOnesAndNothingNewerIsTouched) {
+  for (int step : {1, 2, 3, 4}) save(step, 1);
+  fs::create_directories(root_ / step_dir_name(5));  // newer than the one just saved: untouched
+  fs::remove(root_ / step_dir_name(3) / kManifest);  // incomplete: removed, not counted
+  const auto deleted = prune(root_.string(), 2, 4);
+  EXPECT_EQ(deleted.size(), 2u);  // step 3 (incomplete) and step 1
+  EXPECT_TRUE(fs::exists(root_ / step_dir_name(2)));
+  EXPECT_TRUE(fs::exists(root_ / step_dir_name(4)));
+  EXPECT_TRUE(fs::exists(root_ / step_dir_name(5)));
+  EXPECT_FALSE(fs::exists(root_ / step_dir_name(1)));
+  EXPECT_FALSE(fs::exists(root_ / step_dir_name(3)));
+  EXPECT_THROW(prune(root_.string(), 0, 4), std::invalid_argument);
+}
+
+}  // namespace
+}  // namespace shardwise::checkpoint
