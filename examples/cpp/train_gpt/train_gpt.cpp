@@ -219,6 +219,26 @@ double lr_at(int64_t step, const Flags& flags) {
   return flags.lr * (0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * progress)));
 }
 
+// The (dp, inner) mesh of `inner` consecutive ranks (the pipeline or tensor-parallel groups) and
+// the world / inner data-parallel groups across them; every replica starts from rank 0's weights.
+std::shared_ptr<shardwise::distributed::DeviceMesh> data_parallel_mesh(
+    GPT model, int inner, const std::string& axis, const shardwise::distributed::World& world) {
+  if (world.size() % inner != 0) {
+    throw std::invalid_argument("--" + axis + " " + std::to_string(inner) +
+                                " must divide the world size " + std::to_string(world.size()));
+  }
+  shardwise::distributed::broadcast_module(*model, *world.group);
+  return std::make_shared<shardwise::distributed::DeviceMesh>(
+      world, std::vector<int>{world.size() / inner, inner}, std::vector<std::string>{"dp", axis});
+}
+
+// The fused AdamW every strategy but ZeRO uses (shardwise-train's betas and weight decay).
+std::shared_ptr<shardwise::optim::FusedAdamW> fused_adamw(std::vector<torch::Tensor> params,
+                                                          const Flags& flags) {
+  return std::make_shared<shardwise::optim::FusedAdamW>(
+      std::move(params), torch::optim::AdamWOptions(flags.lr).betas({0.9, 0.95}).weight_decay(0.1));
+}
+
 // FSDP: every block its own unit, the embeddings and final norm the root; the fused AdamW steps
 // the fp32 shards.
 Strategy fsdp(GPT model, const Flags& flags, const shardwise::distributed::World& world) {
@@ -228,9 +248,7 @@ Strategy fsdp(GPT model, const Flags& flags, const shardwise::distributed::World
   options.reduce_dtype = at::kFloat;
   auto wrapper = std::make_shared<shardwise::fsdp::FullyShardedDataParallel<GPT>>(
       model, options, std::vector<torch::nn::Sequential*>{&model->blocks});
-  auto optimizer = std::make_shared<shardwise::optim::FusedAdamW>(
-      wrapper->parameters(),
-      torch::optim::AdamWOptions(flags.lr).betas({0.9, 0.95}).weight_decay(0.1));
+  auto optimizer = fused_adamw(wrapper->parameters(), flags);
   const double clip = flags.clip;
   Strategy out{
       [wrapper, optimizer, clip](const torch::Tensor& inputs, const torch::Tensor& targets) {
@@ -286,14 +304,8 @@ Strategy zero(GPT model, const Flags& flags, const shardwise::distributed::World
 // last are tied. The fused AdamW steps this rank's stage; clipping uses the pipeline's norm.
 Strategy pipelined(GPT model, const Flags& flags, const shardwise::distributed::World& world) {
   const int pp = static_cast<int>(flags.pp);
-  if (world.size() % pp != 0) {
-    throw std::invalid_argument("--pp " + std::to_string(pp) + " must divide the world size " +
-                                std::to_string(world.size()));
-  }
-  const int dp = world.size() / pp;
-  shardwise::distributed::broadcast_module(*model, *world.group);
-  auto mesh = std::make_shared<shardwise::distributed::DeviceMesh>(
-      world, std::vector<int>{dp, pp}, std::vector<std::string>{"dp", "pp"});
+  auto mesh = data_parallel_mesh(model, pp, "pp", world);
+  const int dp = mesh->size("dp");
   const int stage = mesh->coordinate("pp");
   const torch::Tensor head = model->embed->weight.detach().clone().requires_grad_(true);
   const std::vector<GPTBlock> blocks = gpt_blocks(model, head);
@@ -318,9 +330,7 @@ Strategy pipelined(GPT model, const Flags& flags, const shardwise::distributed::
   auto pipeline = std::make_shared<shardwise::pipeline::Pipeline>(
       std::vector<shardwise::pipeline::PipelineStage>{gpt_stage(blocks, groups[stage], stage)},
       options);
-  auto optimizer = std::make_shared<shardwise::optim::FusedAdamW>(
-      pipeline->parameters(),
-      torch::optim::AdamWOptions(flags.lr).betas({0.9, 0.95}).weight_decay(0.1));
+  auto optimizer = fused_adamw(pipeline->parameters(), flags);
   const double clip = flags.clip;
   auto step = [pipeline, optimizer, clip, stage, pp](const torch::Tensor& inputs,
                                                      const torch::Tensor& targets) {
@@ -357,21 +367,12 @@ Strategy pipelined(GPT model, const Flags& flags, const shardwise::distributed::
 Strategy tensor_parallel(GPT model,
                          const Flags& flags,
                          const shardwise::distributed::World& world) {
-  const int tp = static_cast<int>(flags.tp);
-  if (world.size() % tp != 0) {
-    throw std::invalid_argument("--tp " + std::to_string(tp) + " must divide the world size " +
-                                std::to_string(world.size()));
-  }
-  const int dp = world.size() / tp;
-  shardwise::distributed::broadcast_module(*model, *world.group);
-  auto mesh = std::make_shared<shardwise::distributed::DeviceMesh>(
-      world, std::vector<int>{dp, tp}, std::vector<std::string>{"dp", "tp"});
+  auto mesh = data_parallel_mesh(model, static_cast<int>(flags.tp), "tp", world);
+  const int dp = mesh->size("dp");
   auto tp_group = mesh->group({"tp"});
   auto dp_group = dp > 1 ? mesh->group({"dp"}) : nullptr;
   auto sharded = std::make_shared<TensorParallelGPT>(model, tp_group);
-  auto optimizer = std::make_shared<shardwise::optim::FusedAdamW>(
-      sharded->parameters(),
-      torch::optim::AdamWOptions(flags.lr).betas({0.9, 0.95}).weight_decay(0.1));
+  auto optimizer = fused_adamw(sharded->parameters(), flags);
   const double clip = flags.clip;
   auto step = [sharded, optimizer, clip, tp_group, dp_group](const torch::Tensor& inputs,
                                                              const torch::Tensor& targets) {
