@@ -26,6 +26,48 @@ const c10::IValue& member(const c10::impl::GenericDict& dict,
   return it->value();
 }
 
+c10::IValue zero_payload(const ZeroCheckpoint& zero) {
+  c10::impl::GenericList pieces(c10::AnyType::get());
+  for (const auto& piece : zero.pieces) {
+    auto tensors = string_dict();
+    for (const auto& [name, t] : piece.tensors) tensors.insert(name, t.detach().contiguous());
+    auto entry = string_dict();
+    entry.insert("param", piece.info.param);
+    entry.insert("start", piece.info.start);
+    entry.insert("numel", piece.info.numel);
+    entry.insert("full_numel", piece.info.full_numel);
+    entry.insert("tensors", tensors);
+    pieces.push_back(entry);
+  }
+  auto out = string_dict();
+  out.insert("pieces", pieces);
+  out.insert("step", zero.step);
+  out.insert("scaler", c10::IValue());
+  out.insert("micro_steps", zero.micro_steps);
+  return out;
+}
+
+ZeroCheckpoint zero_from_payload(const c10::impl::GenericDict& dict, const std::string& where) {
+  const auto& scaler = member(dict, "scaler", where);
+  TORCH_CHECK_VALUE(scaler.isNone(), where,
+                    ": a ZeRO checkpoint with fp16 loss scaling; this "
+                    "trainer runs fp32");
+  ZeroCheckpoint zero;
+  zero.step = member(dict, "step", where).toInt();
+  zero.micro_steps = member(dict, "micro_steps", where).toInt();
+  for (const auto& item : member(dict, "pieces", where).toList()) {
+    const auto piece = item.get().toGenericDict();
+    zero::StatePiece out;
+    out.info = {member(piece, "param", where).toInt(), member(piece, "start", where).toInt(),
+                member(piece, "numel", where).toInt(), member(piece, "full_numel", where).toInt()};
+    for (const auto& entry : member(piece, "tensors", where).toGenericDict()) {
+      out.tensors[entry.key().toStringRef()] = entry.value().toTensor();
+    }
+    zero.pieces.push_back(std::move(out));
+  }
+  return zero;
+}
+
 }  // namespace
 
 c10::IValue to_payload(const TrainingState& state) {
@@ -43,19 +85,20 @@ c10::IValue to_payload(const TrainingState& state) {
   auto payload = string_dict();
   payload.insert("step", state.step);
   payload.insert("optimizer_step", state.optimizer_step);
-  payload.insert("rng", state.rng.defined() ? state.rng : at::Tensor());
+  payload.insert("rng", state.rng.defined() ? c10::IValue(state.rng) : c10::IValue());
   payload.insert("data", data);
-  payload.insert("pieces", pieces);
-  payload.insert("scaler", c10::IValue());
+  if (state.zero) {
+    payload.insert("zero", zero_payload(*state.zero));
+  } else {
+    payload.insert("pieces", pieces);
+    payload.insert("scaler", c10::IValue());
+  }
   return payload;
 }
 
 TrainingState from_payload(const c10::IValue& payload, const std::string& where) {
   TORCH_CHECK_VALUE(payload.isGenericDict(), where, ": not a training checkpoint payload");
   const auto dict = payload.toGenericDict();
-  TORCH_CHECK_VALUE(dict.find("zero") == dict.end(), where,
-                    ": a ZeRO checkpoint (the ZeRO engine's own pieces); resume it with strategy "
-                    "zero");
   TrainingState state;
   state.step = member(dict, "step", where).toInt();
   state.optimizer_step = member(dict, "optimizer_step", where).toInt();
@@ -64,6 +107,10 @@ TrainingState from_payload(const c10::IValue& payload, const std::string& where)
   const auto data = member(dict, "data", where).toGenericDict();
   state.data_epoch = member(data, "epoch", where + " data").toInt();
   state.data_index = member(data, "index", where + " data").toInt();
+  if (dict.find("zero") != dict.end()) {
+    state.zero = zero_from_payload(member(dict, "zero", where).toGenericDict(), where + " zero");
+    return state;
+  }
   for (const auto& item : member(dict, "pieces", where).toList()) {
     const auto piece = item.get().toGenericDict();
     state.pieces.push_back({member(piece, "name", where + " piece").toStringRef(),

@@ -5,8 +5,10 @@
 // torch::pickle_load reads Python's): {"step", "optimizer_step", "rng" (this rank's CPU generator
 // state), "data" ({"epoch", "index"}: the TokenStream's position), "pieces" (this rank's
 // checkpoint pieces, sharding/checkpoint_pieces.h: parameters by their full model's names and
-// their AdamW moments as "name:exp_avg" / "name:exp_avg_sq"), "scaler": None}. The folder, the
-// manifest and their crash safety are checkpoint_dir.h's. Pieces load at any world size.
+// their AdamW moments as "name:exp_avg" / "name:exp_avg_sq"), "scaler": None}; a ZeRO run writes
+// "zero" ({"pieces": the ZeroOptimizer's state pieces, "step", "scaler": None, "micro_steps"})
+// instead of "pieces". The folder, the manifest and their crash safety are checkpoint_dir.h's.
+// Pieces of either kind load at any world size.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -20,20 +22,28 @@
 
 #include "checkpoint/checkpoint_dir.h"
 #include "sharding/checkpoint_pieces.h"
+#include "zero/zero_optimizer.h"
 
 namespace shardwise::checkpoint {
+
+// ZeRO's own pieces (zero/zero_optimizer.h: master weights and moments by parameter index).
+struct ZeroCheckpoint {
+  std::vector<zero::StatePiece> pieces;
+  int64_t step = 0;         // the ZeRO optimizer's step count
+  int64_t micro_steps = 0;  // micro-batches taken (gradient accumulation's position)
+};
 
 struct TrainingState {
   int64_t step = 0;            // optimizer steps taken when saved
   int64_t optimizer_step = 0;  // AdamW's step count (bias correction)
   at::Tensor rng;              // this rank's CPU generator state (torch.get_rng_state())
   int64_t data_epoch = 0, data_index = 0;
-  std::vector<sharding::TensorSlice> pieces;
+  std::vector<sharding::TensorSlice> pieces;  // FSDP and replicated strategies
+  std::optional<ZeroCheckpoint> zero;         // set: a ZeRO checkpoint (and no `pieces`)
 };
 
 c10::IValue to_payload(const TrainingState& state);
-// Throws c10::ValueError naming `where` for a payload that is not one (a ZeRO checkpoint, whose
-// pieces are the ZeRO engine's own, is named as such).
+// Throws c10::ValueError naming `where` and the field for a payload that is not one.
 TrainingState from_payload(const c10::IValue& payload, const std::string& where);
 
 struct SaveOptions {

@@ -179,10 +179,14 @@ def test_pipeline_and_tensor_parallel_runs_match_one_process(train_gpt, corpus, 
     _python_gpt_loads(state)
 
 
-def _python_trainer(out_dir: Path, steps: int) -> dict[int, float]:
-    """shardwise-train at world 2 on the C++ trainer's model and schedule (FSDP, fp32, AdamW at
-    lr 1e-3 with cosine decay, clip 1.0), checkpointing every 3 steps into out_dir/checkpoints
-    and resuming from the newest there; returns its loss per step."""
+def _python_trainer(out_dir: Path, steps: int, strategy: str) -> dict[int, float]:
+    """shardwise-train at world 2 on the C++ trainer's model and schedule (FSDP or ZeRO-2, fp32,
+    AdamW at lr 1e-3 with cosine decay, clip 1.0), checkpointing every 3 steps into
+    out_dir/checkpoints and resuming from the newest there; returns its loss per step."""
+    distributed = {"strategy": "fsdp", "backend": "shardwise"}
+    if strategy == "zero2":
+        distributed = {"strategy": "zero", "backend": "shardwise"}
+        distributed["zero"] = {"zero_optimization": {"stage": 2}}
     config = {
         "model": {"preset": "tiny", "dim": 64, "layers": 2, "heads": 4, "seq_len": 64},
         "training": {
@@ -195,7 +199,7 @@ def _python_trainer(out_dir: Path, steps: int) -> dict[int, float]:
             "log_every": 1,
             "checkpoint": {"dir": str(out_dir), "every_steps": 3},
         },
-        "distributed": {"strategy": "fsdp", "backend": "shardwise"},
+        "distributed": distributed,
     }
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / "config.json").write_text(json.dumps(config))
@@ -205,16 +209,20 @@ def _python_trainer(out_dir: Path, steps: int) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in records if "loss" in r}
 
 
-def test_checkpoints_resume_across_the_cpp_and_python_trainers(train_gpt, corpus, tmp_path):
-    """Catches: a C++ checkpoint that shardwise-train cannot load (pickle, manifest, piece names,
-    AdamW moments or step count, data position) or the reverse, and pieces that do not refill
-    shards at another world size: each resumed run must go on exactly as the run that saved."""
+@pytest.mark.parametrize("strategy", ["fsdp", "zero2"])
+def test_checkpoints_resume_across_the_cpp_and_python_trainers(
+    train_gpt, corpus, strategy, tmp_path
+):
+    """Catches: a C++ checkpoint that shardwise-train cannot load (pickle, manifest, piece names
+    or ZeRO's parameter indices, AdamW moments or step count, data position) or the reverse, and
+    pieces that do not refill shards at another world size: each resumed run must go on exactly
+    as the run that saved."""
     if "pip-" not in str(train_gpt):
         pytest.skip("runs once, with pip's installation (the format does not depend on it)")
     for module in ("omegaconf", "pydantic"):  # the CPU venv installs shardwise with --no-deps
         pytest.importorskip(module, reason="shardwise-train's dependencies are not installed here")
     flags = ["--data", str(corpus), *MODEL[:8], "--steps", "6", "--log-every", "1"]
-    flags += ["--threads", "1", "--save-every", "3"]
+    flags += ["--threads", "1", "--save-every", "3", "--strategy", strategy]
     launch = [str(TORCHRUN), "--no-python", "--standalone", "--nproc_per_node=2"]
     # C++ saves steps 3 and 6; without step 6, shardwise-train resumes from 3.
     cpp_dir = tmp_path / "from-cpp"
@@ -233,14 +241,14 @@ def test_checkpoints_resume_across_the_cpp_and_python_trainers(train_gpt, corpus
     cpp = dict(enumerate(_losses(output), start=1))
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step-00000003", "step-00000006"]
     shutil.rmtree(checkpoints / "step-00000006")
-    resumed = _python_trainer(cpp_dir, 6)
+    resumed = _python_trainer(cpp_dir, 6, strategy)
     assert sorted(resumed) == [4, 5, 6], resumed
     for step in (4, 5, 6):
         assert resumed[step] == pytest.approx(cpp[step], abs=1e-5), (step, resumed, cpp)
     # shardwise-train saves steps 3 and 6; one C++ process resumes from 3 (8 rows: the same
     # global batch as 2 ranks of 4).
     py_dir = tmp_path / "from-python"
-    python = _python_trainer(py_dir, 6)
+    python = _python_trainer(py_dir, 6, strategy)
     shutil.rmtree(py_dir / "checkpoints" / "step-00000006")
     output = _run(
         [
@@ -270,7 +278,7 @@ def test_bad_flags_are_named_before_anything_runs(train_gpt, corpus):
         (["--tp", "3"], "--tp 3 must divide the vocabulary size (256)"),
         (["--tp", "2"], "--tp 2 must divide the world size 1"),
         (["--tp", "2", "--pp", "2"], "--pp with --tp: not combined"),
-        (["--checkpoint-dir", "x", "--strategy", "zero2"], "for --strategy fsdp only so far"),
+        (["--checkpoint-dir", "x", "--tp", "2"], "drop --pp and --tp"),
         (["--warmup-steps", "20", "--steps", "10"], "--warmup-steps 20 exceeds --steps 10"),
         (["--pp", "2", "--microbatches", "3"], "must be a multiple of --microbatches 3"),
         (["--pp", "2"], "--pp 2 must divide the world size 1"),

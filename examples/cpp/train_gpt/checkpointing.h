@@ -2,8 +2,9 @@
 // (shardwise/checkpoint/training_checkpoint.h): a run saved here resumes in shardwise-train
 // (`torchrun -m shardwise.train` with checkpoint.dir pointing at the same folder's parent) and
 // the other way round. Each rank writes its FSDP shards and their AdamW moments as checkpoint
-// pieces, its generator state and the data stream's position; loading fills this rank's shards
-// from the pieces of every saved rank, so any world size resumes any other.
+// pieces (ZeRO: the ZeRO optimizer's own), its generator state and the data stream's position;
+// loading fills this rank's part from the pieces of every saved rank, so any world size resumes
+// any other.
 #pragma once
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -13,21 +14,80 @@
 #include <cstdint>
 #include <cstdio>
 #include <functional>
+#include <memory>
 #include <mutex>
+#include <stdexcept>
 #include <string>
 #include <vector>
 
-// What a strategy exposes for checkpoints.
+// What a strategy adds to a checkpoint (its pieces) and takes back from one.
 struct CheckpointHooks {
-  // This rank's parameter slots and their AdamW moments (create: moments made for loading).
-  std::function<std::vector<shardwise::sharding::TensorSlice>(bool create)> slots;
-  std::function<int64_t()> optimizer_step;
-  std::function<void(int64_t)> set_optimizer_step;
+  std::function<void(shardwise::checkpoint::TrainingState&)> save;
+  // Every saved rank's state (any world size); `path` names the checkpoint in errors.
+  std::function<void(const std::vector<shardwise::checkpoint::TrainingState>&,
+                     const std::string& path)>
+      load;
 };
 
+// FSDP: this rank's shards and their AdamW moments as pieces of the full parameters.
+inline CheckpointHooks fsdp_checkpoint(std::shared_ptr<shardwise::fsdp::FullyShardedState> fsdp,
+                                       std::shared_ptr<torch::optim::AdamW> optimizer) {
+  auto slots = [fsdp, optimizer](bool create) {
+    return shardwise::optim::adamw_slots(fsdp->shard_slices(), fsdp->parameters(), *optimizer,
+                                         create);
+  };
+  CheckpointHooks hooks;
+  hooks.save = [slots, optimizer](shardwise::checkpoint::TrainingState& state) {
+    state.pieces = slots(/*create=*/false);
+    state.optimizer_step = shardwise::optim::adamw_step_count(*optimizer);
+  };
+  hooks.load = [slots, optimizer](const std::vector<shardwise::checkpoint::TrainingState>& saved,
+                                  const std::string& path) {
+    if (saved[0].zero) {
+      throw std::invalid_argument(path +
+                                  ": a ZeRO checkpoint; resume it with --strategy zero1 "
+                                  "or zero2");
+    }
+    std::vector<shardwise::sharding::TensorSlice> pieces;
+    for (const auto& rank : saved)
+      pieces.insert(pieces.end(), rank.pieces.begin(), rank.pieces.end());
+    at::NoGradGuard no_grad;
+    shardwise::sharding::fill_from_pieces(slots(/*create=*/true), pieces, /*strict=*/true);
+    shardwise::optim::set_adamw_step_count(*optimizer, saved[0].optimizer_step);
+  };
+  return hooks;
+}
+
+// ZeRO: the ZeroOptimizer's own state pieces (master weights and moments); loading also sets the
+// model's weights.
+inline CheckpointHooks zero_checkpoint(
+    std::shared_ptr<shardwise::zero::ZeroRedundancyOptimizer> optimizer) {
+  CheckpointHooks hooks;
+  hooks.save = [optimizer](shardwise::checkpoint::TrainingState& state) {
+    auto& engine = optimizer->engine();
+    state.zero = shardwise::checkpoint::ZeroCheckpoint{engine.state_pieces(), engine.step_count(),
+                                                       engine.step_count()};
+    state.optimizer_step = engine.step_count();
+  };
+  hooks.load = [optimizer](const std::vector<shardwise::checkpoint::TrainingState>& saved,
+                           const std::string& path) {
+    if (!saved[0].zero) {
+      throw std::invalid_argument(path +
+                                  ": not a ZeRO checkpoint; resume it with --strategy "
+                                  "fsdp");
+    }
+    std::vector<shardwise::zero::StatePiece> pieces;
+    for (const auto& rank : saved) {
+      pieces.insert(pieces.end(), rank.zero->pieces.begin(), rank.zero->pieces.end());
+    }
+    optimizer->engine().load_state_pieces(pieces, saved[0].zero->step);
+  };
+  return hooks;
+}
+
 // The step the newest intact checkpoint under `directory` was saved at (0 when there is none),
-// after loading it: shards and moments from every saved rank's pieces, AdamW's step count, the
-// data position and (at the same world size) this rank's generator state.
+// after loading it: the strategy's pieces from every saved rank (CheckpointHooks), the data
+// position and (at the same world size) this rank's generator state.
 inline int64_t resume_from(const std::string& directory,
                            const CheckpointHooks& hooks,
                            shardwise::data::TokenStream& stream,
@@ -37,16 +97,8 @@ inline int64_t resume_from(const std::string& directory,
     for (const auto& reason : loaded->skipped) std::printf("warning: %s\n", reason.c_str());
   }
   if (!loaded) return 0;
-  std::vector<shardwise::sharding::TensorSlice> pieces;
-  for (const auto& saved : loaded->ranks) {
-    pieces.insert(pieces.end(), saved.pieces.begin(), saved.pieces.end());
-  }
-  {
-    at::NoGradGuard no_grad;
-    shardwise::sharding::fill_from_pieces(hooks.slots(/*create=*/true), pieces, /*strict=*/true);
-  }
+  hooks.load(loaded->ranks, loaded->path);
   const auto& first = loaded->ranks[0];
-  hooks.set_optimizer_step(first.optimizer_step);
   stream.load_state(first.data_epoch, first.data_index);
   const int saved_world = loaded->manifest.world_size;
   if (saved_world == world.size() && loaded->ranks[world.rank()].rng.defined()) {
@@ -72,11 +124,10 @@ inline void save_to(const std::string& directory,
                     const shardwise::distributed::World& world) {
   shardwise::checkpoint::TrainingState state;
   state.step = step;
-  state.optimizer_step = hooks.optimizer_step();
+  hooks.save(state);
   state.rng = at::detail::getDefaultCPUGenerator().get_state();
   state.data_epoch = stream.epoch();
   state.data_index = stream.index();
-  state.pieces = hooks.slots(/*create=*/false);
   shardwise::checkpoint::SaveOptions options;
   options.directory = directory;
   options.rank = world.rank();

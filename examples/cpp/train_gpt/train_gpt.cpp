@@ -136,10 +136,10 @@ Flags parse(int argc, char** argv) {
   if (f.strategy != "fsdp" && f.dtype != "fp32") {
     throw std::invalid_argument("--dtype " + f.dtype + " needs --strategy fsdp (ZeRO runs fp32)");
   }
-  if (!f.checkpoint_dir.empty() && (f.pp > 1 || f.tp > 1 || f.strategy != "fsdp")) {
+  if (!f.checkpoint_dir.empty() && (f.pp > 1 || f.tp > 1)) {
     throw std::invalid_argument(
-        "--checkpoint-dir: resumable checkpoints are written for "
-        "--strategy fsdp only so far; drop --pp, --tp or --strategy");
+        "--checkpoint-dir: resumable checkpoints are written for --strategy fsdp, zero1 and "
+        "zero2 so far; drop --pp and --tp");
   }
   if (f.warmup_steps > f.steps) {
     throw std::invalid_argument("--warmup-steps " + std::to_string(f.warmup_steps) +
@@ -261,16 +261,7 @@ Strategy fsdp(GPT model, const Flags& flags, const shardwise::distributed::World
       },
       [wrapper] { return wrapper->full_state_dict(); }, world.rank(), world.size(),
       lr_setter(optimizer)};
-  out.checkpoint.slots = [wrapper, optimizer](bool create) {
-    return shardwise::optim::adamw_slots(wrapper->shard_slices(), wrapper->parameters(), *optimizer,
-                                         create);
-  };
-  out.checkpoint.optimizer_step = [optimizer] {
-    return shardwise::optim::adamw_step_count(*optimizer);
-  };
-  out.checkpoint.set_optimizer_step = [optimizer](int64_t step) {
-    shardwise::optim::set_adamw_step_count(*optimizer, step);
-  };
+  out.checkpoint = fsdp_checkpoint(wrapper, optimizer);
   return out;
 }
 
@@ -294,8 +285,11 @@ Strategy zero(GPT model, const Flags& flags, const shardwise::distributed::World
             optimizer->zero_grad();
             return loss.detach();
           },
-          [model] { return model->named_parameters(); }, world.rank(), world.size(),
-          lr_setter(optimizer)};
+          [model] { return model->named_parameters(); },
+          world.rank(),
+          world.size(),
+          lr_setter(optimizer),
+          zero_checkpoint(optimizer)};
 }
 
 // A pipeline of --pp stages (split_by_parameters over gpt_blocks), one per rank of each

@@ -1,10 +1,11 @@
 // Resumable checkpoints from LibTorch (checkpoint/training_checkpoint.h, optim/adamw_slots.h):
 // a model trained two steps, saved, and loaded into a differently initialised copy takes the
 // same third step bit for bit (parameters, AdamW moments and step count all restored); a newer
-// torn checkpoint is skipped; a ZeRO payload is refused by name. tests/package checks the files
-// against shardwise-train itself.
+// torn checkpoint is skipped; ZeRO's pieces round-trip; a missing field is named. tests/package
+// checks the files against shardwise-train itself.
 #include <ATen/CPUGeneratorImpl.h>
 #include <gtest/gtest.h>
+#include <torch/serialize.h>
 #include <torch/torch.h>
 
 #include <filesystem>
@@ -86,14 +87,38 @@ TEST(TrainingCheckpointLibTorch, AResumedCopyTakesTheSameNextStep) {
   fs::remove_all(dir);
 }
 
-TEST(TrainingCheckpointLibTorch, AZeroPayloadIsRefusedByName) {
-  auto payload = c10::impl::GenericDict(c10::StringType::get(), c10::AnyType::get());
-  payload.insert("zero", c10::IValue());
+TEST(TrainingCheckpointLibTorch, ZeroPiecesRoundTripAndAMissingFieldIsNamed) {
+  shardwise::checkpoint::TrainingState state;
+  state.step = 4;
+  shardwise::checkpoint::ZeroCheckpoint zero;
+  zero.step = 4;
+  zero.micro_steps = 8;
+  shardwise::zero::StatePiece piece;
+  piece.info = {1, 3, 2, 10};
+  piece.tensors["master"] = torch::tensor({1.0f, 2.0f});
+  piece.tensors["exp_avg"] = torch::tensor({0.5f, 0.25f});
+  zero.pieces.push_back(piece);
+  state.zero = zero;
+  const auto back = shardwise::checkpoint::from_payload(
+      torch::pickle_load(torch::pickle_save(shardwise::checkpoint::to_payload(state))), "file");
+  ASSERT_TRUE(back.zero.has_value());
+  EXPECT_TRUE(back.pieces.empty());
+  EXPECT_EQ(back.zero->step, 4);
+  EXPECT_EQ(back.zero->micro_steps, 8);
+  ASSERT_EQ(back.zero->pieces.size(), 1u);
+  const auto& info = back.zero->pieces[0].info;
+  EXPECT_EQ(std::vector<int64_t>({info.param, info.start, info.numel, info.full_numel}),
+            std::vector<int64_t>({1, 3, 2, 10}));
+  EXPECT_TRUE(torch::equal(back.zero->pieces[0].tensors.at("master"), piece.tensors["master"]));
+  EXPECT_TRUE(torch::equal(back.zero->pieces[0].tensors.at("exp_avg"), piece.tensors["exp_avg"]));
+
+  auto payload = shardwise::checkpoint::to_payload(state).toGenericDict();
+  payload.erase("data");
   try {
     shardwise::checkpoint::from_payload(payload, "rank-00000.pt");
-    FAIL() << "a ZeRO payload was accepted";
+    FAIL() << "a payload without its data position was accepted";
   } catch (const c10::ValueError& e) {
-    EXPECT_NE(std::string(e.what()).find("rank-00000.pt: a ZeRO checkpoint"), std::string::npos)
+    EXPECT_NE(std::string(e.what()).find("rank-00000.pt: no \"data\""), std::string::npos)
         << e.what();
   }
 }
