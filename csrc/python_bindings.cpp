@@ -7,9 +7,13 @@
 
 #include <map>
 #include <optional>
+#include <stdexcept>
 #include <string>
+#include <utility>
+#include <vector>
 
 #include "backend/shardwise_backend.hpp"
+#include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/safetensors.h"
 #include "common/cpu_features.h"
 #include "data/token_stream.h"
@@ -21,6 +25,49 @@
 #include "zero/zero_python.h"
 
 namespace py = pybind11;
+
+namespace {
+
+// The checkpoint folder's rules (checkpoint/checkpoint_dir.h) for shardwise.train.checkpoint;
+// file-system failures arrive as OSError.
+void bind_checkpoint_dir(py::module& m) {
+  namespace ckpt = shardwise::checkpoint;
+  auto os_errors = [](auto&& fn) {
+    try {
+      return fn();
+    } catch (const std::runtime_error& e) {
+      PyErr_SetString(PyExc_OSError, e.what());
+      throw py::error_already_set();
+    }
+  };
+  m.def(
+      "checkpoint_write_manifest",
+      [os_errors](const std::string& step_dir, int64_t step, int world, const std::string& config) {
+        os_errors([&] {
+          py::gil_scoped_release release;
+          return ckpt::write_manifest(step_dir, step, world, config).step;
+        });
+      },
+      py::arg("step_dir"), py::arg("step"), py::arg("world_size"), py::arg("config_yaml"));
+  m.def("checkpoint_verify", &ckpt::verify, py::arg("step_dir"),
+        py::call_guard<py::gil_scoped_release>(), "'' if intact, else the reason it is not.");
+  m.def(
+      "checkpoint_latest",
+      [](const std::string& directory) {
+        std::vector<std::string> skipped;
+        std::optional<std::string> path;
+        {
+          py::gil_scoped_release release;
+          if (auto found = ckpt::latest(directory, &skipped)) path = found->path;
+        }
+        return std::make_pair(path, skipped);
+      },
+      py::arg("directory"), "(the newest intact step folder or None, the skipped with reasons)");
+  m.def("checkpoint_prune", &ckpt::prune, py::arg("directory"), py::arg("keep_last"),
+        py::arg("newest_step"), py::call_guard<py::gil_scoped_release>());
+}
+
+}  // namespace
 
 PYBIND11_MODULE(_C, m) {
   m.doc() = "shardwise native library: torch.ops.shardwise.* and CPU dispatch control";
@@ -114,6 +161,7 @@ PYBIND11_MODULE(_C, m) {
       py::arg("metadata") = std::map<std::string, std::string>{},
       py::call_guard<py::gil_scoped_release>(),
       "Writes (name, tensor) pairs as a safetensors file, crash-safe (checkpoint/safetensors.h).");
+  bind_checkpoint_dir(m);
   shardwise::fsdp::bind_fsdp(m);
   shardwise::zero::bind_zero(m);
   shardwise::pipeline::bind_pipeline(m);

@@ -31,4 +31,18 @@ at::Tensor shard_tensor(const at::Tensor& full, const ShardSpec& spec) {
   return at::cat(slices, spec.dim).contiguous();
 }
 
+at::Tensor gather_shards(const at::Tensor& shard, const ShardSpec& spec, const Group& group) {
+  TORCH_CHECK_VALUE(group && group->getSize() == spec.size && group->getRank() == spec.rank,
+                    "tensor parallel: module '", spec.module, "': ", spec.name,
+                    ": the group is not the one the spec's rank and size describe");
+  at::NoGradGuard no_grad;
+  const at::Tensor gathered = all_gather_dim(shard.detach().contiguous(), spec.dim, group);
+  const auto parts = gathered.chunk(spec.size * spec.chunks, spec.dim);
+  std::vector<at::Tensor> ordered;
+  for (int64_t c = 0; c < spec.chunks; ++c) {
+    for (int r = 0; r < spec.size; ++r) ordered.push_back(parts[r * spec.chunks + c]);
+  }
+  return at::cat(ordered, spec.dim);
+}
+
 }  // namespace shardwise::tensor_parallel

@@ -1,12 +1,14 @@
 // Cutting a full tensor into this rank's tensor-parallel shard. A fused dimension (e.g. a QKV
 // weight's rows [q; k; v]) is treated as `chunks` equal parts, each split over the ranks, and
 // the rank's slices of every part are concatenated, so the shard holds its own heads of q, of k
-// and of v.
+// and of v. gather_shards is the inverse: the full tensor from every rank's shard.
 #pragma once
 
 #include <ATen/core/Tensor.h>
 
 #include <string>
+
+#include "tensor_parallel/regions.h"
 
 namespace shardwise::tensor_parallel {
 
@@ -22,5 +24,10 @@ struct ShardSpec {
 // A contiguous copy of `full`'s shard. Throws c10::ValueError naming spec.module when the
 // dimension does not split evenly.
 at::Tensor shard_tensor(const at::Tensor& full, const ShardSpec& spec);
+
+// The full tensor from this rank's `shard` (shard_tensor's cut with `spec`) and every other
+// rank's: all-gathered along spec.dim over `group` (rank-major: each rank's slices of the
+// `chunks` parts), then reordered part-major. Collective; `group` must have spec's rank and size.
+at::Tensor gather_shards(const at::Tensor& shard, const ShardSpec& spec, const Group& group);
 
 }  // namespace shardwise::tensor_parallel

@@ -70,18 +70,29 @@ def _cuda_toolkit() -> list[str]:
     return [f"-DCUDA_TOOLKIT_ROOT_DIR={home}", f"-DCMAKE_CUDA_COMPILER={home / 'bin' / 'nvcc'}"]
 
 
-@pytest.fixture(scope="module", params=_installations())
-def train_gpt(request) -> Path:
+def _build_train_gpt(kind: str) -> Path:
     """The example built against one installation (a lasting folder per installation and torch,
     so ccache and ninja make a rebuild cheap)."""
-    build = BUILD / f"{request.param}-torch{torch.__version__}"
-    configured = _configure(build, [torch.utils.cmake_prefix_path, _prefix(request.param)])
+    build = BUILD / f"{kind}-torch{torch.__version__}"
+    configured = _configure(build, [torch.utils.cmake_prefix_path, _prefix(kind)])
     assert configured.returncode == 0, configured.stdout + configured.stderr
     built = subprocess.run(
         ["cmake", "--build", str(build)], capture_output=True, text=True, timeout=900
     )
     assert built.returncode == 0, built.stdout + built.stderr
     return build / "train_gpt"
+
+
+@pytest.fixture(scope="module", params=_installations())
+def train_gpt(request) -> Path:
+    return _build_train_gpt(request.param)
+
+
+@pytest.fixture(scope="module")
+def pip_train_gpt() -> Path:
+    """The example against pip's installation only, for tests whose subject does not depend on
+    how shardwise was installed."""
+    return _build_train_gpt("pip")
 
 
 @pytest.fixture(scope="module")
@@ -211,14 +222,12 @@ def _python_trainer(out_dir: Path, steps: int, strategy: str) -> dict[int, float
 
 @pytest.mark.parametrize("strategy", ["fsdp", "zero2"])
 def test_checkpoints_resume_across_the_cpp_and_python_trainers(
-    train_gpt, corpus, strategy, tmp_path
+    pip_train_gpt, corpus, strategy, tmp_path
 ):
     """Catches: a C++ checkpoint that shardwise-train cannot load (pickle, manifest, piece names
     or ZeRO's parameter indices, AdamW moments or step count, data position) or the reverse, and
     pieces that do not refill shards at another world size: each resumed run must go on exactly
     as the run that saved."""
-    if "pip-" not in str(train_gpt):
-        pytest.skip("runs once, with pip's installation (the format does not depend on it)")
     for module in ("omegaconf", "pydantic"):  # the CPU venv installs shardwise with --no-deps
         pytest.importorskip(module, reason="shardwise-train's dependencies are not installed here")
     flags = ["--data", str(corpus), *MODEL[:8], "--steps", "6", "--log-every", "1"]
@@ -230,7 +239,7 @@ def test_checkpoints_resume_across_the_cpp_and_python_trainers(
     output = _run(
         [
             *launch,
-            str(train_gpt),
+            str(pip_train_gpt),
             *flags,
             "--micro-batch",
             "4",
@@ -252,7 +261,7 @@ def test_checkpoints_resume_across_the_cpp_and_python_trainers(
     shutil.rmtree(py_dir / "checkpoints" / "step-00000006")
     output = _run(
         [
-            str(train_gpt),
+            str(pip_train_gpt),
             *flags,
             "--micro-batch",
             "8",

@@ -5,7 +5,7 @@
 // up projection column-parallel and its down projection row-parallel. Norms, the position
 // embedding and the row-parallel biases are replicated; their gradients are equal on every tp
 // rank. The shards are cut from the full model (shard_tensor), so every tp size starts from the
-// same weights; full_state() gathers them back under the full model's names.
+// same weights; full_state() gathers them back (gather_shards) under the full model's names.
 #pragma once
 
 #include <shardwise/shardwise.h>
@@ -22,19 +22,12 @@ class TensorParallelGPT {
  public:
   TensorParallelGPT(GPT full, c10::intrusive_ptr<c10d::ProcessGroup> tp)
       : cfg_(full->config()), tp_(std::move(tp)) {
-    const int rank = tp_->getRank(), size = tp_->getSize();
     options_.group = tp_;
-    vocab_start_ = rank * (cfg_.vocab_size / size);
+    vocab_start_ = tp_->getRank() * (cfg_.vocab_size / tp_->getSize());
     for (const auto& item : full->named_parameters()) {
-      const auto spec = split_of(item.key());
+      const auto s = spec(item.key());
       torch::Tensor value = item.value().detach();
-      if (spec) {
-        shardwise::tensor_parallel::ShardSpec s{spec->first, spec->second, rank,
-                                                size,        item.key(),   "weight"};
-        value = shardwise::tensor_parallel::shard_tensor(value, s);
-      } else {
-        value = value.clone();
-      }
+      value = s ? shardwise::tensor_parallel::shard_tensor(value, *s) : value.clone();
       params_[item.key()] = value.requires_grad_(true);
       order_.push_back(item.key());
     }
@@ -80,46 +73,40 @@ class TensorParallelGPT {
     std::pair<std::vector<torch::Tensor>, std::vector<torch::Tensor>> out;
     for (const auto& name : order_) {
       const auto& g = params_.at(name).grad();
-      if (g.defined()) (split_of(name) ? out.first : out.second).push_back(g);
+      if (g.defined()) (spec(name) ? out.first : out.second).push_back(g);
     }
     return out;
   }
 
   // The full model's parameters by name (collective over the tp group).
   torch::OrderedDict<std::string, torch::Tensor> full_state() const {
-    torch::NoGradGuard no_grad;
     torch::OrderedDict<std::string, torch::Tensor> out;
-    const int size = tp_->getSize();
     for (const auto& name : order_) {
-      const auto spec = split_of(name);
-      torch::Tensor value = params_.at(name).detach();
-      if (spec) {
-        const auto [dim, chunks] = *spec;
-        auto gathered = shardwise::tensor_parallel::all_gather_dim(value, dim, tp_);
-        auto parts = gathered.chunk(size * chunks, dim);  // rank-major: r0's chunks, r1's, ...
-        std::vector<torch::Tensor> ordered;
-        for (int64_t c = 0; c < chunks; ++c) {
-          for (int r = 0; r < size; ++r) ordered.push_back(parts[r * chunks + c]);
-        }
-        value = torch::cat(ordered, dim);
-      }
-      out.insert(name, value.clone());
+      const torch::Tensor& value = params_.at(name);
+      const auto s = spec(name);
+      out.insert(name, s ? shardwise::tensor_parallel::gather_shards(value, *s, tp_)
+                         : value.detach().clone());
     }
     return out;
   }
 
  private:
-  // (dim, fused chunks) of a split parameter; nullopt for a replicated one.
-  static std::optional<std::pair<int64_t, int64_t>> split_of(const std::string& name) {
+  // How parameter `name` is split over the tp group (dim, fused chunks); nullopt: replicated.
+  std::optional<shardwise::tensor_parallel::ShardSpec> spec(const std::string& name) const {
     auto ends = [&](const std::string& suffix) {
       return name.size() >= suffix.size() &&
              name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
     };
-    if (name == "embed.weight") return std::make_pair(int64_t{0}, int64_t{1});
-    if (ends("qkv.weight") || ends("qkv.bias")) return std::make_pair(int64_t{0}, int64_t{3});
-    if (ends("up.weight") || ends("up.bias")) return std::make_pair(int64_t{0}, int64_t{1});
-    if (ends("proj.weight") || ends("down.weight")) return std::make_pair(int64_t{1}, int64_t{1});
-    return std::nullopt;
+    int64_t dim = 0, chunks = 1;
+    if (ends("qkv.weight") || ends("qkv.bias")) {
+      chunks = 3;
+    } else if (ends("proj.weight") || ends("down.weight")) {
+      dim = 1;
+    } else if (name != "embed.weight" && !ends("up.weight") && !ends("up.bias")) {
+      return std::nullopt;
+    }
+    return shardwise::tensor_parallel::ShardSpec{dim,  chunks,  tp_->getRank(), tp_->getSize(),
+                                                 name, "weight"};
   }
 
   const torch::Tensor& p(const std::string& name) const { return params_.at(name); }

@@ -405,14 +405,13 @@ double peak_rss_mib() {
   return static_cast<double>(usage.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
 }
 
-// The mean over ranks (op SUM, then divided) or the maximum (op MAX) of `value`.
-double reduce(c10d::ProcessGroup& group, double value, c10d::ReduceOp::RedOpType op) {
+// The largest `value` of any rank.
+double max_over_ranks(c10d::ProcessGroup& group, double value) {
   std::vector<at::Tensor> tensors{torch::tensor({value}, torch::kFloat64)};
   c10d::AllreduceOptions options;
-  options.reduceOp = op;
+  options.reduceOp = c10d::ReduceOp::MAX;
   group.allreduce(tensors, options)->wait();
-  const double out = tensors[0].item<double>();
-  return op == c10d::ReduceOp::SUM ? out / group.getSize() : out;
+  return tensors[0].item<double>();
 }
 
 // The mean of `loss` over the ranks where it is defined (all, or a pipeline's last stages).
@@ -505,7 +504,7 @@ int run(const Flags& flags) {
       std::printf("saved %zu tensors to %s\n", full.size(), flags.save.c_str());
     }
   }
-  const double rss = reduce(group, peak_rss_mib(), c10d::ReduceOp::MAX);
+  const double rss = max_over_ranks(group, peak_rss_mib());
   const double step_s = median_step_seconds(group, step_seconds);
   if (world.rank() == 0) {
     std::printf("summary world %d tokens/s %.1f step_s %.5f peak_rss_mib %.1f\n", world.size(),

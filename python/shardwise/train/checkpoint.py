@@ -23,6 +23,9 @@ falling back to the newest good one. After the manifest, rank 0 prunes older ste
 so that ``keep_last`` complete checkpoints remain; it never deletes the one just written nor
 anything newer than it.
 
+The folder's rules (the manifest's hashes, ``verify``, ``latest``, ``prune``) are C++
+(``checkpoint/checkpoint_dir.h``), shared with LibTorch trainers; this module adapts them.
+
 Payloads are loaded with ``torch.load(weights_only=True)``, so ``save`` checks up front that a
 payload contains only tensors, dicts, lists, tuples, ints, floats, strings, bools and None
 (plus ``torch.dtype``/``torch.device``), naming the offending key instead of producing a
@@ -32,11 +35,8 @@ checkpoint that cannot be loaded.
 from __future__ import annotations
 
 import contextlib
-import hashlib
 import json
 import os
-import re
-import shutil
 import signal
 import tempfile
 import warnings
@@ -47,7 +47,6 @@ from pathlib import Path
 import torch
 
 MANIFEST = "manifest.json"
-_STEP_DIR = re.compile(r"^step-(\d{8,})$")
 _SCALARS = (bool, int, float, str, type(None), torch.dtype, torch.device)
 
 
@@ -117,26 +116,6 @@ def check_payload(obj, where: str = "payload") -> None:
     raise TypeError(f"{where}: {type(obj).__name__} cannot be loaded with weights_only=True")
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with open(path, "rb") as f:
-        for block in iter(lambda: f.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
-
-
-def _step_dirs(directory: Path) -> list[tuple[int, Path]]:
-    """(step, path) of every step directory, oldest first."""
-    if not directory.is_dir():
-        return []
-    found = []
-    for child in directory.iterdir():
-        match = _STEP_DIR.match(child.name)
-        if match and child.is_dir():
-            found.append((int(match.group(1)), child))
-    return sorted(found)
-
-
 def _default_barrier() -> None:
     import torch.distributed as dist
 
@@ -145,21 +124,10 @@ def _default_barrier() -> None:
 
 
 def _write_manifest(step_dir: Path, step: int, world: int, config_yaml: str) -> None:
-    files = {}
-    for r in range(world):
-        path = step_dir / rank_file_name(r)
-        if not path.is_file():
-            raise FileNotFoundError(f"{path} missing after the barrier: rank {r} did not save")
-        files[path.name] = {"size": path.stat().st_size, "sha256": _sha256(path)}
-    manifest = {
-        "format": 1,
-        "step": step,
-        "world_size": world,
-        "files": files,
-        "config_yaml": config_yaml,
-    }
-    text = json.dumps(manifest, indent=2, sort_keys=True).encode("utf-8")
-    atomic_write(step_dir / MANIFEST, lambda f: f.write(text))
+    """Hashes every rank's file and writes the manifest atomically (C++ write_manifest)."""
+    from .. import _C
+
+    _C.checkpoint_write_manifest(str(step_dir), step, world, config_yaml)
 
 
 def save(
@@ -204,53 +172,29 @@ def save(
 def prune(directory: str | Path, keep_last: int, newest_step: int) -> list[Path]:
     """Deletes step directories older than ``newest_step`` beyond the ``keep_last`` newest
     complete (manifest present) ones, including incomplete leftovers; returns what it deleted.
-    ``newest_step`` itself and anything newer are never touched."""
-    older = [(s, p) for s, p in _step_dirs(Path(directory)) if s < newest_step]
-    quota = keep_last - 1  # the checkpoint at newest_step counts as one
-    deleted = []
-    for _, path in reversed(older):
-        if quota > 0 and (path / MANIFEST).is_file():
-            quota -= 1
-            continue
-        shutil.rmtree(path, ignore_errors=True)
-        deleted.append(path)
-    return deleted
+    ``newest_step`` itself and anything newer are never touched (C++ prune)."""
+    from .. import _C
+
+    return [Path(p) for p in _C.checkpoint_prune(str(directory), keep_last, newest_step)]
 
 
 def verify(step_dir: str | Path) -> str | None:
-    """None if ``step_dir`` is a complete, intact checkpoint, else the reason it is not."""
-    step_dir = Path(step_dir)
-    manifest_path = step_dir / MANIFEST
-    if not manifest_path.is_file():
-        return f"{manifest_path} missing: incomplete checkpoint (crash during save?)"
-    try:
-        manifest = json.loads(manifest_path.read_text("utf-8"))
-        files, world = manifest["files"], int(manifest["world_size"])
-    except (ValueError, KeyError, TypeError) as err:
-        return f"{manifest_path} unreadable: {err}"
-    if sorted(files) != [rank_file_name(r) for r in range(world)]:
-        return f"{manifest_path} lists {sorted(files)}, expected one file per rank of {world}"
-    for name, entry in files.items():
-        path = step_dir / name
-        if not path.is_file():
-            return f"{path} missing"
-        size = path.stat().st_size
-        if size != entry["size"]:
-            return f"{path} is {size} bytes, manifest says {entry['size']} (truncated?)"
-        if _sha256(path) != entry["sha256"]:
-            return f"{path} SHA-256 mismatch (corrupted)"
-    return None
+    """None if ``step_dir`` is a complete, intact checkpoint, else the reason it is not (C++
+    verify: the manifest, one file per rank, sizes and SHA-256)."""
+    from .. import _C
+
+    return _C.checkpoint_verify(str(step_dir)) or None
 
 
 def latest(directory: str | Path) -> Path | None:
     """The newest intact checkpoint directory under ``directory``, or None. Newer incomplete or
     corrupt ones are skipped with a ``CheckpointWarning`` naming the file and the reason."""
-    for _, step_dir in reversed(_step_dirs(Path(directory))):
-        reason = verify(step_dir)
-        if reason is None:
-            return step_dir
-        warnings.warn(f"skipping checkpoint {step_dir}: {reason}", CheckpointWarning, stacklevel=2)
-    return None
+    from .. import _C
+
+    found, skipped = _C.checkpoint_latest(str(directory))
+    for reason in skipped:
+        warnings.warn(reason, CheckpointWarning, stacklevel=2)
+    return Path(found) if found is not None else None
 
 
 def read_manifest(step_dir: str | Path) -> dict:

@@ -134,6 +134,17 @@ TEST(TensorParallelLibTorch, VocabParallelEmbeddingAndCrossEntropyMatchUnsplit) 
   });
 }
 
+TEST(TensorParallelLibTorch, GatherShardsUndoesShardTensorForFusedParts) {
+  const torch::Tensor full = torch::randn({6, 4});  // a [q; k; v] of 2 rows each
+  on_ranks("gather", [&](int rank, tp::Group group) {
+    const tp::ShardSpec spec{0, 3, rank, kWorld, "attn", "qkv"};
+    EXPECT_TRUE(torch::equal(tp::gather_shards(tp::shard_tensor(full, spec), spec, group), full));
+    const tp::ShardSpec columns{1, 1, rank, kWorld, "mlp", "down"};
+    EXPECT_TRUE(
+        torch::equal(tp::gather_shards(tp::shard_tensor(full, columns), columns, group), full));
+  });
+}
+
 TEST(TensorParallelLibTorch, BadArgumentsAreNamed) {
   on_ranks("bad", [&](int rank, tp::Group group) {
     (void)rank;
