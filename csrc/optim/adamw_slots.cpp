@@ -8,6 +8,22 @@
 
 namespace shardwise::optim {
 
+namespace {
+
+// Where `slot` (a 1-D view of `param`'s elements) starts in the flattened parameter.
+int64_t offset_in(const sharding::TensorSlice& slot, const at::Tensor& param) {
+  const int64_t offset = slot.values.storage_offset() - param.storage_offset();
+  TORCH_CHECK_VALUE(slot.values.dim() == 1 && slot.values.stride(0) == 1 && param.is_contiguous() &&
+                        slot.values.is_alias_of(param) && offset >= 0 &&
+                        offset + slot.values.numel() <= param.numel(),
+                    "adamw_slots: the slot of '", slot.name,
+                    "' is not a 1-D view of its parameter's elements; pass param.view(-1) or a "
+                    "narrow of it");
+  return offset;
+}
+
+}  // namespace
+
 std::vector<sharding::TensorSlice> adamw_slots(
     const std::vector<sharding::TensorSlice>& parameter_slots,
     const std::vector<at::Tensor>& params,
@@ -32,10 +48,11 @@ std::vector<sharding::TensorSlice> adamw_slots(
       continue;
     }
     auto& adamw = static_cast<torch::optim::AdamWParamState&>(*state);
-    const int64_t n = slot.values.numel();
-    out.push_back({slot.name + ":exp_avg", slot.start, adamw.exp_avg().view(-1).narrow(0, 0, n)});
+    const int64_t n = slot.values.numel(), offset = offset_in(slot, params[i]);
     out.push_back(
-        {slot.name + ":exp_avg_sq", slot.start, adamw.exp_avg_sq().view(-1).narrow(0, 0, n)});
+        {slot.name + ":exp_avg", slot.start, adamw.exp_avg().view(-1).narrow(0, offset, n)});
+    out.push_back(
+        {slot.name + ":exp_avg_sq", slot.start, adamw.exp_avg_sq().view(-1).narrow(0, offset, n)});
   }
   return out;
 }

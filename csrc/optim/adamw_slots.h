@@ -1,7 +1,9 @@
 // Checkpoint slots of parameters and their AdamW moments, as shardwise-train's owned_slots
-// writes them: for each parameter slot (name, start, a view of elements [0, n) of `params[i]`),
-// also "name:exp_avg" and "name:exp_avg_sq" over the same elements of that parameter's AdamW
-// state. Works for torch::optim::AdamW and optim::FusedAdamW (the same state).
+// writes them: for each parameter slot (name, start, a 1-D view of elements [k, k + n) of
+// `params[i]`), also "name:exp_avg" and "name:exp_avg_sq" over the same elements of that
+// parameter's AdamW state. Several slots may view one parameter (a tensor-parallel shard lies in
+// the full tensor as several runs). Works for torch::optim::AdamW and optim::FusedAdamW (the same
+// state).
 #pragma once
 
 #include <torch/optim/adamw.h>
@@ -13,9 +15,9 @@
 
 namespace shardwise::optim {
 
-// `parameter_slots[i]` views `params[i]`. With `create_state`, a parameter without AdamW state
-// gets zeroed moments (to be filled by loading); without it, such a parameter has no moment
-// slots.
+// `parameter_slots[i]` views `params[i]` (an error otherwise). With `create_state`, a parameter
+// without AdamW state gets zeroed moments (to be filled by loading); without it, such a parameter
+// has no moment slots.
 std::vector<sharding::TensorSlice> adamw_slots(
     const std::vector<sharding::TensorSlice>& parameter_slots,
     const std::vector<at::Tensor>& params,

@@ -45,4 +45,29 @@ at::Tensor gather_shards(const at::Tensor& shard, const ShardSpec& spec, const G
   return at::cat(ordered, spec.dim);
 }
 
+std::vector<sharding::TensorSlice> shard_slices(const std::string& name,
+                                                const at::Tensor& shard,
+                                                const std::vector<int64_t>& full_shape,
+                                                const ShardSpec& spec) {
+  TORCH_CHECK_VALUE(shard.is_contiguous(), "shard_slices: the shard of '", name,
+                    "' is not contiguous");
+  std::vector<ShardRun> runs;
+  try {
+    runs = shard_runs(full_shape, spec.dim, spec.chunks, spec.rank, spec.size);
+  } catch (const std::invalid_argument& e) {
+    TORCH_CHECK_VALUE(false, "shard_slices: '", name, "': ", e.what());
+  }
+  int64_t covered = 0;
+  for (const ShardRun& run : runs) covered += run.length;
+  TORCH_CHECK_VALUE(covered == shard.numel(), "shard_slices: '", name, "' has ", shard.numel(),
+                    " elements, but its shard of a ", c10::IntArrayRef(full_shape), " tensor has ",
+                    covered);
+  std::vector<sharding::TensorSlice> out;
+  const at::Tensor flat = shard.view(-1);
+  for (const ShardRun& run : runs) {
+    out.push_back({name, run.full_start, flat.narrow(0, run.local_start, run.length)});
+  }
+  return out;
+}
+
 }  // namespace shardwise::tensor_parallel

@@ -7,7 +7,9 @@
 #include <ATen/core/Tensor.h>
 
 #include <string>
+#include <vector>
 
+#include "sharding/checkpoint_pieces.h"
 #include "tensor_parallel/regions.h"
 
 namespace shardwise::tensor_parallel {
@@ -29,5 +31,14 @@ at::Tensor shard_tensor(const at::Tensor& full, const ShardSpec& spec);
 // rank's: all-gathered along spec.dim over `group` (rank-major: each rank's slices of the
 // `chunks` parts), then reordered part-major. Collective; `group` must have spec's rank and size.
 at::Tensor gather_shards(const at::Tensor& shard, const ShardSpec& spec, const Group& group);
+
+// The checkpoint slots of `shard` (shard_tensor's cut with `spec` of the tensor `name` of shape
+// `full_shape`): one 1-D view of `shard` per run of shard_runs, starting where that run lies in
+// the flattened full tensor. Pieces saved from them load at any tp size (and into an unsplit
+// model). `shard` must be contiguous.
+std::vector<sharding::TensorSlice> shard_slices(const std::string& name,
+                                                const at::Tensor& shard,
+                                                const std::vector<int64_t>& full_shape,
+                                                const ShardSpec& spec);
 
 }  // namespace shardwise::tensor_parallel

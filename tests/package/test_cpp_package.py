@@ -164,19 +164,27 @@ def test_two_processes_under_torchrun_match_one_process(train_gpt, corpus, strat
 
 
 @pytest.mark.parametrize(
-    "layout",
-    [["--pp", "2"], ["--pp", "2", "--schedule", "gpipe"], ["--tp", "2"]],
-    ids=["pp2-1f1b", "pp2-gpipe", "tp2"],
+    ("layout", "processes"),
+    [
+        (["--pp", "2"], 2),
+        (["--pp", "2", "--schedule", "gpipe"], 2),
+        (["--tp", "2"], 2),
+        (["--pp", "2", "--tp", "2"], 4),
+    ],
+    ids=["pp2-1f1b", "pp2-gpipe", "tp2", "pp2-tp2"],
 )
-def test_pipeline_and_tensor_parallel_runs_match_one_process(train_gpt, corpus, layout, tmp_path):
+def test_pipeline_and_tensor_parallel_runs_match_one_process(
+    train_gpt, corpus, layout, processes, tmp_path
+):
     """Catches: a C++ pipeline or tensor-parallel GPT that does not train like the whole model
     on the same batch (a tied embedding/head whose copies drift, microbatches scaled twice or not
-    at all, a shard cut from the wrong rows, clipping on one rank's part of the norm), and an
-    export that misses or mis-assembles another rank's parameters."""
+    at all, a shard cut from the wrong rows, clipping on one rank's part of the norm, a stage's
+    tp shards or the tie's shard counted twice in it), and an export that misses or
+    mis-assembles another rank's parameters."""
     common = ["--data", str(corpus), "--micro-batch", "8", *MODEL]
     one = tmp_path / "one.safetensors"
     single = _losses(_run([str(train_gpt), *common, "--save", str(one)]))
-    launch = [str(TORCHRUN), "--no-python", "--standalone", "--nproc_per_node=2"]
+    launch = [str(TORCHRUN), "--no-python", "--standalone", f"--nproc_per_node={processes}"]
     saved = tmp_path / "split.safetensors"
     output = _run([*launch, str(train_gpt), *common, *layout, "--save", str(saved)])
     double = _losses(output)
@@ -220,32 +228,55 @@ def _python_trainer(out_dir: Path, steps: int, strategy: str) -> dict[int, float
     return {r["step"]: r["loss"] for r in records if "loss" in r}
 
 
-@pytest.mark.parametrize("strategy", ["fsdp", "zero2"])
+@pytest.fixture(scope="module")
+def python_run(tmp_path_factory):
+    """shardwise-train's 6-step run of a strategy (checkpoints at steps 3 and 6, losses per
+    step), made once per strategy and shared by the layouts that resume it."""
+    runs: dict[str, tuple[Path, dict[int, float]]] = {}
+
+    def run(strategy: str) -> tuple[Path, dict[int, float]]:
+        if strategy not in runs:
+            out_dir = tmp_path_factory.mktemp(f"python-{strategy}")
+            runs[strategy] = (out_dir / "checkpoints", _python_trainer(out_dir, 6, strategy))
+        return runs[strategy]
+
+    return run
+
+
+# The C++ layout: its flags (8 rows per step in all, as shardwise-train's 2 ranks of 4), its
+# processes and the shardwise-train strategy whose checkpoints it shares. Pieces are layout-free,
+# so a pipeline's or tensor-parallel run's checkpoint resumes in FSDP and the reverse; ZeRO
+# resumes ZeRO.
+RESUME_LAYOUTS = {
+    "fsdp": (["--strategy", "fsdp", "--micro-batch", "4"], 2, "fsdp"),
+    "zero2": (["--strategy", "zero2", "--micro-batch", "4"], 2, "zero2"),
+    "pp2": (["--pp", "2", "--micro-batch", "8"], 2, "fsdp"),
+    "tp2": (["--tp", "2", "--micro-batch", "8"], 2, "fsdp"),
+    "pp2-tp2": (["--pp", "2", "--tp", "2", "--micro-batch", "8"], 4, "fsdp"),
+}
+
+
+@pytest.mark.parametrize("layout", sorted(RESUME_LAYOUTS))
 def test_checkpoints_resume_across_the_cpp_and_python_trainers(
-    pip_train_gpt, corpus, strategy, tmp_path
+    pip_train_gpt, corpus, layout, python_run, tmp_path
 ):
     """Catches: a C++ checkpoint that shardwise-train cannot load (pickle, manifest, piece names
-    or ZeRO's parameter indices, AdamW moments or step count, data position) or the reverse, and
-    pieces that do not refill shards at another world size: each resumed run must go on exactly
-    as the run that saved."""
+    or ZeRO's parameter indices, AdamW moments or step count, data position) or the reverse;
+    pieces that do not refill shards at another world size or layout (a tensor-parallel shard's
+    runs placed wrong, a pipeline stage's tied head copy written twice or never refilled, a
+    replica missing from or duplicated in the pieces): each resumed run must go on exactly as the
+    run that saved."""
     for module in ("omegaconf", "pydantic"):  # the CPU venv installs shardwise with --no-deps
         pytest.importorskip(module, reason="shardwise-train's dependencies are not installed here")
+    layout_flags, processes, strategy = RESUME_LAYOUTS[layout]
     flags = ["--data", str(corpus), *MODEL[:8], "--steps", "6", "--log-every", "1"]
-    flags += ["--threads", "1", "--save-every", "3", "--strategy", strategy]
-    launch = [str(TORCHRUN), "--no-python", "--standalone", "--nproc_per_node=2"]
+    flags += ["--threads", "1", "--save-every", "3"]
+    launch = [str(TORCHRUN), "--no-python", "--standalone", f"--nproc_per_node={processes}"]
     # C++ saves steps 3 and 6; without step 6, shardwise-train resumes from 3.
     cpp_dir = tmp_path / "from-cpp"
     checkpoints = cpp_dir / "checkpoints"
     output = _run(
-        [
-            *launch,
-            str(pip_train_gpt),
-            *flags,
-            "--micro-batch",
-            "4",
-            "--checkpoint-dir",
-            str(checkpoints),
-        ]
+        [*launch, str(pip_train_gpt), *flags, *layout_flags, "--checkpoint-dir", str(checkpoints)]
     )
     cpp = dict(enumerate(_losses(output), start=1))
     assert sorted(p.name for p in checkpoints.iterdir()) == ["step-00000003", "step-00000006"]
@@ -254,21 +285,18 @@ def test_checkpoints_resume_across_the_cpp_and_python_trainers(
     assert sorted(resumed) == [4, 5, 6], resumed
     for step in (4, 5, 6):
         assert resumed[step] == pytest.approx(cpp[step], abs=1e-5), (step, resumed, cpp)
-    # shardwise-train saves steps 3 and 6; one C++ process resumes from 3 (8 rows: the same
-    # global batch as 2 ranks of 4).
-    py_dir = tmp_path / "from-python"
-    python = _python_trainer(py_dir, 6, strategy)
-    shutil.rmtree(py_dir / "checkpoints" / "step-00000006")
-    output = _run(
-        [
-            str(pip_train_gpt),
-            *flags,
-            "--micro-batch",
-            "8",
-            "--checkpoint-dir",
-            str(py_dir / "checkpoints"),
-        ]
-    )
+    # shardwise-train saved steps 3 and 6; C++ resumes from 3: FSDP and ZeRO as one process of 8
+    # rows (another world size), the pipeline and tensor-parallel layouts as they saved.
+    saved, python = python_run(strategy)
+    py_checkpoints = tmp_path / "from-python" / "checkpoints"
+    shutil.copytree(saved, py_checkpoints)
+    shutil.rmtree(py_checkpoints / "step-00000006")
+    command = [str(pip_train_gpt), *flags, "--checkpoint-dir", str(py_checkpoints)]
+    if layout in ("fsdp", "zero2"):
+        command += ["--strategy", layout, "--micro-batch", "8"]
+    else:
+        command = [*launch, *command, *layout_flags]
+    output = _run(command)
     assert "resumed from" in output and "(step 3, saved by 2 ranks)" in output, output
     cpp = dict(zip((4, 5, 6), _losses(output), strict=True))
     for step in (4, 5, 6):
@@ -286,8 +314,7 @@ def test_bad_flags_are_named_before_anything_runs(train_gpt, corpus):
         (["--tp", "5"], "--tp 5 must divide --dim (192)"),
         (["--tp", "3"], "--tp 3 must divide the vocabulary size (256)"),
         (["--tp", "2"], "--tp 2 must divide the world size 1"),
-        (["--tp", "2", "--pp", "2"], "--pp with --tp: not combined"),
-        (["--checkpoint-dir", "x", "--tp", "2"], "drop --pp and --tp"),
+        (["--tp", "2", "--pp", "2"], "--pp 2 x --tp 2 (4) must divide the world size 1"),
         (["--warmup-steps", "20", "--steps", "10"], "--warmup-steps 20 exceeds --steps 10"),
         (["--pp", "2", "--microbatches", "3"], "must be a multiple of --microbatches 3"),
         (["--pp", "2"], "--pp 2 must divide the world size 1"),

@@ -1,10 +1,11 @@
 // Resumable checkpoints of the C++ trainer in shardwise-train's format
 // (shardwise/checkpoint/training_checkpoint.h): a run saved here resumes in shardwise-train
 // (`torchrun -m shardwise.train` with checkpoint.dir pointing at the same folder's parent) and
-// the other way round. Each rank writes its FSDP shards and their AdamW moments as checkpoint
-// pieces (ZeRO: the ZeRO optimizer's own), its generator state and the data stream's position;
-// loading fills this rank's part from the pieces of every saved rank, so any world size resumes
-// any other.
+// the other way round. Each rank writes what it holds of the parameters and their AdamW moments
+// as checkpoint pieces of the full tensors (FSDP shards, a pipeline stage's parameters, tensor-
+// parallel shards; ZeRO: the ZeRO optimizer's own pieces), its generator state and the data
+// stream's position; loading fills this rank's part from the pieces of every saved rank, so any
+// strategy and world size resumes any other (ZeRO only ZeRO).
 #pragma once
 
 #include <ATen/CPUGeneratorImpl.h>
@@ -16,8 +17,10 @@
 #include <functional>
 #include <memory>
 #include <mutex>
+#include <optional>
 #include <stdexcept>
 #include <string>
+#include <utility>
 #include <vector>
 
 // What a strategy adds to a checkpoint (its pieces) and takes back from one.
@@ -29,16 +32,52 @@ struct CheckpointHooks {
       load;
 };
 
-// FSDP: this rank's shards and their AdamW moments as pieces of the full parameters.
-inline CheckpointHooks fsdp_checkpoint(std::shared_ptr<shardwise::fsdp::FullyShardedState> fsdp,
-                                       std::shared_ptr<torch::optim::AdamW> optimizer) {
-  auto slots = [fsdp, optimizer](bool create) {
-    return shardwise::optim::adamw_slots(fsdp->shard_slices(), fsdp->parameters(), *optimizer,
-                                         create);
+// A parameter this rank holds: `value` is the whole tensor `name` of the full model or, with
+// `split`, its tensor-parallel shard of the `full_shape` tensor.
+struct ParameterSource {
+  std::string name;
+  torch::Tensor value;
+  std::optional<shardwise::tensor_parallel::ShardSpec> split;
+  std::vector<int64_t> full_shape;
+};
+
+// Their checkpoint slots, each with the parameter it views: a shard's runs in the full tensor
+// (tensor_parallel::shard_slices), a whole tensor as one slot.
+inline std::pair<std::vector<shardwise::sharding::TensorSlice>, std::vector<torch::Tensor>>
+source_slots(const std::vector<ParameterSource>& sources) {
+  std::pair<std::vector<shardwise::sharding::TensorSlice>, std::vector<torch::Tensor>> out;
+  for (const ParameterSource& source : sources) {
+    const torch::Tensor flat = source.value.detach();
+    auto slices =
+        source.split
+            ? shardwise::tensor_parallel::shard_slices(source.name, flat, source.full_shape,
+                                                       *source.split)
+            : std::vector<shardwise::sharding::TensorSlice>{{source.name, 0, flat.view(-1)}};
+    for (auto& slice : slices) {
+      out.first.push_back(std::move(slice));
+      out.second.push_back(source.value);
+    }
+  }
+  return out;
+}
+
+// The checkpoint slots of the parameters this rank holds, slots.first[i] a 1-D view of
+// slots.second[i] (several slots may view one parameter). With `saving`, only the slots this rank
+// writes: a replicated tensor is written by one of the ranks that hold it.
+using ParameterSlots = std::function<std::pair<std::vector<shardwise::sharding::TensorSlice>,
+                                               std::vector<torch::Tensor>>(bool saving)>;
+
+// FSDP, a pipeline's stage or a tensor-parallel shard under AdamW: the parameter slots and their
+// AdamW moments as pieces of the full parameters.
+inline CheckpointHooks adamw_checkpoint(ParameterSlots parameter_slots,
+                                        std::shared_ptr<torch::optim::AdamW> optimizer) {
+  auto slots = [parameter_slots, optimizer](bool saving) {
+    const auto [views, params] = parameter_slots(saving);
+    return shardwise::optim::adamw_slots(views, params, *optimizer, /*create_state=*/!saving);
   };
   CheckpointHooks hooks;
   hooks.save = [slots, optimizer](shardwise::checkpoint::TrainingState& state) {
-    state.pieces = slots(/*create=*/false);
+    state.pieces = slots(/*saving=*/true);
     state.optimizer_step = shardwise::optim::adamw_step_count(*optimizer);
   };
   hooks.load = [slots, optimizer](const std::vector<shardwise::checkpoint::TrainingState>& saved,
@@ -52,7 +91,7 @@ inline CheckpointHooks fsdp_checkpoint(std::shared_ptr<shardwise::fsdp::FullySha
     for (const auto& rank : saved)
       pieces.insert(pieces.end(), rank.pieces.begin(), rank.pieces.end());
     at::NoGradGuard no_grad;
-    shardwise::sharding::fill_from_pieces(slots(/*create=*/true), pieces, /*strict=*/true);
+    shardwise::sharding::fill_from_pieces(slots(/*saving=*/false), pieces, /*strict=*/true);
     shardwise::optim::set_adamw_step_count(*optimizer, saved[0].optimizer_step);
   };
   return hooks;

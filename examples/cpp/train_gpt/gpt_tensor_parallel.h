@@ -14,9 +14,12 @@
 #include <map>
 #include <optional>
 #include <string>
+#include <utility>
 #include <vector>
 
+#include "checkpointing.h"
 #include "gpt.h"
+#include "gpt_pipeline.h"
 
 class TensorParallelGPT {
  public:
@@ -29,28 +32,42 @@ class TensorParallelGPT {
       torch::Tensor value = item.value().detach();
       value = s ? shardwise::tensor_parallel::shard_tensor(value, *s) : value.clone();
       params_[item.key()] = value.requires_grad_(true);
+      full_shapes_[item.key()] = item.value().sizes().vec();
       order_.push_back(item.key());
     }
   }
 
   // Logits [batch, seq, vocab / tp]: this rank's slice of the vocabulary.
-  torch::Tensor forward(const torch::Tensor& tokens) {
-    namespace tp = shardwise::tensor_parallel;
-    auto positions = torch::arange(tokens.size(1), tokens.options().dtype(torch::kLong));
-    auto x = tp::vocab_parallel_embedding(tokens, p("embed.weight"), vocab_start_, options_) +
-             torch::embedding(p("pos.weight"), positions);
+  torch::Tensor forward(const torch::Tensor& tokens) const {
+    torch::Tensor x = embed(tokens);
+    for (int64_t i = 0; i < cfg_.layers; ++i) x = block(i, x);
+    return head(x, p("embed.weight"));
+  }
+
+  // The model as pipeline blocks (gpt_pipeline.h's cut: the embedding, each transformer block,
+  // the head), their parameters this rank's shards by the full model's names; `head_weight` is
+  // the head's own copy of embed.weight's shard (the pipeline ties the two).
+  std::vector<GPTBlock> blocks(const torch::Tensor& head_weight) const {
+    auto named = [&](const std::string& prefix) {
+      std::vector<std::pair<std::string, torch::Tensor>> out;
+      for (const auto& name : order_) {
+        if (name.compare(0, prefix.size(), prefix) == 0) out.push_back({name, p(name)});
+      }
+      return out;
+    };
+    std::vector<GPTBlock> out;
+    auto embedding = named("embed.");
+    for (auto& item : named("pos.")) embedding.push_back(item);
+    out.push_back({[this](const torch::Tensor& tokens) { return embed(tokens); }, embedding});
     for (int64_t i = 0; i < cfg_.layers; ++i) {
-      const std::string b = "blocks." + std::to_string(i) + ".";
-      tp::AttentionWeights attention{p(b + "qkv.weight"), p(b + "qkv.bias"), p(b + "proj.weight"),
-                                     p(b + "proj.bias")};
-      x = x + tp::parallel_self_attention(norm(x, b + "norm1"), attention,
-                                          cfg_.heads / tp_->getSize(), /*causal=*/true, options_);
-      auto up = tp::column_parallel_linear(norm(x, b + "norm2"), p(b + "up.weight"),
-                                           p(b + "up.bias"), options_);
-      x = x + tp::row_parallel_linear(torch::gelu(up), p(b + "down.weight"), p(b + "down.bias"),
-                                      options_);
+      out.push_back({[this, i](const torch::Tensor& x) { return block(i, x); },
+                     named("blocks." + std::to_string(i) + ".")});
     }
-    return tp::column_parallel_linear(norm(x, "norm"), p("embed.weight"), std::nullopt, options_);
+    auto norm_and_head = named("norm.");
+    norm_and_head.push_back({"head.weight", head_weight});
+    out.push_back({[this, head_weight](const torch::Tensor& x) { return head(x, head_weight); },
+                   norm_and_head});
+    return out;
   }
 
   // The mean cross-entropy of the vocabulary-split logits (never gathered).
@@ -78,15 +95,42 @@ class TensorParallelGPT {
     return out;
   }
 
+  // What this rank holds of parameter `name` (the head's copy of the tie: embed.weight's).
+  ParameterSource source(const std::string& name, const torch::Tensor& value) const {
+    const std::string full = name == "head.weight" ? "embed.weight" : name;
+    return {full, value, spec(full), full_shapes_.at(full)};
+  }
+
+  // Every parameter's source, in the full model's order.
+  std::vector<ParameterSource> sources() const {
+    std::vector<ParameterSource> out;
+    for (const auto& name : order_) out.push_back(source(name, p(name)));
+    return out;
+  }
+
+  // The whole tensor of parameter `name` from this rank's `value` (collective over the tp group
+  // for a split one).
+  torch::Tensor gather(const std::string& name, const torch::Tensor& value) const {
+    const auto s = spec(name == "head.weight" ? "embed.weight" : name);
+    return s ? shardwise::tensor_parallel::gather_shards(value, *s, tp_) : value.detach().clone();
+  }
+
+  // Whether parameter `name` is split over the tp group.
+  bool split(const std::string& name) const {
+    return spec(name == "head.weight" ? "embed.weight" : name).has_value();
+  }
+
+  const c10::intrusive_ptr<c10d::ProcessGroup>& group() const { return tp_; }
+  const torch::Tensor& parameter(const std::string& name) const { return params_.at(name); }
+  // The full model's shape of parameter `name`.
+  std::vector<int64_t> full_shape(const std::string& name) const {
+    return full_shapes_.at(name == "head.weight" ? "embed.weight" : name);
+  }
+
   // The full model's parameters by name (collective over the tp group).
   torch::OrderedDict<std::string, torch::Tensor> full_state() const {
     torch::OrderedDict<std::string, torch::Tensor> out;
-    for (const auto& name : order_) {
-      const torch::Tensor& value = params_.at(name);
-      const auto s = spec(name);
-      out.insert(name, s ? shardwise::tensor_parallel::gather_shards(value, *s, tp_)
-                         : value.detach().clone());
-    }
+    for (const auto& name : order_) out.insert(name, gather(name, p(name)));
     return out;
   }
 
@@ -111,6 +155,32 @@ class TensorParallelGPT {
 
   const torch::Tensor& p(const std::string& name) const { return params_.at(name); }
 
+  torch::Tensor embed(const torch::Tensor& tokens) const {
+    auto positions = torch::arange(tokens.size(1), tokens.options().dtype(torch::kLong));
+    return shardwise::tensor_parallel::vocab_parallel_embedding(tokens, p("embed.weight"),
+                                                                vocab_start_, options_) +
+           torch::embedding(p("pos.weight"), positions);
+  }
+
+  torch::Tensor block(int64_t i, torch::Tensor x) const {
+    namespace tp = shardwise::tensor_parallel;
+    const std::string b = "blocks." + std::to_string(i) + ".";
+    tp::AttentionWeights attention{p(b + "qkv.weight"), p(b + "qkv.bias"), p(b + "proj.weight"),
+                                   p(b + "proj.bias")};
+    x = x + tp::parallel_self_attention(norm(x, b + "norm1"), attention,
+                                        cfg_.heads / tp_->getSize(), /*causal=*/true, options_);
+    auto up = tp::column_parallel_linear(norm(x, b + "norm2"), p(b + "up.weight"), p(b + "up.bias"),
+                                         options_);
+    return x + tp::row_parallel_linear(torch::gelu(up), p(b + "down.weight"), p(b + "down.bias"),
+                                       options_);
+  }
+
+  // Vocabulary-split logits from the final norm and the (tied) embedding shard `weight`.
+  torch::Tensor head(const torch::Tensor& x, const torch::Tensor& weight) const {
+    return shardwise::tensor_parallel::column_parallel_linear(norm(x, "norm"), weight, std::nullopt,
+                                                              options_);
+  }
+
   torch::Tensor norm(const torch::Tensor& x, const std::string& prefix) const {
     return torch::layer_norm(x, {cfg_.dim}, p(prefix + ".weight"), p(prefix + ".bias"));
   }
@@ -120,5 +190,6 @@ class TensorParallelGPT {
   shardwise::tensor_parallel::ParallelOptions options_;
   int64_t vocab_start_ = 0;
   std::map<std::string, torch::Tensor> params_;
+  std::map<std::string, std::vector<int64_t>> full_shapes_;
   std::vector<std::string> order_;  // the full model's parameter order
 };

@@ -145,6 +145,37 @@ TEST(TensorParallelLibTorch, GatherShardsUndoesShardTensorForFusedParts) {
   });
 }
 
+// Catches: checkpoint slots of a tp shard placed at the wrong offsets of the full tensor (fused
+// QKV parts, a column split's strided runs), so pieces saved at one tp size refill another.
+TEST(TensorParallelLibTorch, ShardSlicesRefillTheFullTensorAndOtherTpSizes) {
+  const torch::Tensor full = torch::randn({6, 4});
+  for (const auto& [dim, chunks] : {std::pair<int64_t, int64_t>{0, 3}, {1, 1}}) {
+    std::vector<shardwise::sharding::TensorSlice> pieces;
+    for (int rank = 0; rank < 2; ++rank) {
+      const tp::ShardSpec spec{dim, chunks, rank, 2, "attn", "w"};
+      for (auto& slice : tp::shard_slices("w", tp::shard_tensor(full, spec), {6, 4}, spec)) {
+        pieces.push_back({slice.name, slice.start, slice.values.clone()});
+      }
+    }
+    torch::Tensor whole = torch::zeros({6, 4});
+    shardwise::sharding::fill_from_pieces({{"w", 0, whole.view(-1)}}, pieces);
+    EXPECT_TRUE(torch::equal(whole, full)) << "dim " << dim;
+    const int64_t size = dim == 0 ? 1 : 4;  // 6 rows / 3 parts: tp 1 or 2; 4 columns: tp 4
+    for (int rank = 0; rank < size; ++rank) {
+      const tp::ShardSpec spec{dim, chunks, rank, static_cast<int>(size), "attn", "w"};
+      torch::Tensor mine = torch::zeros_like(tp::shard_tensor(full, spec));
+      shardwise::sharding::fill_from_pieces(tp::shard_slices("w", mine, {6, 4}, spec), pieces);
+      EXPECT_TRUE(torch::equal(mine, tp::shard_tensor(full, spec))) << dim << " " << rank;
+    }
+  }
+  try {
+    tp::shard_slices("w", torch::zeros({4, 4}), {6, 4}, tp::ShardSpec{1, 1, 0, 2, "attn", "w"});
+    ADD_FAILURE() << "no error";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("'w' has 16 elements"), std::string::npos) << e.what();
+  }
+}
+
 TEST(TensorParallelLibTorch, BadArgumentsAreNamed) {
   on_ranks("bad", [&](int rank, tp::Group group) {
     (void)rank;

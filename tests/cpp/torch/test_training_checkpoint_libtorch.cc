@@ -113,12 +113,38 @@ TEST(TrainingCheckpointLibTorch, ZeroPiecesRoundTripAndAMissingFieldIsNamed) {
   EXPECT_TRUE(torch::equal(back.zero->pieces[0].tensors.at("exp_avg"), piece.tensors["exp_avg"]));
 
   auto payload = shardwise::checkpoint::to_payload(state).toGenericDict();
-  payload.erase("data");
+  (void)payload.erase("data");
   try {
     shardwise::checkpoint::from_payload(payload, "rank-00000.pt");
     FAIL() << "a payload without its data position was accepted";
   } catch (const c10::ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("rank-00000.pt: no \"data\""), std::string::npos)
+        << e.what();
+  }
+}
+
+// Catches: moment slots taken from the parameter's first elements when the parameter slot views
+// later ones (the second run of a tensor-parallel shard), and a copy passed as a slot.
+TEST(TrainingCheckpointLibTorch, MomentSlotsViewTheSameElementsAsTheirParameterSlot) {
+  Trainee trainee(3);
+  trainee.step(torch::randn({5, 4}));
+  const torch::Tensor w = trainee.model->parameters()[0];  // 8 x 4
+  const torch::Tensor flat = w.detach().view(-1);
+  const auto slots = shardwise::optim::adamw_slots(
+      {{"w", 100, flat.narrow(0, 20, 12)}, {"w", 0, flat.narrow(0, 0, 20)}}, {w, w},
+      *trainee.optimizer, /*create_state=*/false);
+  ASSERT_EQ(slots.size(), 6u);
+  auto& state = static_cast<torch::optim::AdamWParamState&>(
+      *trainee.optimizer->state()[w.unsafeGetTensorImpl()]);
+  EXPECT_EQ(slots[1].name, "w:exp_avg");
+  EXPECT_EQ(slots[1].start, 100);
+  EXPECT_TRUE(torch::equal(slots[1].values, state.exp_avg().view(-1).narrow(0, 20, 12)));
+  EXPECT_TRUE(torch::equal(slots[5].values, state.exp_avg_sq().view(-1).narrow(0, 0, 20)));
+  try {
+    shardwise::optim::adamw_slots({{"w", 0, flat.clone()}}, {w}, *trainee.optimizer, false);
+    ADD_FAILURE() << "no error";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("the slot of 'w' is not a 1-D view"), std::string::npos)
         << e.what();
   }
 }
