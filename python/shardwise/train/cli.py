@@ -88,6 +88,7 @@ def run_spec(cfg: TrainConfig, resume: bool, memory_note: str) -> RunSpec:
         save_gathered=d.sequence_parallel_save_gathered,
         micro_batch=t.micro_batch_size,
         accumulation=t.gradient_accumulation_steps,
+        device=t.device,
     )
     return RunSpec(
         gpt=gpt,
@@ -100,6 +101,8 @@ def run_spec(cfg: TrainConfig, resume: bool, memory_note: str) -> RunSpec:
         max_steps=t.max_steps,
         seed=t.seed,
         backend=d.backend,
+        device=t.device,
+        local_rank=d.local_rank,
         output_dir=Path(t.checkpoint.dir),
         checkpoint_every=t.checkpoint.every_steps,
         keep_last=t.checkpoint.keep_last,

@@ -40,8 +40,9 @@ from ..fsdp.config import FSDPConfig
 from ..models.gpt import PRESETS, GPTConfig
 from ..zero.config import TOP_KEYS as ZERO_TOP_KEYS
 from ..zero.config import load as load_zero
+from . import device as device_mod
+from .device import BACKENDS  # noqa: F401  (re-exported: the backends a config may name)
 
-BACKENDS = ("shardwise", "gloo", "nccl", "mpi")
 STRATEGIES = ("ddp", "fsdp", "zero", "pipeline")
 MESH_AXES = ("fsdp", "dp", "tp", "pp")
 MESH_ALIASES = {"data": "dp", "model": "tp", "pipeline": "pp"}  # seed 001's axis names
@@ -115,6 +116,7 @@ class TrainingSection(_Section):
     gradient_checkpointing: bool = False
     max_steps: int = Field(100, gt=0)
     seed: int = 0
+    device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when a GPU is present
     log_every: int = Field(1, gt=0)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
 
@@ -133,7 +135,8 @@ class DistributedSection(_Section):
 
     enabled: bool | None = None
     strategy: Literal["ddp", "fsdp", "zero", "pipeline"] | None = None
-    backend: Literal["shardwise", "gloo", "nccl", "mpi"] = "shardwise"
+    # a name, or a device:name list; default: shardwise on CPU, cpu:shardwise,cuda:nccl on GPUs
+    backend: str | None = None
     world_size: int | None = Field(None, gt=0)
     rank: int | None = Field(None, ge=0)
     local_rank: int | None = Field(None, ge=0)
@@ -242,11 +245,15 @@ def scale_learning_rate(lr: float, effective: int, base: int | None, rule: str) 
 
 
 def load_config(
-    path: str | None, overrides: Sequence[str] = (), env: Mapping[str, str] | None = None
+    path: str | None,
+    overrides: Sequence[str] = (),
+    env: Mapping[str, str] | None = None,
+    cuda_devices: int | None = None,
 ) -> TrainConfig:
     """The validated config from a YAML file (or none) and dotted overrides such as
     ``training.micro_batch_size=8`` or ``model.mesh_shape=[[2,1],["fsdp","tp"]]``. A bare
-    ``model=NAME`` selects a preset. Raises ValueError naming the key, the value and the fix."""
+    ``model=NAME`` selects a preset. Raises ValueError naming the key, the value and the fix.
+    ``env`` and ``cuda_devices`` describe the machine (default: this one; see ``validate``)."""
     overrides = [_preset_shorthand(o) for o in overrides]
     try:
         base = OmegaConf.load(path) if path else OmegaConf.create({})
@@ -272,7 +279,7 @@ def load_config(
         data = OmegaConf.to_container(base, resolve=True)
     except OmegaConfBaseException as error:
         raise ValueError(f"config interpolation failed: {error}") from error
-    return validate(data, env)
+    return validate(data, env, cuda_devices)
 
 
 def _preset_shorthand(item: str) -> str:
@@ -280,9 +287,12 @@ def _preset_shorthand(item: str) -> str:
     return f"model.preset={value}" if sep and key.strip() == "model" and "[" not in value else item
 
 
-def validate(data: Mapping, env: Mapping[str, str] | None = None) -> TrainConfig:
+def validate(
+    data: Mapping, env: Mapping[str, str] | None = None, cuda_devices: int | None = None
+) -> TrainConfig:
     """The TrainConfig of a plain mapping; resolves the defaults that come from ``env``
-    (torchrun's WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT)."""
+    (torchrun's WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and
+    from the machine's ``cuda_devices`` (default: ``torch.cuda.device_count()``)."""
     env = os.environ if env is None else env
     if not isinstance(data, Mapping):
         raise ValueError(f"the config must be a mapping of sections, got {type(data).__name__}")
@@ -293,6 +303,7 @@ def validate(data: Mapping, env: Mapping[str, str] | None = None) -> TrainConfig
         raise ValueError(_explain(error.errors()[0])) from None
     _resolve_precision(cfg)
     _resolve_layout(cfg, env)
+    _resolve_device(cfg, cuda_devices)
     _resolve_strategy(cfg)
     _check_tensor_parallel(cfg)
     _check_sub_blocks(cfg, lifted)
@@ -504,6 +515,17 @@ def _resolve_layout(cfg: TrainConfig, env: Mapping) -> None:
         d.pipeline_parallel_size, axis, "pp", "pipeline_parallel_size"
     )
     _check_world_split(cfg, mesh_key, mesh)
+
+
+def _resolve_device(cfg: TrainConfig, cuda_devices: int | None) -> None:
+    """training.device and distributed.backend against the machine (``device.py``'s rules)."""
+    import torch
+
+    count = torch.cuda.device_count() if cuda_devices is None else cuda_devices
+    t, d = cfg.training, cfg.distributed
+    t.device = device_mod.resolve_device(t.device, count)
+    d.backend = d.backend or device_mod.default_backend(t.device)
+    device_mod.check_backend(d.backend, t.device, count, d.num_processes_per_node)
 
 
 def _axis_size(given: int | None, axis: dict, name: str, key: str) -> int:

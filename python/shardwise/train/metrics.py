@@ -4,8 +4,9 @@ stragglers, and the sinks (JSONL, TensorBoard, a progress bar on rank 0).
 MFU = achieved model FLOP/s per rank / the rank's peak FLOP/s. Model FLOPs per token follow
 Kaplan et al. / PaLM: 6·N for the weight matmuls (forward + backward) plus 12·L·T·d for
 attention (L layers, sequence T, width d), counted whether or not activations are recomputed.
-The peak is measured, not looked up: a square matmul in the training dtype on one thread (the
-ranks of this job each use one), the best of a few repetitions.
+On the CPU the peak is measured, not looked up: a square matmul in the training dtype on one
+thread (the ranks of this job each use one), the best of a few repetitions. On a GPU it is the
+data sheet's dense bf16 peak (``device.py``; measured for a GPU not listed there).
 """
 
 from __future__ import annotations
@@ -25,14 +26,20 @@ def flops_per_token(num_params: int, layers: int, seq_len: int, dim: int) -> flo
     return 6.0 * num_params + 12.0 * layers * seq_len * dim
 
 
-def measured_peak_flops(dtype: torch.dtype = torch.bfloat16, size: int = 1024) -> float:
-    """FLOP/s of a size×size matmul in ``dtype`` on this process's threads, best of 5."""
-    a = torch.randn(size, size).to(dtype)
-    b = torch.randn(size, size).to(dtype)
+def measured_peak_flops(
+    dtype: torch.dtype = torch.bfloat16, size: int = 1024, device: torch.device | str = "cpu"
+) -> float:
+    """FLOP/s of a size×size matmul in ``dtype`` on ``device`` (the CPU: this process's
+    threads), best of 5 after a warm-up."""
+    a = torch.randn(size, size).to(device, dtype)
+    b = torch.randn(size, size).to(device, dtype)
+    sync = torch.cuda.synchronize if torch.device(device).type == "cuda" else lambda: None
     best = float("inf")
     for _ in range(6):
+        sync()
         start = time.perf_counter()
         torch.mm(a, b)
+        sync()
         best = min(best, time.perf_counter() - start)
     return 2.0 * size**3 / best
 

@@ -51,6 +51,7 @@ class StrategyOptions:
     save_gathered: bool = False  # sequence parallelism: gathered inputs saved for backward
     micro_batch: int = 1  # ZeRO's train_micro_batch_size_per_gpu
     accumulation: int = 1  # ZeRO's gradient_accumulation_steps
+    device: str = "cpu"  # where the model lives: cpu or cuda (this rank's current GPU)
 
 
 @dataclass
@@ -173,11 +174,12 @@ def parallelize(options: StrategyOptions, axes: Axes, kind: str, pipeline: bool)
 
 
 def build_model(options: StrategyOptions) -> GPT:
-    """The GPT, identically initialized on every rank (the seed, not a broadcast)."""
+    """The GPT, identically initialized on every rank (the seed, not a broadcast; on the CPU, so
+    every device starts from the same weights), then moved to ``options.device``."""
     torch.manual_seed(options.seed)
     model = GPT(options.gpt)
     model.full_shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
-    return model
+    return model.to(options.device)
 
 
 def tensor_parallel(model: GPT, options: StrategyOptions, axes: Axes) -> None:
@@ -223,7 +225,7 @@ def split_pipeline(
     for s in range(axes.pipeline_rank, p * v, p):
         body = nn.Sequential(*(blocks[i] for i in groups[s]))
         par.global_names[s] = {n: names[id(t)] for n, t in body.named_parameters()}
-        par.stages[s] = _AutocastStage(body, options.bf16, options.fp16)
+        par.stages[s] = _AutocastStage(body, options.bf16, options.fp16, options.device)
         if cfg.get("schedule", "1f1b") == "zb_h1":
             pp.defer_weight_gradients(par.stages[s])
     par.head_copy = id(blocks[-1].head.weight) if tied else None
@@ -253,7 +255,8 @@ def _stage_groups(blocks, count: int, options: StrategyOptions, axes: Axes) -> l
             blocks, loss = pp.gpt_blocks(model)[0], model.cross_entropy  # vocabulary-parallel
         g = torch.Generator().manual_seed(0)  # leaves the global RNG as other ranks'
         sample = torch.randint(0, options.gpt.vocab_size, (1, options.gpt.seq_len + 1), generator=g)
-        with autocast_context(options.bf16):
+        sample = sample.to(options.device)
+        with autocast_context(options.bf16, device=options.device):
             groups = pp.split_by_time(blocks, count, sample[:, :-1], 2, loss, sample[:, 1:])
     return pp.broadcast_groups(groups)
 
@@ -262,21 +265,22 @@ def _plain_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def autocast_context(bf16: bool, fp16: bool = False):
+def autocast_context(bf16: bool, fp16: bool = False, device: str = "cpu"):
+    """bf16 or fp16 autocast on ``device``'s type (cpu, cuda), or nothing."""
     if fp16:
-        return torch.autocast("cpu", dtype=torch.float16)
-    return torch.autocast("cpu", dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+        return torch.autocast(device, dtype=torch.float16)
+    return torch.autocast(device, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
 
 
 class _AutocastStage(nn.Module):
     """A pipeline stage under bf16 autocast whose output crosses to the next stage in fp32."""
 
-    def __init__(self, body: nn.Module, bf16: bool, fp16: bool = False):
+    def __init__(self, body: nn.Module, bf16: bool, fp16: bool = False, device: str = "cpu"):
         super().__init__()
-        self.body, self.bf16, self.fp16 = body, bf16, fp16
+        self.body, self.bf16, self.fp16, self.device = body, bf16, fp16, device
 
     def forward(self, x):
-        with autocast_context(self.bf16, self.fp16):
+        with autocast_context(self.bf16, self.fp16, self.device):
             out = self.body(x)
         return out.float() if out.is_floating_point() else out
 

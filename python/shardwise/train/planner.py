@@ -544,7 +544,8 @@ def _plan_from_config(args, parser) -> Plan:
     from .config import load_config
 
     env = {"WORLD_SIZE": str(args.gpus)} if args.gpus else {}
-    cfg = load_config(args.config, args.overrides, env=env)
+    # with --gpus the plan is for a machine with that many GPUs (a cuda config validates here)
+    cfg = load_config(args.config, args.overrides, env=env, cuda_devices=args.gpus or None)
     if args.gpu_mem is not None:
         memory = int(args.gpu_mem * GIB)
     else:

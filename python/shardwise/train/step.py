@@ -116,7 +116,7 @@ class TrainStep:
         for k, (x, y) in enumerate(batches):
             # the backward must run inside no_sync too, or every micro-batch reduces
             with par.no_sync(k == n - 1):
-                with autocast_context(par.autocast, par.fp16_autocast):
+                with autocast_context(par.autocast, par.fp16_autocast, par.options.device):
                     loss = par.gpt.cross_entropy(par.forward(x), y) / n
                 (loss * self.loss_scale()).backward()
             total += loss.item()

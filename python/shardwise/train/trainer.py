@@ -26,6 +26,7 @@ import torch.distributed as dist
 from ..models.gpt import GPT, GPTConfig
 from . import checkpoint as ckpt
 from . import data as data_mod
+from . import device as device_mod
 from . import metrics, pieces
 from . import step as step_mod
 from .parallelize import StrategyOptions
@@ -44,7 +45,9 @@ class RunSpec:
     warmup_steps: int = 10
     max_steps: int = 100
     seed: int = 0
-    backend: str = "shardwise"
+    backend: str = "shardwise"  # a name or a device:name list (cpu:shardwise,cuda:nccl)
+    device: str = "cpu"  # cpu or cuda (config.py resolved training.device)
+    local_rank: int = 0
     output_dir: Path = Path("outputs/run")
     checkpoint_every: int = 50
     keep_last: int = 3
@@ -68,7 +71,7 @@ def init_distributed(backend: str) -> tuple[int, int]:
                 os.environ["MASTER_PORT"] = str(s.getsockname()[1])
             os.environ.setdefault("RANK", "0")
             os.environ.setdefault("WORLD_SIZE", "1")
-        if backend == "shardwise":
+        if "shardwise" in backend:
             import shardwise  # noqa: F401  (registers the backend)
         dist.init_process_group(backend)
     return dist.get_rank(), dist.get_world_size()
@@ -86,6 +89,7 @@ def lr_at(step: int, spec: RunSpec) -> float:
 class Trainer:
     def __init__(self, spec: RunSpec):
         self.spec = spec
+        self.device = device_mod.local_device(spec.device, spec.local_rank)  # before NCCL starts
         self.rank, self.world = init_distributed(spec.backend)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // _local_world(self.world)))
         self.stepper = step_mod.build(spec.strategy, spec.options, self.world)
@@ -179,7 +183,7 @@ class Trainer:
         flops_token = metrics.flops_per_token(
             spec.gpt.num_parameters(), spec.gpt.layers, spec.gpt.seq_len, spec.gpt.dim
         )
-        peak = metrics.measured_peak_flops(torch.bfloat16 if spec.options.bf16 else torch.float32)
+        peak = self._peak_flops()
         stop = ckpt.install_sigterm_handler()
         self._first_step = self.step + 1
         last = {}
@@ -198,9 +202,20 @@ class Trainer:
         self.sinks.close()
         return last
 
+    def _peak_flops(self) -> float:
+        """The MFU denominator: on a GPU its data-sheet bf16 peak (measured when not listed), on
+        the CPU a matmul measured in the training dtype."""
+        if self.device.type == "cuda":
+            listed = device_mod.bf16_peak(torch.cuda.get_device_name(self.device))
+            return listed or metrics.measured_peak_flops(torch.bfloat16, device=self.device)
+        return metrics.measured_peak_flops(
+            torch.bfloat16 if self.spec.options.bf16 else torch.float32
+        )
+
     def _one_step(self, flops_token: float, peak: float) -> dict:
         spec = self.spec
         batches = [next(self.stream) for _ in range(spec.accumulation)]
+        batches = [device_mod.to_device(b, self.device) for b in batches]
         self.step += 1
         lr = lr_at(self.step, spec)
         comm0 = _comm_seconds()
@@ -208,7 +223,8 @@ class Trainer:
         out = self.stepper.train_step(batches, lr)
         seconds = time.perf_counter() - start
         comm = _comm_seconds() - comm0
-        per_rank = metrics.gather_floats([seconds, comm, float(metrics.peak_rss_bytes())])
+        gpu = device_mod.gpu_memory_mb(self.device)  # [] on the CPU
+        per_rank = metrics.gather_floats([seconds, comm, float(metrics.peak_rss_bytes()), *gpu])
         step_s = max(r[0] for r in per_rank)
         tokens = spec.effective_batch_size * spec.gpt.seq_len
         record = {
@@ -227,6 +243,9 @@ class Trainer:
             else None,
             "peak_rss_mb_per_rank": [round(r[2] / 2**20, 1) for r in per_rank],
         }
+        if gpu:
+            for i, key in enumerate(("allocated", "reserved", "peak")):
+                record[f"gpu_{key}_mb_per_rank"] = [round(r[3 + i], 1) for r in per_rank]
         if self.step == self._first_step:  # measured inside the step, gradients included
             state = metrics.gather_floats([float(self.stepper.state_bytes)])
             record["model_state_bytes_per_rank"] = [int(r[0]) for r in state]
@@ -244,7 +263,7 @@ class Trainer:
 
     def _finish(self) -> dict:
         """The full model as safetensors and a text sample (rank 0)."""
-        state = self.stepper.full_state_dict()
+        state = {k: v.cpu() for k, v in self.stepper.full_state_dict().items()}
         result = {}
         if self.rank == 0:
             path = self.spec.output_dir / "model.safetensors"

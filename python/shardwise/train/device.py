@@ -1,0 +1,123 @@
+"""Where ``shardwise-train`` runs: ``training.device`` (``auto|cpu|cuda``) resolved against the
+machine, the process-group backend each device gets by default, and what the loop needs on that
+device (this rank's device, batches moved there, GPU memory and the bf16 peak for MFU).
+
+Rules, checked at validation before anything starts:
+
+- ``auto`` is ``cuda`` when ``torch.cuda.device_count() > 0``, else ``cpu``;
+- ``cuda`` on a machine without a CUDA GPU is refused, naming ``training.device`` and the fix;
+- the default backend is ``shardwise`` on CPU and ``cpu:shardwise,cuda:nccl`` on GPUs (the
+  shardwise backend for CPU tensors, NCCL for CUDA ones);
+- a backend that uses NCCL is refused on CPU, and on GPUs when a node runs more processes than it
+  has GPUs (NCCL refuses two ranks on one device).
+
+Nothing here has run on a GPU yet (issue 16): on CPU machines the CUDA branches are checked only
+by the rules above and by unit tests of the pure parts (the peak table, the backend strings).
+"""
+
+from __future__ import annotations
+
+import torch
+
+BACKENDS = ("shardwise", "gloo", "nccl", "mpi")
+DEVICES = ("auto", "cpu", "cuda")
+
+# Dense bf16 tensor-core peaks (FLOP/s) from the vendors' data sheets, by a substring of
+# torch.cuda.get_device_name(); the first match wins, so longer names come first.
+BF16_PEAKS = (
+    ("H200", 989.4e12),
+    ("H100 PCIe", 756.5e12),
+    ("H100", 989.4e12),
+    ("A100", 312e12),
+    ("L40S", 362.05e12),
+    ("L4", 121e12),
+    ("A10G", 70e12),
+    ("A10", 125e12),
+)
+
+
+def resolve_device(requested: str, cuda_devices: int) -> str:
+    """``cpu`` or ``cuda`` for ``training.device``; ValueError naming the key and the fix."""
+    if requested not in DEVICES:
+        raise ValueError(f"training.device {requested!r}: use one of {', '.join(DEVICES)}")
+    if requested == "auto":
+        return "cuda" if cuda_devices > 0 else "cpu"
+    if requested == "cuda" and cuda_devices == 0:
+        raise ValueError(
+            "training.device: cuda, but this machine has no CUDA GPU "
+            "(torch.cuda.device_count() == 0); set training.device: cpu (or auto)"
+        )
+    return requested
+
+
+def default_backend(device: str) -> str:
+    return "shardwise" if device == "cpu" else "cpu:shardwise,cuda:nccl"
+
+
+def backend_parts(backend: str) -> dict[str, str]:
+    """``{device: backend}`` of a backend string (``nccl`` or ``cpu:shardwise,cuda:nccl``); a
+    bare name serves every device (``*``). ValueError naming ``distributed.backend``."""
+    parts = {}
+    for item in backend.split(","):
+        device, _, name = item.strip().rpartition(":")
+        device = device or "*"
+        if name not in BACKENDS or device not in ("*", "cpu", "cuda") or device in parts:
+            names = ", ".join(map(repr, BACKENDS))
+            raise ValueError(
+                f"distributed.backend {backend!r}: use one of {names}, or a device:backend list "
+                "such as cpu:shardwise,cuda:nccl"
+            )
+        parts[device] = name
+    return parts
+
+
+def check_backend(backend: str, device: str, cuda_devices: int, processes_per_node: int) -> None:
+    """The NCCL rules of the module docstring; ValueError naming the key and the fix."""
+    if "nccl" not in backend_parts(backend).values():
+        return
+    if device == "cpu":
+        raise ValueError(
+            f"distributed.backend {backend!r} uses NCCL, which needs CUDA GPUs, and "
+            "training.device is cpu; use backend: shardwise (or gloo), or train on cuda"
+        )
+    if processes_per_node > cuda_devices:
+        raise ValueError(
+            f"distributed.backend {backend!r} uses NCCL, which cannot run two ranks on one GPU: "
+            f"{processes_per_node} processes per node on {cuda_devices} GPU(s); launch at most "
+            f"{cuda_devices} per node (torchrun --nproc_per_node={cuda_devices})"
+        )
+
+
+def local_device(device: str, local_rank: int) -> torch.device:
+    """This rank's device: ``cuda:LOCAL_RANK`` (made current, as NCCL needs) or the CPU."""
+    if device == "cpu":
+        return torch.device("cpu")
+    torch.cuda.set_device(local_rank)
+    return torch.device("cuda", local_rank)
+
+
+def to_device(batch: tuple[torch.Tensor, ...], device: torch.device) -> tuple[torch.Tensor, ...]:
+    """The batch on ``device``: unchanged on the CPU; on a GPU copied from pinned memory without
+    blocking (the copy overlaps the host's next work)."""
+    if device.type == "cpu":
+        return batch
+    return tuple(t.pin_memory().to(device, non_blocking=True) for t in batch)
+
+
+def bf16_peak(device_name: str) -> float | None:
+    """The data-sheet dense bf16 peak of a GPU by its name, or None for one not listed."""
+    for key, peak in BF16_PEAKS:
+        if key in device_name:
+            return peak
+    return None
+
+
+def gpu_memory_mb(device: torch.device) -> list[float]:
+    """[allocated, reserved, peak allocated] MiB on this rank's GPU; [] on the CPU."""
+    if device.type != "cuda":
+        return []
+    return [
+        torch.cuda.memory_allocated(device) / 2**20,
+        torch.cuda.memory_reserved(device) / 2**20,
+        torch.cuda.max_memory_allocated(device) / 2**20,
+    ]
