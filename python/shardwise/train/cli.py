@@ -55,12 +55,13 @@ def _plan_row(cfg: TrainConfig) -> str:
     return "ddp"
 
 
-def device_memory_bytes(local_world: int) -> int:
-    """CPU: this host's memory shared by its ranks (CUDA: the device's)."""
+def device_memory_bytes(local_world: int, device: str = "cpu") -> int:
+    """The memory one rank trains in: on ``cuda`` its GPU's, on the CPU this host's memory
+    shared by its ranks."""
     import torch
 
-    if torch.cuda.is_available():
-        return torch.cuda.get_device_properties(0).total_memory
+    if device == "cuda":
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // max(1, local_world)
 
 
@@ -133,7 +134,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"shardwise-train: {e}", file=sys.stderr)
         return 2
     local = cfg.distributed.num_processes_per_node or cfg.distributed.world_size
-    fits, note = memory_check(cfg, device_memory_bytes(local))
+    fits, note = memory_check(cfg, device_memory_bytes(local, cfg.training.device))
     if not fits and not args.ignore_memory_check:
         print(f"shardwise-train: refusing a run that will not fit: {note}", file=sys.stderr)
         print("(pass --ignore-memory-check to run anyway)", file=sys.stderr)

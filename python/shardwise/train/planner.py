@@ -552,7 +552,8 @@ def _plan_from_config(args, parser) -> Plan:
         from .cli import device_memory_bytes
 
         memory = device_memory_bytes(
-            cfg.distributed.num_processes_per_node or cfg.distributed.world_size
+            cfg.distributed.num_processes_per_node or cfg.distributed.world_size,
+            cfg.training.device,
         )
     return plan_for_config(cfg, memory, args.optimizer, args.overhead)
 
