@@ -14,6 +14,11 @@
 
 #include "gpt.h"
 
+// The full model's name of a block parameter: the head's copy of the tie is embed.weight.
+inline std::string model_name(const std::string& name) {
+  return name == "head.weight" ? "embed.weight" : name;
+}
+
 struct GPTBlock {
   std::function<torch::Tensor(const torch::Tensor&)> forward;
   std::vector<std::pair<std::string, torch::Tensor>> parameters;  // by the GPT's names

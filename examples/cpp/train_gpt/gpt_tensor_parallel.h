@@ -97,7 +97,7 @@ class TensorParallelGPT {
 
   // What this rank holds of parameter `name` (the head's copy of the tie: embed.weight's).
   ParameterSource source(const std::string& name, const torch::Tensor& value) const {
-    const std::string full = name == "head.weight" ? "embed.weight" : name;
+    const std::string full = model_name(name);
     return {full, value, spec(full), full_shapes_.at(full)};
   }
 
@@ -111,20 +111,18 @@ class TensorParallelGPT {
   // The whole tensor of parameter `name` from this rank's `value` (collective over the tp group
   // for a split one).
   torch::Tensor gather(const std::string& name, const torch::Tensor& value) const {
-    const auto s = spec(name == "head.weight" ? "embed.weight" : name);
+    const auto s = spec(model_name(name));
     return s ? shardwise::tensor_parallel::gather_shards(value, *s, tp_) : value.detach().clone();
   }
 
   // Whether parameter `name` is split over the tp group.
-  bool split(const std::string& name) const {
-    return spec(name == "head.weight" ? "embed.weight" : name).has_value();
-  }
+  bool split(const std::string& name) const { return spec(model_name(name)).has_value(); }
 
   const c10::intrusive_ptr<c10d::ProcessGroup>& group() const { return tp_; }
   const torch::Tensor& parameter(const std::string& name) const { return params_.at(name); }
   // The full model's shape of parameter `name`.
   std::vector<int64_t> full_shape(const std::string& name) const {
-    return full_shapes_.at(name == "head.weight" ? "embed.weight" : name);
+    return full_shapes_.at(model_name(name));
   }
 
   // The full model's parameters by name (collective over the tp group).

@@ -91,9 +91,7 @@ inline ParameterSlots pipeline_slots(std::shared_ptr<shardwise::distributed::Dev
   return [mesh, mine, sharded](bool saving) {
     std::vector<ParameterSource> sources;
     for (const auto& [name, p] : mine.parameters) {
-      sources.push_back(sharded
-                            ? sharded->source(name, p)
-                            : ParameterSource{name == "head.weight" ? "embed.weight" : name, p});
+      sources.push_back(sharded ? sharded->source(name, p) : ParameterSource{model_name(name), p});
     }
     return source_slots(saving ? written(sources, *mesh, /*holds_the_head_copy=*/true) : sources);
   };

@@ -75,12 +75,13 @@ inline std::shared_ptr<shardwise::distributed::DeviceMesh> data_parallel_mesh(
 inline std::vector<ParameterSource> written(std::vector<ParameterSource> sources,
                                             const shardwise::distributed::DeviceMesh& mesh,
                                             bool holds_the_head_copy) {
-  auto coordinate = [&](const std::string& axis) { return mesh.coordinate(axis); };  // 0: no axis
-  std::vector<ParameterSource> out;
-  if (coordinate("dp") != 0) return out;
+  std::vector<ParameterSource> out;  // mesh.coordinate of an axis the mesh lacks is 0
+  if (mesh.coordinate("dp") != 0) return out;
   for (auto& source : sources) {
-    if (!source.split && coordinate("tp") != 0) continue;
-    if (holds_the_head_copy && source.name == "embed.weight" && coordinate("pp") != 0) continue;
+    if (!source.split && mesh.coordinate("tp") != 0) continue;
+    if (holds_the_head_copy && source.name == "embed.weight" && mesh.coordinate("pp") != 0) {
+      continue;
+    }
     out.push_back(std::move(source));
   }
   return out;
