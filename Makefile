@@ -29,7 +29,7 @@ export PYTORCH_NVCC ?= ccache $(CUDA_HOME)/bin/nvcc
 endif
 
 .PHONY: demo demo-cpp test test-cpp test-python test-cpu-torch test-package build venv cpu-venv \
-	system-deps bench \
+	system-deps bench test-gpu gpu-wheels \
 	format lint clean
 
 test: build test-cpp test-python test-cpu-torch test-package ## build, then run every test suite
@@ -111,6 +111,17 @@ bench: build ## benchmarks (with OpenMPI as an anchor); results land in benchmar
 		--output benchmarks/results/$$(date +%Y-%m-%d)-tensor-parallel-cpu.md
 	cd benchmarks && $(PY) bench_pipeline.py --output results/$$(date +%Y-%m-%d)-pipeline-cpu.md \
 		--png results/$$(date +%Y-%m-%d)-pipeline-zb-h1-timeline.png
+
+test-gpu: ## on a GPU machine (its own CUDA torch, PYTHON): build, every CUDA test, GPU benchmarks
+	PY=$(PYTHON) bash scripts/test_gpu.sh
+
+# The trainer's packages a bare GPU image may lack, as wheels for test-gpu (Python 3.12, x86-64).
+GPU_WHEELS := omegaconf==2.4.0 pydantic==2.14.3 pydantic_core==2.50.4 annotated-types==0.8.0 \
+	typing-inspection==0.4.5
+gpu-wheels: venv ## where PyPI is reachable: .whl/ with what test-gpu needs beyond a GPU image
+	rm -rf .whl && $(PY) -m pip download -q --no-deps --only-binary=:all: --python-version 3.12 \
+		--implementation cp --platform manylinux_2_17_x86_64 --platform manylinux2014_x86_64 \
+		-d .whl $(GPU_WHEELS)
 
 format: venv ## clang-format and ruff format, in place
 	$(VENV)/bin/clang-format -i $$(git ls-files 'csrc/*.h' 'csrc/*.cc' 'csrc/*.cpp' 'csrc/*.cu' 'tests/cpp/*.cc' 'examples/cpp/*.cc' 'examples/cpp/*.cpp' 'examples/cpp/*.h')

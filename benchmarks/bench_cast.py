@@ -12,7 +12,11 @@ Columns:
   per CPU kernel;
 - ``copy``: a plain float32 ``y.copy_(x)`` of the same input, the memory-bandwidth yardstick.
 
+On ``--device cuda`` the same columns run on the GPU (the CUDA kernel in place of the CPU
+ones; Timer synchronizes the device around each measurement).
+
 Run: python benchmarks/bench_cast.py --output benchmarks/results/DATE-cast-cpu.md
+     python benchmarks/bench_cast.py --device cuda --output benchmarks/results/DATE-cast-gpu.md
 """
 
 import argparse
@@ -45,9 +49,15 @@ def cpu_model() -> str:
         return platform.processor() or "unknown CPU"
 
 
-def measure(numel: int, isas: list[str], min_time: float) -> dict:
-    x = torch.randn(numel)
-    out = torch.empty(numel, dtype=torch.bfloat16)
+def machine(device: torch.device) -> str:
+    if device.type == "cuda":
+        return f"{torch.cuda.get_device_name(device)} (CUDA {torch.version.cuda})"
+    return cpu_model()
+
+
+def measure(numel: int, isas: list[str], min_time: float, device: torch.device) -> dict:
+    x = torch.randn(numel, device=device)
+    out = torch.empty(numel, dtype=torch.bfloat16, device=device)
     y = torch.empty_like(x)
     env = {"x": x, "out": out, "y": y, "torch": torch, "shardwise": shardwise}
     cast_bytes = numel * 6
@@ -59,12 +69,14 @@ def measure(numel: int, isas: list[str], min_time: float) -> dict:
     ref = x.to(torch.bfloat16).view(torch.int16)
     wrong = int((shardwise.cast(x, torch.bfloat16).view(torch.int16) != ref).sum())
     for isa in isas:
-        shardwise.set_cpu_isa(isa)
+        if device.type == "cpu":
+            shardwise.set_cpu_isa(isa)
         row[f"multi_cast_ {isa}"] = gbps(
             cast_bytes, "shardwise.multi_cast_([x], [out])", env, min_time
         )
         wrong += int((out.view(torch.int16) != ref).sum())
-    shardwise.set_cpu_isa(None)
+    if device.type == "cpu":
+        shardwise.set_cpu_isa(None)
     row["copy"] = gbps(numel * 8, "y.copy_(x)", env, min_time)
     row["wrong"] = wrong
     return row
@@ -84,18 +96,25 @@ def main() -> int:
     parser.add_argument("--max-bytes", type=int, default=256 << 20, help="largest fp32 input")
     parser.add_argument("--factor", type=int, default=4)
     parser.add_argument("--min-time", type=float, default=0.3, help="seconds per measurement")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
     parser.add_argument("--output", help="write the markdown table here too")
     args = parser.parse_args()
+    device = torch.device(args.device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device here")
     if args.min_bytes < 4 or args.max_bytes < args.min_bytes or args.factor < 2:
         parser.error("need 4 <= --min-bytes <= --max-bytes and --factor >= 2")
 
     torch.set_num_threads(1)
-    isas = ISAS[: ISAS.index(shardwise.detected_cpu_isa()) + 1]
+    isas = (
+        ISAS[: ISAS.index(shardwise.detected_cpu_isa()) + 1] if device.type == "cpu" else ["cuda"]
+    )
     columns = ["to()", "cast", "copy_ cvt"] + [f"multi_cast_ {i}" for i in isas] + ["copy"]
     lines = [
-        f"# fp32 -> bf16 cast bandwidth, one thread ({datetime.date.today().isoformat()})",
+        f"# fp32 -> bf16 cast bandwidth on {device.type}, one CPU thread "
+        f"({datetime.date.today().isoformat()})",
         "",
-        f"- machine: {cpu_model()}, torch {torch.__version__}, torch CPU capability "
+        f"- machine: {machine(device)}, torch {torch.__version__}, torch CPU capability "
         f"{torch.backends.cpu.get_cpu_capability()}, shardwise default kernel "
         f"{shardwise.detected_cpu_isa()}",
         f"- command: `python benchmarks/bench_cast.py {' '.join(sys.argv[1:])}`",
@@ -111,7 +130,7 @@ def main() -> int:
     print("\n".join(lines), flush=True)
     nbytes = args.min_bytes
     while nbytes <= args.max_bytes:
-        row = measure(nbytes // 4, isas, args.min_time)
+        row = measure(nbytes // 4, isas, args.min_time, device)
         best = max(v for k, v in row.items() if k == "cast" or k.startswith("multi_cast_"))
         line = (
             f"| {human(nbytes)} | "

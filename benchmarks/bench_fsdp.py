@@ -10,7 +10,12 @@ ranks), tokens/s (all ranks), peak RSS per rank (``ru_maxrss``, includes the Pyt
 baseline, measured in fresh processes) and model-state bytes per rank counted from tensor
 storages (parameters + gradients + optimizer state), and the loss after the last step.
 
+On ``--device cuda`` each rank trains on cuda:LOCAL_RANK (so --world is at most the number of
+GPUs); shardwise runs over its own backend (CUDA tensors through its NCCL communicator), torch
+over NCCL, and peak memory is the GPU's peak allocated bytes instead of RSS.
+
 Run: python benchmarks/bench_fsdp.py --output benchmarks/results/DATE-fsdp-cpu.md
+     python benchmarks/bench_fsdp.py --device cuda --world 1 --output DATE-fsdp-gpu.md
 """
 
 import argparse
@@ -63,12 +68,19 @@ def run_rank(framework: str, args) -> None:
     from shardwise.models import GPT, PRESETS
 
     torch.set_num_threads(1)
-    backend = "shardwise" if framework.startswith("shardwise") else "gloo"
+    cuda = args.device == "cuda"
+    if framework.startswith("shardwise"):
+        backend = "cpu:shardwise,cuda:shardwise" if cuda else "shardwise"
+    else:
+        backend = "nccl" if cuda else "gloo"
+    device = torch.device("cuda", int(os.environ["LOCAL_RANK"])) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
     dist.init_process_group(backend)
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg = PRESETS[args.model]
     torch.manual_seed(0)
-    model = GPT(cfg)
+    model = GPT(cfg).to(device)
     mixed = framework.endswith("-mp")
     if framework.startswith("shardwise"):
         kwargs = {"param_dtype": torch.bfloat16, "reduce_dtype": torch.float32} if mixed else {}
@@ -78,14 +90,16 @@ def run_rank(framework: str, args) -> None:
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        mesh = init_device_mesh("cpu", (world,))
+        mesh = init_device_mesh(device.type, (world,))
         policy = MixedPrecisionPolicy(torch.bfloat16, torch.float32) if mixed else None
         extra = {"mp_policy": policy} if policy else {}
         for block in model.blocks:
             fully_shard(block, mesh=mesh, **extra)
         fully_shard(model, mesh=mesh, **extra)
     else:
-        model = torch.nn.parallel.DistributedDataParallel(model)
+        model = torch.nn.parallel.DistributedDataParallel(
+            model, device_ids=[device.index] if cuda else None
+        )
     opt = torch.optim.AdamW(model.parameters(), lr=3e-4)
     g = torch.Generator().manual_seed(1)
     times, loss = [], None
@@ -93,10 +107,13 @@ def run_rank(framework: str, args) -> None:
         tokens = torch.randint(
             0, cfg.vocab_size, (args.batch * world, cfg.seq_len + 1), generator=g
         )
-        tokens = tokens[rank * args.batch : (rank + 1) * args.batch]
+        tokens = tokens[rank * args.batch : (rank + 1) * args.batch].to(device)
+        if cuda:
+            torch.cuda.synchronize(device)
         dist.barrier()
         start = time.perf_counter()
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=not mixed and not args.fp32):
+        autocast = not mixed and not args.fp32
+        with torch.autocast(device.type, dtype=torch.bfloat16, enabled=autocast):
             logits = model(tokens[:, :-1])
         loss = F.cross_entropy(
             logits.float().reshape(-1, cfg.vocab_size), tokens[:, 1:].reshape(-1)
@@ -104,15 +121,19 @@ def run_rank(framework: str, args) -> None:
         loss.backward()
         opt.step()
         opt.zero_grad(set_to_none=False)
+        if cuda:
+            torch.cuda.synchronize(device)
         if step >= args.warmup:
             times.append(time.perf_counter() - start)
     state = state_bytes(model, opt)
     peak_rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
-    step_time = torch.tensor([statistics.median(times)], dtype=torch.float64)
+    if cuda:  # the GPU's peak, not the host's
+        peak_rss = torch.cuda.max_memory_allocated(device)
+    step_time = torch.tensor([statistics.median(times)], dtype=torch.float64, device=device)
     dist.all_reduce(step_time, op=dist.ReduceOp.MAX)
-    stats = torch.tensor([peak_rss, state], dtype=torch.float64)
+    stats = torch.tensor([peak_rss, state], dtype=torch.float64, device=device)
     dist.all_reduce(stats, op=dist.ReduceOp.MAX)
-    final = torch.tensor([loss.item()], dtype=torch.float64)
+    final = torch.tensor([loss.item()], dtype=torch.float64, device=device)
     dist.all_reduce(final)
     if rank == 0:
         result = {
@@ -154,11 +175,15 @@ def table(results: list[dict], args) -> list[str]:
     from shardwise.models import PRESETS
 
     base = {r["framework"]: r for r in results}
+    torch = __import__("torch")
+    cuda = args.device == "cuda"
+    where = torch.cuda.get_device_name(0) if cuda else platform.processor() or platform.machine()
+    memory = "peak GPU allocated MB/rank" if cuda else "peak RSS MB/rank"
     lines = [
-        f"# FSDP training on CPU: shardwise vs torch FSDP2 vs DDP ({datetime.date.today()})",
+        f"# FSDP training on {args.device}: shardwise vs torch FSDP2 vs DDP "
+        f"({datetime.date.today()})",
         "",
-        f"- machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores; "
-        f"torch {__import__('torch').__version__}",
+        f"- machine: {where}, {os.cpu_count()} CPU cores; torch {torch.__version__}",
         f"- command: `python benchmarks/bench_fsdp.py {' '.join(sys.argv[1:])}`",
         f"- model: GPT `{args.model}` ({PRESETS[args.model].num_parameters() / 1e6:.1f}M "
         f"parameters, sequence {PRESETS[args.model].seq_len}), batch {args.batch} per rank, "
@@ -167,10 +192,15 @@ def table(results: list[dict], args) -> list[str]:
         + ("fp32 compute (no autocast)" if args.fp32 else "bf16 autocast, fp32 parameters")
         + "; -mp rows: the FSDP's own mixed precision (bf16 parameters, fp32 gradient "
         "reduction), no autocast",
-        "- peak RSS includes the ~0.4 GB Python/torch baseline of each process",
+        "- each on its default backend: shardwise over shardwise, torch over "
+        + ("NCCL" if cuda else "gloo"),
+        "- peak RSS includes the ~0.4 GB Python/torch baseline of each process"
+        if not cuda
+        else "- peak GPU memory: torch.cuda.max_memory_allocated",
         "",
-        "| framework | step s | tokens/s | tokens/s vs fsdp2 | tokens/s vs ddp | peak RSS MB/rank "
-        "| model state MB/rank | final loss |",
+        "| framework | step s | tokens/s | tokens/s vs fsdp2 | tokens/s vs ddp | "
+        + memory
+        + " | model state MB/rank | final loss |",
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for r in results:
@@ -193,9 +223,18 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--frameworks", default=",".join(FRAMEWORKS))
     parser.add_argument("--fp32", action="store_true", help="no autocast: fp32 compute")
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--output", type=Path)
     parser.add_argument("--rank-of", help=argparse.SUPPRESS)
     args = parser.parse_args()
+    if args.device == "cuda" and not args.rank_of:
+        import torch
+
+        if args.world > torch.cuda.device_count():
+            parser.error(
+                f"--world {args.world} on --device cuda needs as many GPUs; this machine has "
+                f"{torch.cuda.device_count()}: pass --world {max(torch.cuda.device_count(), 1)}"
+            )
     if args.rank_of:
         run_rank(args.rank_of, args)
         return 0

@@ -14,7 +14,11 @@ _fsdp_collectives.py), whose layout pads to a multiple of the world size instead
 elements; each shardwise result is first checked bit for bit against a torch reference of our
 own layout (pad + cat + .to()).
 
+On ``--device cuda`` every tensor is made on the GPU (torch's default device) and each timing
+synchronizes the device.
+
 Run: python benchmarks/bench_shard_copies.py --output benchmarks/results/DATE-shard-copies-cpu.md
+     python benchmarks/bench_shard_copies.py --device cuda --output DATE-shard-copies-gpu.md
 """
 
 import argparse
@@ -33,12 +37,19 @@ from shardwise.models import GPT, PRESETS
 from shardwise.ops import sharding as ops
 
 
+def sync() -> None:
+    if torch.get_default_device().type == "cuda":
+        torch.cuda.synchronize()
+
+
 def timed(fn, repeat: int) -> float:
     fn()
+    sync()
     best = float("inf")
     for _ in range(repeat):
         start = time.perf_counter()
         fn()
+        sync()
         best = min(best, time.perf_counter() - start)
     return best
 
@@ -182,16 +193,21 @@ def main() -> int:
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--repeat", type=int, default=20)
     parser.add_argument("--threads", type=int, default=1)
+    parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda: no CUDA device here")
     torch.set_num_threads(args.threads)
     numels = [p.numel() for p in GPT(PRESETS[args.model]).parameters()]
+    torch.set_default_device(args.device)
     rows, refs = cases(numels, args.world, rank=0)
     check(refs)
+    gpu = f"{torch.cuda.get_device_name()} on " if args.device == "cuda" else ""
     lines = [
-        f"# Fused sharding copies vs torch on CPU ({datetime.date.today()})",
+        f"# Fused sharding copies vs torch on {args.device} ({datetime.date.today()})",
         "",
-        f"- machine: {platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
+        f"- machine: {gpu}{platform.processor() or platform.machine()}, {os.cpu_count()} cores, "
         f"{args.threads} thread(s); torch {torch.__version__}; shardwise CPU ISA "
         f"{shardwise.active_cpu_isa()}",
         f"- command: `python benchmarks/bench_shard_copies.py {' '.join(sys.argv[1:])}`",

@@ -38,6 +38,7 @@ set(SHARDWISE_CORE_SOURCES
   csrc/checkpoint/atomic_file.cc
   csrc/checkpoint/checkpoint_dir.cc
   csrc/common/json.cc
+  csrc/fsdp/stream_order.cc
 )
 set(SHARDWISE_CORE_TEST_SOURCES
   tests/cpp/test_collectives.cc
@@ -54,9 +55,11 @@ set(SHARDWISE_CORE_TEST_SOURCES
   tests/cpp/test_torchrun_env.cc
   tests/cpp/test_safetensors_header.cc
   tests/cpp/test_checkpoint_dir.cc
+  tests/cpp/test_stream_order.cc
 )
 set(SHARDWISE_TORCH_SOURCES
   csrc/backend/functional_ops.cpp
+  csrc/backend/host_staged_comm.cpp
   csrc/backend/nccl_comm_stub.cpp
   csrc/backend/shardwise_backend.cpp
   csrc/backend/shardwise_backend_ops.cpp
@@ -73,6 +76,8 @@ set(SHARDWISE_TORCH_SOURCES
   csrc/fsdp/fully_shard.cpp
   csrc/fsdp/storage.cpp
   csrc/fsdp/storage_stub.cpp
+  csrc/fsdp/lanes.cpp
+  csrc/fsdp/lanes_stub.cpp
   csrc/zero/zero_optimizer.cpp
   csrc/zero/zero_step.cpp
   csrc/zero/zero_state.cpp
@@ -105,6 +110,7 @@ set(SHARDWISE_TORCH_SOURCES
 set(SHARDWISE_CUDA_SOURCES
   csrc/backend/nccl_comm_cuda.cpp
   csrc/fsdp/storage_cuda.cpp
+  csrc/fsdp/lanes_cuda.cpp
   csrc/optim/fused_optim_cuda.cu
   csrc/optim/fused_optim_ops_cuda.cpp
   csrc/precision/cast_cuda.cu
@@ -122,7 +128,9 @@ set(SHARDWISE_PYTHON_SOURCES
 )
 set(SHARDWISE_TORCH_TEST_SOURCES
   tests/cpp/torch/test_cast_ops_libtorch.cc
+  tests/cpp/torch/test_host_staged_comm_libtorch.cc
   tests/cpp/torch/test_fsdp_libtorch.cc
+  tests/cpp/torch/test_fsdp_lanes_libtorch.cc
   tests/cpp/torch/test_zero_libtorch.cc
   tests/cpp/torch/test_pipeline_libtorch.cc
   tests/cpp/torch/test_checkpoint_pieces_libtorch.cc

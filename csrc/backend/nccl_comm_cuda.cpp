@@ -6,10 +6,12 @@
 #include <c10/util/Exception.h>
 #include <cuda_runtime_api.h>
 #include <nccl.h>
+#include <unistd.h>
 
 #include <cstring>
 #include <string>
 
+#include "backend/host_staged_comm.hpp"
 #include "backend/nccl_comm.hpp"
 
 namespace shardwise::backend {
@@ -197,6 +199,17 @@ std::unique_ptr<NcclComm> make_nccl_comm(const c10::intrusive_ptr<c10d::Store>& 
                                          int size,
                                          const at::Device& device) {
   return std::make_unique<CudaNcclComm>(store, rank, size, device);
+}
+
+std::string cuda_device_id(const at::Device& device) {
+  char host[256] = {};
+  gethostname(host, sizeof(host) - 1);
+  char bus[64] = {};
+  const int index = device.index() < 0 ? c10::cuda::current_device() : device.index();
+  const cudaError_t result = cudaDeviceGetPCIBusId(bus, sizeof(bus), index);
+  TORCH_CHECK(result == cudaSuccess, "shardwise backend: cudaDeviceGetPCIBusId(", index,
+              ") failed: ", cudaGetErrorString(result));
+  return std::string(host) + "/" + bus;
 }
 
 }  // namespace shardwise::backend

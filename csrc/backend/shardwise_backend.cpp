@@ -14,6 +14,7 @@
 #include <random>
 #include <sstream>
 
+#include "backend/host_staged_comm.hpp"
 #include "collectives/hybrid_transport.h"
 #include "collectives/inprocess_transport.h"
 #include "collectives/shm_transport.h"
@@ -242,11 +243,21 @@ ShardwiseBackend::Work ShardwiseBackend::nccl(c10d::OpType type,
                                               Tensors outputs,
                                               const std::function<void(NcclComm&)>& body) {
   std::lock_guard<std::mutex> lock(nccl_mutex_);
-  if (!nccl_) nccl_ = make_nccl_comm(store_, rank_, size_, tensor.device());
+  if (!nccl_) nccl_ = make_cuda_comm(tensor.device());
   body(*nccl_);
   auto work = c10::make_intrusive<ShardwiseWork>(rank_, type, 0, std::move(outputs));
   work->finish(nullptr);
   return work;
+}
+
+std::unique_ptr<NcclComm> ShardwiseBackend::make_cuda_comm(const at::Device& device) {
+  using CudaComm = ShardwiseOptions::CudaComm;
+  bool host = options_.cuda_comm == CudaComm::kHost;
+  if (options_.cuda_comm == CudaComm::kAuto && size_ > 1) {
+    host = ranks_share_a_device(store_, rank_, size_, cuda_device_id(device));
+  }
+  if (host) return std::make_unique<HostStagedComm>(*this);
+  return make_nccl_comm(store_, rank_, size_, device);
 }
 
 // The lane's thread: takes jobs in order. Between jobs it polls for spin_ (a job often follows

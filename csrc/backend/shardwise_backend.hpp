@@ -47,6 +47,10 @@ struct ShardwiseOptions {
   // Collectives whose outputs total at most this many bytes run in the caller's thread when
   // nothing is queued before them: two thread hand-offs cost more than such a message moves.
   size_t inline_bytes = size_t{256} << 10;
+  // How CUDA tensors travel: through NCCL, through host memory (backend/host_staged_comm.hpp),
+  // or auto: host memory when two ranks of the group share a GPU (NCCL refuses that), else NCCL.
+  enum class CudaComm { kAuto, kNccl, kHost };
+  CudaComm cuda_comm = CudaComm::kAuto;
 };
 
 // Seconds this process's shardwise backends have spent running communication (collectives and
@@ -149,12 +153,14 @@ class ShardwiseBackend : public c10d::Backend {
   static void changed(Lane& lane);  // with lane.mutex held
   void run_job(Lane& lane, Job& job);
   std::chrono::milliseconds timeout_or_default(std::chrono::milliseconds timeout) const;
-  // CUDA tensors: runs body on the NCCL communicator (created on first use, collectively) in
-  // the caller's thread, stream-ordered; the returned work is already complete.
+  // CUDA tensors: runs body on the NCCL communicator, or the host-staged one (created on first
+  // use, collectively; see ShardwiseOptions::cuda_comm) in the caller's thread, stream-ordered;
+  // the returned work is already complete.
   Work nccl(c10d::OpType type,
             const at::Tensor& tensor,
             Tensors outputs,
             const std::function<void(NcclComm&)>& body);
+  std::unique_ptr<NcclComm> make_cuda_comm(const at::Device& device);
 
   ShardwiseOptions options_;
   c10::intrusive_ptr<c10d::Store> store_;

@@ -41,6 +41,16 @@ c10::intrusive_ptr<c10d::Store> connect_store(const TorchrunEnv& env,
 
 }  // namespace
 
+backend::ShardwiseOptions::CudaComm cuda_comm_from(const char* value) {
+  using CudaComm = backend::ShardwiseOptions::CudaComm;
+  const std::string choice = value == nullptr ? "" : value;
+  if (choice.empty() || choice == "auto") return CudaComm::kAuto;
+  if (choice == "nccl") return CudaComm::kNccl;
+  if (choice == "host") return CudaComm::kHost;
+  throw std::invalid_argument("SHARDWISE_CUDA_COMM=" + choice +
+                              ": use auto (host memory when ranks share a GPU), nccl or host");
+}
+
 backend::ShardwiseOptions ProcessGroupOptions::backend_options_from_env() {
   backend::ShardwiseOptions options;
   const int64_t ring = env_int(getenv_fn, "SHARDWISE_RING_BYTES", 0, 0, int64_t{1} << 40);
@@ -49,6 +59,7 @@ backend::ShardwiseOptions ProcessGroupOptions::backend_options_from_env() {
       std::chrono::microseconds(env_int(getenv_fn, "SHARDWISE_SPIN_US", -1, -1, int64_t{1} << 40));
   options.single_copy_bytes = static_cast<size_t>(
       env_int(getenv_fn, "SHARDWISE_SINGLE_COPY_BYTES", 0, 0, int64_t{1} << 40));
+  options.cuda_comm = cuda_comm_from(getenv_fn("SHARDWISE_CUDA_COMM"));
   return options;
 }
 

@@ -23,12 +23,17 @@ namespace shardwise::distributed {
 struct ProcessGroupOptions {
   // Connecting to the store, joining a group, and each collective.
   std::chrono::milliseconds timeout = std::chrono::minutes(30);
-  // Ring sizes and polling; options_from_env() reads the SHARDWISE_* variables the Python
-  // backend reads (SHARDWISE_RING_BYTES, SHARDWISE_SPIN_US, SHARDWISE_SINGLE_COPY_BYTES).
+  // Ring sizes, polling and the CUDA path; options_from_env() reads the SHARDWISE_* variables
+  // the Python backend reads (SHARDWISE_RING_BYTES, SHARDWISE_SPIN_US,
+  // SHARDWISE_SINGLE_COPY_BYTES, SHARDWISE_CUDA_COMM).
   backend::ShardwiseOptions backend = backend_options_from_env();
 
   static backend::ShardwiseOptions backend_options_from_env();
 };
+
+// SHARDWISE_CUDA_COMM's value (unset or "auto", "nccl", "host"); anything else: an error naming
+// the choices.
+backend::ShardwiseOptions::CudaComm cuda_comm_from(const char* value);
 
 struct World {
   TorchrunEnv env;

@@ -51,6 +51,14 @@ int FsdpEngine::add_unit(std::vector<at::Tensor> params, UnitOptions options) {
       }
     }
   }
+  if (!options.lanes) {
+    if (!lanes_) {
+      lanes_ = options_.lanes
+                   ? options_.lanes
+                   : make_lanes(params.empty() ? at::Device(at::kCPU) : params[0].device());
+    }
+    options.lanes = lanes_;
+  }
   const int index = num_units();
   units_.push_back(std::make_unique<FsdpUnit>(std::move(params), std::move(options)));
   std::weak_ptr<FsdpEngine> weak = weak_from_this();
@@ -83,11 +91,13 @@ void FsdpEngine::pre_forward(int index) {
   FsdpUnit& u = unit(index);
   if (in_backward_) {  // recomputation under activation checkpointing
     u.unshard();
+    u.declare_compute("recomputed forward");
     return;
   }
   if (index == root_) current_order_.clear();
   current_order_.push_back(index);
   u.unshard();
+  u.declare_compute("forward");
   if (options_.forward_prefetch && current_order_.size() < recorded_order_.size()) {
     prefetch(recorded_order_[current_order_.size()]);
   }
@@ -118,6 +128,7 @@ void FsdpEngine::pre_backward(int index) {
   if (pre_backward_done_[index]) return;
   pre_backward_done_[index] = true;
   units_[index]->unshard();
+  units_[index]->declare_compute("backward");
   if (options_.backward_prefetch == BackwardPrefetch::kBackwardPre) {
     const int position = forward_position(index);
     if (position > 0) prefetch(recorded_order_[position - 1]);

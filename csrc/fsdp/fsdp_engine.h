@@ -16,7 +16,8 @@
 // the autograd engine runs finalize_backward() after the whole backward: units whose hooks did
 // not fire are reduced, every reduction is waited for and copied into the gradient shards,
 // every unit is resharded, and after the first iteration the forward order is compared across
-// ranks (an error names the first unit that differs).
+// ranks (an error names the first unit that differs). Every unit shares the engine's lanes: one
+// all-gather stream and one reduce-scatter stream (fsdp/lanes.h).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -40,6 +41,8 @@ struct EngineOptions {
   // Every rank of the job; the forward order is checked across it after the first iteration.
   // Null: no check.
   c10::intrusive_ptr<c10d::ProcessGroup> world_group;
+  // The streams every unit shares (fsdp/lanes.h); null: make_lanes(the first unit's device).
+  std::shared_ptr<Lanes> lanes;
 };
 
 class FsdpEngine : public std::enable_shared_from_this<FsdpEngine> {
@@ -78,6 +81,7 @@ class FsdpEngine : public std::enable_shared_from_this<FsdpEngine> {
   int forward_position(int unit) const;
 
   EngineOptions options_;
+  std::shared_ptr<Lanes> lanes_;
   std::vector<std::unique_ptr<FsdpUnit>> units_;
   int root_ = -1;
   bool sync_ = true;

@@ -82,6 +82,9 @@ FsdpUnit::FsdpUnit(std::vector<at::Tensor> params, UnitOptions options)
   has_grad_.assign(params_.size(), false);
   unsynced_grads_.resize(params_.size());
   resize_storage(full_, 0);
+  lanes_ = options_.lanes ? options_.lanes : make_lanes(device_);
+  lanes_->allocated(shard_, Lane::kCompute, "sharded parameters");
+  for (const auto& grad : grad_views_) lanes_->allocated(grad, Lane::kCompute, "gradient shard");
 }
 
 FsdpUnit::~FsdpUnit() = default;
@@ -90,20 +93,36 @@ at::Tensor FsdpUnit::to_compute_device(const at::Tensor& tensor) const {
   return tensor.device() == device_ ? tensor : tensor.to(device_, /*non_blocking=*/true);
 }
 
+void FsdpUnit::declare_compute(const char* what) const {
+  if (unsharded_) lanes_->accessed(Lane::kCompute, what, {full_}, {});
+}
+
+// Copy-in and all-gather on the all-gather lane, after the compute lane's writes to the shard
+// (the optimizer step); gather_event_ marks their end.
 void FsdpUnit::unshard_async() {
   if (unsharded_ || pending_gather_ || params_.empty()) return;
+  Lanes& lanes = *lanes_;
+  lanes.wait(Lane::kAllGather, lanes.record(Lane::kCompute));
+  LaneGuard on_gather_lane = lanes.use(Lane::kAllGather);
   at::Tensor input = to_compute_device(
       shardwise::all_gather_copy_in(shard_views_, numels_, shard_size_, shard_rank_, param_dtype_));
+  lanes.allocated(input, Lane::kAllGather, "all-gather input");
+  lanes.accessed(Lane::kAllGather, "all-gather copy-in", {shard_}, {input});
   if (shard_size_ == 1) {
     gathered_ = input;
   } else {
     gathered_ = at::empty({layout_.total_numel()}, input.options());
+    lanes.allocated(gathered_, Lane::kAllGather, "all-gather output");
     gather_input_ = input;
     gather_work_ = options_.shard_group->_allgather_base(gathered_, gather_input_);
+    lanes.accessed(Lane::kAllGather, "all-gather", {gather_input_}, {gathered_});
   }
+  gather_event_ = lanes.record(Lane::kAllGather);
   pending_gather_ = true;
 }
 
+// The compute lane waits for the gather, then copies out into the full buffer; the gather's
+// output is kept alive for compute before it is dropped.
 void FsdpUnit::unshard() {
   if (unsharded_ || params_.empty()) return;
   unshard_async();
@@ -111,20 +130,32 @@ void FsdpUnit::unshard() {
     gather_work_->wait();
     gather_work_.reset();
   }
+  lanes_->wait(Lane::kCompute, gather_event_);
   resize_storage(full_, layout_.param_numel() * static_cast<int64_t>(full_.element_size()));
+  lanes_->allocated(full_, Lane::kCompute, "unsharded parameters");
   shardwise::all_gather_copy_out_(gathered_, numels_, shard_size_, full_views_);
-  gathered_ = at::Tensor();
-  gather_input_ = at::Tensor();
-  pending_gather_ = false;
+  lanes_->accessed(Lane::kCompute, "all-gather copy-out", {gathered_}, {full_});
+  lanes_->keep_alive(gathered_, Lane::kCompute);
+  drop_gather_buffers();
   stash_gradients();
   for (size_t i = 0; i < params_.size(); ++i) params_[i].set_data(full_views_[i].view(shapes_[i]));
   unsharded_ = true;
+}
+
+void FsdpUnit::drop_gather_buffers() {
+  lanes_->freed(gathered_);
+  if (gather_input_.defined()) lanes_->freed(gather_input_);
+  gathered_ = at::Tensor();
+  gather_input_ = at::Tensor();
+  gather_event_.reset();
+  pending_gather_ = false;
 }
 
 void FsdpUnit::reshard() {
   if (!unsharded_) return;
   for (size_t i = 0; i < params_.size(); ++i) params_[i].set_data(shard_views_[i]);
   restore_gradients();
+  lanes_->freed(full_);  // used on compute only: its next user, on compute, comes after
   resize_storage(full_, 0);
   unsharded_ = false;
 }
@@ -135,9 +166,9 @@ void FsdpUnit::discard_gather() {
     gather_work_->wait();
     gather_work_.reset();
   }
-  gathered_ = at::Tensor();
-  gather_input_ = at::Tensor();
-  pending_gather_ = false;
+  // Compute's next writes to the shard (the optimizer) come after the copy-in that read it.
+  lanes_->wait(Lane::kCompute, gather_event_);
+  drop_gather_buffers();  // used on the all-gather lane only
 }
 
 void FsdpUnit::stash_gradients() {
@@ -188,33 +219,68 @@ void FsdpUnit::reduce_gradients(bool sync, at::Tensor* scratch) {
   if (!any) {  // every rank must still join the collective
     grads[0] = at::zeros({numels_[0]}, at::TensorOptions().dtype(param_dtype_).device(device_));
   }
+  start_reduce_scatter(std::move(grads), scratch);
+}
+
+// Copy-in and reduce-scatter on the reduce-scatter lane, after the compute lane's backward wrote
+// the gradients (kept alive for that lane, then dropped); reduce_event_ marks their end.
+void FsdpUnit::start_reduce_scatter(std::vector<std::optional<at::Tensor>> grads,
+                                    at::Tensor* scratch) {
+  Lanes& lanes = *lanes_;
+  std::vector<at::Tensor> written;
+  for (const auto& grad : grads) {
+    if (!grad) continue;
+    lanes.allocated(*grad, Lane::kCompute, "full gradient");
+    written.push_back(*grad);
+  }
+  lanes.accessed(Lane::kCompute, "backward", {}, written);
+  lanes.wait(Lane::kReduceScatter, lanes.record(Lane::kCompute));
+  LaneGuard on_reduce_lane = lanes.use(Lane::kReduceScatter);
+  owns_reduce_input_ = scratch == nullptr;
   reduce_input_ = reduce_buffer(scratch);
+  if (owns_reduce_input_) lanes.allocated(reduce_input_, Lane::kReduceScatter, "reduce input");
   shardwise::reduce_scatter_copy_in_(grads, numels_, shard_size_, 1.0 / pre_divide_, reduce_input_);
+  lanes.accessed(Lane::kReduceScatter, "reduce-scatter copy-in", written, {reduce_input_});
+  for (const auto& grad : written) {
+    lanes.keep_alive(grad, Lane::kReduceScatter);
+    lanes.freed(grad);
+  }
   for (auto& unsynced : unsynced_grads_) unsynced = at::Tensor();
   if (shard_size_ == 1) {
     reduce_output_ = reduce_input_;
   } else {
     reduce_output_ = at::empty({layout_.shard_numel()}, reduce_input_.options());
+    lanes.allocated(reduce_output_, Lane::kReduceScatter, "reduce-scatter output");
     c10d::ReduceScatterOptions reduce;
     reduce.reduceOp = c10d::ReduceOp::SUM;
     reduce_work_ =
         options_.shard_group->_reduce_scatter_base(reduce_output_, reduce_input_, reduce);
+    lanes.accessed(Lane::kReduceScatter, "reduce-scatter", {reduce_input_}, {reduce_output_});
   }
+  reduce_event_ = lanes.record(Lane::kReduceScatter);
   pending_reduce_ = true;
 }
 
+// The hybrid all-reduce follows on the reduce-scatter lane; the compute lane waits for the
+// reduction, then accumulates into the gradient shards.
 void FsdpUnit::finish_reduce() {
   if (!pending_reduce_) return;
+  Lanes& lanes = *lanes_;
   if (reduce_work_) {
     reduce_work_->wait();
     reduce_work_.reset();
   }
   if (group_size(options_.replicate_group) > 1) {  // hybrid: average across the replicas too
+    LaneGuard on_reduce_lane = lanes.use(Lane::kReduceScatter);
     std::vector<at::Tensor> tensors{reduce_output_};
     c10d::AllreduceOptions reduce;
     reduce.reduceOp = c10d::ReduceOp::SUM;
     options_.replicate_group->allreduce(tensors, reduce)->wait();
+    lanes.accessed(Lane::kReduceScatter, "all-reduce over replicas", {reduce_output_},
+                   {reduce_output_});
+    reduce_event_ = lanes.record(Lane::kReduceScatter);
   }
+  lanes.wait(Lane::kCompute, reduce_event_);
   const at::Tensor reduced = reduce_output_.device() == grad_views_[0].device()
                                  ? reduce_output_
                                  : reduce_output_.to(grad_views_[0].device());
@@ -232,8 +298,13 @@ void FsdpUnit::finish_reduce() {
     shardwise::reduce_scatter_copy_out_(reduced, numels_, shard_size_, shard_rank_,
                                         1.0 / post_divide_, grad_views_, /*accumulate=*/true);
   }
+  lanes.accessed(Lane::kCompute, "reduce-scatter copy-out", {reduce_output_}, grad_views_);
   for (size_t i = 0; i < params_.size(); ++i) has_grad_[i] = params_[i].requires_grad();
+  lanes.keep_alive(reduce_output_, Lane::kCompute);
+  if (shard_size_ > 1) lanes.freed(reduce_output_);
+  if (owns_reduce_input_) lanes.freed(reduce_input_);
   reduce_input_ = reduce_output_ = at::Tensor();
+  reduce_event_.reset();
   pending_reduce_ = false;
   if (!unsharded_) restore_gradients();
 }
@@ -244,7 +315,9 @@ at::Tensor FsdpUnit::reduce_buffer(at::Tensor* scratch) const {
   if (scratch == nullptr) return at::empty({numel}, options);
   const int64_t bytes = numel * static_cast<int64_t>(c10::elementSize(reduce_dtype_));
   if (!scratch->defined() || scratch->numel() < bytes || scratch->device() != device_) {
+    if (scratch->defined()) lanes_->freed(*scratch);
     *scratch = at::empty({bytes}, options.dtype(at::kByte));
+    lanes_->allocated(*scratch, Lane::kReduceScatter, "reduce-scatter input");
   }
   return scratch->narrow(0, 0, bytes).view(reduce_dtype_);
 }

@@ -17,6 +17,11 @@
 // While unsharded, `.grad` is either unset or the full gradient autograd accumulated; gradient
 // shards are stashed on unshard and restored on reshard, so the optimizer always sees sharded
 // gradients beside sharded parameters.
+//
+// Streams (fsdp/lanes.h): copy-in and all-gather run on the all-gather lane, copy-in and
+// reduce-scatter (and the hybrid all-reduce) on the reduce-scatter lane, the copy-outs on the
+// caller's compute lane, ordered by events; buffers that cross lanes are kept alive for the lane
+// that reads them last.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -26,6 +31,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <vector>
 
+#include "fsdp/lanes.h"
 #include "sharding/flat_layout.h"
 
 namespace shardwise::fsdp {
@@ -37,7 +43,8 @@ struct UnitOptions {
   std::optional<at::ScalarType> param_dtype;   // compute / all-gather dtype; unset: the params'
   std::optional<at::ScalarType> reduce_dtype;  // gradient communication dtype; unset: param_dtype
   bool reshard_after_forward = true;
-  bool offload_to_cpu = false;  // shards and gradient shards live in CPU memory
+  bool offload_to_cpu = false;   // shards and gradient shards live in CPU memory
+  std::shared_ptr<Lanes> lanes;  // null: make_lanes(the parameters' device)
 };
 
 class FsdpUnit {
@@ -56,6 +63,9 @@ class FsdpUnit {
   int shard_size() const { return shard_size_; }
   int requires_grad_count() const { return requires_grad_count_; }
   bool unsharded() const { return unsharded_; }
+  Lanes& lanes() const { return *lanes_; }
+  // Declares that compute reads the unsharded parameters (forward, backward) for RecordingLanes.
+  void declare_compute(const char* what) const;
 
   void unshard_async();  // starts the all-gather (nothing if unsharded or already started)
   void unshard();        // finishes it: every parameter is full, in param_dtype
@@ -91,8 +101,11 @@ class FsdpUnit {
   void restore_gradients();
   at::Tensor to_compute_device(const at::Tensor& tensor) const;
   at::Tensor reduce_buffer(at::Tensor* scratch) const;
+  void start_reduce_scatter(std::vector<std::optional<at::Tensor>> grads, at::Tensor* scratch);
+  void drop_gather_buffers();
 
   UnitOptions options_;
+  std::shared_ptr<Lanes> lanes_;
   std::vector<at::Tensor> params_;
   std::vector<std::vector<int64_t>> shapes_;
   std::vector<int64_t> numels_;
@@ -120,10 +133,13 @@ class FsdpUnit {
   at::Tensor gathered_;
   at::Tensor gather_input_;
   c10::intrusive_ptr<c10d::Work> gather_work_;
+  LaneEventPtr gather_event_;
   bool pending_reduce_ = false;
+  bool owns_reduce_input_ = false;  // false: the engine's scratch, reused
   at::Tensor reduce_input_;
   at::Tensor reduce_output_;
   c10::intrusive_ptr<c10d::Work> reduce_work_;
+  LaneEventPtr reduce_event_;
 };
 
 }  // namespace shardwise::fsdp

@@ -39,7 +39,12 @@ def test_auto_is_the_gpu_when_there_is_one_with_nccl_for_cuda_tensors():
             {},
             ["uses NCCL", "training.device is cpu"],
         ),
-        ([], 1, TWO_RANKS, ["two ranks on one GPU", "2 processes per node on 1 GPU", "=1"]),
+        (
+            ["distributed.backend=cpu:shardwise,cuda:nccl"],
+            1,
+            TWO_RANKS,
+            ["two ranks on one GPU", "2 processes per node on 1 GPU", "=1", "backend: shardwise"],
+        ),
         (["distributed.backend=tpu:nccl"], 1, {}, ["distributed.backend 'tpu:nccl'", "cpu:"]),
         (["distributed.backend=nccl,nccl"], 1, {}, ["distributed.backend 'nccl,nccl'"]),
     ],
@@ -53,6 +58,13 @@ def test_a_device_or_backend_the_machine_cannot_run_is_refused_with_the_fix(
         resolved(overrides, cuda_devices, env)
     for part in expected:
         assert part in str(error.value), (part, str(error.value))
+
+
+def test_more_ranks_than_gpus_default_to_the_shardwise_backend_which_stages_through_the_host():
+    """Catches: a default that sends two ranks on one GPU to NCCL (which refuses them), where
+    the shardwise backend stages CUDA tensors through host memory instead."""
+    assert resolved(cuda_devices=1, env=TWO_RANKS) == ("cuda", "shardwise")
+    assert resolved(cuda_devices=2, env=TWO_RANKS) == ("cuda", "cpu:shardwise,cuda:nccl")
 
 
 def test_this_machine_is_asked_when_no_gpu_count_is_given():

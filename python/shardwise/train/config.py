@@ -524,7 +524,7 @@ def _resolve_device(cfg: TrainConfig, cuda_devices: int | None) -> None:
     count = torch.cuda.device_count() if cuda_devices is None else cuda_devices
     t, d = cfg.training, cfg.distributed
     t.device = device_mod.resolve_device(t.device, count)
-    d.backend = d.backend or device_mod.default_backend(t.device)
+    d.backend = d.backend or device_mod.default_backend(t.device, count, d.num_processes_per_node)
     device_mod.check_backend(d.backend, t.device, count, d.num_processes_per_node)
 
 

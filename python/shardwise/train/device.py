@@ -7,7 +7,10 @@ Rules, checked at validation before anything starts:
 - ``auto`` is ``cuda`` when ``torch.cuda.device_count() > 0``, else ``cpu``;
 - ``cuda`` on a machine without a CUDA GPU is refused, naming ``training.device`` and the fix;
 - the default backend is ``shardwise`` on CPU and ``cpu:shardwise,cuda:nccl`` on GPUs (the
-  shardwise backend for CPU tensors, NCCL for CUDA ones);
+  shardwise backend for CPU tensors, NCCL for CUDA ones), except when a node runs more processes
+  than it has GPUs: then ``shardwise`` for both, which stages CUDA tensors through host memory
+  when ranks share a GPU (``SHARDWISE_CUDA_COMM``, backend/host_staged_comm.hpp), and rank
+  LOCAL_RANK uses GPU ``LOCAL_RANK % GPUs``;
 - a backend that uses NCCL is refused on CPU, and on GPUs when a node runs more processes than it
   has GPUs (NCCL refuses two ranks on one device).
 
@@ -50,8 +53,10 @@ def resolve_device(requested: str, cuda_devices: int) -> str:
     return requested
 
 
-def default_backend(device: str) -> str:
-    return "shardwise" if device == "cpu" else "cpu:shardwise,cuda:nccl"
+def default_backend(device: str, cuda_devices: int = 1, processes_per_node: int = 1) -> str:
+    if device == "cpu" or processes_per_node > cuda_devices:
+        return "shardwise"
+    return "cpu:shardwise,cuda:nccl"
 
 
 def backend_parts(backend: str) -> dict[str, str]:
@@ -84,16 +89,20 @@ def check_backend(backend: str, device: str, cuda_devices: int, processes_per_no
         raise ValueError(
             f"distributed.backend {backend!r} uses NCCL, which cannot run two ranks on one GPU: "
             f"{processes_per_node} processes per node on {cuda_devices} GPU(s); launch at most "
-            f"{cuda_devices} per node (torchrun --nproc_per_node={cuda_devices})"
+            f"{cuda_devices} per node (torchrun --nproc_per_node={cuda_devices}), or use "
+            "backend: shardwise, which stages CUDA tensors through host memory when ranks share "
+            "a GPU"
         )
 
 
 def local_device(device: str, local_rank: int) -> torch.device:
-    """This rank's device: ``cuda:LOCAL_RANK`` (made current, as NCCL needs) or the CPU."""
+    """This rank's device: ``cuda:LOCAL_RANK % GPUs`` (made current, as NCCL needs) or the
+    CPU."""
     if device == "cpu":
         return torch.device("cpu")
-    torch.cuda.set_device(local_rank)
-    return torch.device("cuda", local_rank)
+    index = local_rank % max(torch.cuda.device_count(), 1)
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
 
 
 def to_device(batch: tuple[torch.Tensor, ...], device: torch.device) -> tuple[torch.Tensor, ...]:

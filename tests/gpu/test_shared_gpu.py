@@ -1,0 +1,97 @@
+"""Two ranks on one GPU (the common single-GPU test machine): NCCL refuses them, so the shardwise
+backend stages their CUDA tensors through host memory (SHARDWISE_CUDA_COMM=auto finds that they
+share the device). FSDP and ZeRO-3 at world 2 against one-process training of the global batch on
+the same GPU, and shardwise-train under torchrun with two processes. Catches the staged path's
+copies (a result not copied back, a copy before the producing kernel finished) and the default
+backend choosing NCCL for ranks that share a GPU."""
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+import pytest
+import torch
+import torch.multiprocessing as mp
+
+ROOT = Path(__file__).resolve().parents[2]
+WORLD = 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _rank(rank, port, kind, errors):
+    try:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        import fsdp_checks
+        import shardwise
+        import shardwise.zero
+        import torch.distributed as dist
+        import zero_checks
+        from fsdp_checks import assert_close_rel, global_batch, local, loss_of, make_model
+
+        cuda = torch.device("cuda", 0)
+        torch.cuda.set_device(cuda)
+        dist.init_process_group("shardwise", rank=rank, world_size=WORLD)
+        ref = make_model().to(cuda)
+        ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
+        if kind == "fsdp":
+            model = shardwise.FullyShardedDataParallel(
+                make_model().to(cuda), wrap=[f"layers.{i}" for i in range(3)]
+            )
+            opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+        else:
+            model = shardwise.zero.initialize(
+                make_model().to(cuda), zero_checks.zero_config(3, WORLD)
+            )
+        for step in range(6):
+            batch = [t.to(cuda) for t in global_batch(step, WORLD)]
+            ref_loss = loss_of(ref, *batch)
+            ref_loss.backward()
+            ref_opt.step()
+            ref_opt.zero_grad()
+            loss = loss_of(model, *local(batch, rank))
+            if kind == "fsdp":
+                loss.backward()
+                opt.step()
+                opt.zero_grad()
+            else:
+                model.backward(loss)
+                model.step()
+            total = loss.detach().clone()
+            dist.all_reduce(total)
+            assert_close_rel([total.item() / WORLD], [ref_loss.item()], 1e-5, f"losses {step}")
+        if kind == "fsdp":
+            fsdp_checks.compare_params(model, ref, 1e-5, "parameters")
+        dist.destroy_process_group()
+    except BaseException as e:  # noqa: BLE001  (reported to the parent)
+        errors[rank] = f"{type(e).__name__}: {e}"
+
+
+@pytest.mark.parametrize("kind", ["fsdp", "zero3"])
+def test_two_ranks_on_one_gpu_match_one_process(kind):
+    errors = mp.Manager().dict()
+    mp.spawn(_rank, args=(_free_port(), kind, errors), nprocs=WORLD, join=True)
+    assert not errors, dict(errors)
+
+
+def test_shardwise_train_runs_two_ranks_on_one_gpu():
+    with tempfile.TemporaryDirectory() as tmp:
+        out = Path(tmp) / "run"
+        command = [
+            sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            "-m", "shardwise.train", "--config", str(ROOT / "examples" / "configs" / "fsdp.yaml"),
+            "model.preset=tiny", "training.device=cuda", "training.max_steps=4",
+            "training.log_every=1", f"training.checkpoint.dir={out}",
+        ]  # fmt: skip
+        proc = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-6000:]
+        records = [json.loads(line) for line in (out / "metrics.jsonl").read_text().splitlines()]
+        assert records[-1]["step"] == 4 and len(records[-1]["gpu_peak_mb_per_rank"]) == 2
