@@ -20,6 +20,7 @@ set(SHARDWISE_CORE_SOURCES
   csrc/common/stream_copy.cc
   csrc/optim/fused_optim.cc
   csrc/optim/fused_optim_avx512.cc
+  csrc/optim/warmup_schedule.cc
   csrc/precision/cast_cpu.cc
   csrc/precision/cast_cpu_avx512.cc
   csrc/sharding/copy_runs_cpu.cc
@@ -49,6 +50,7 @@ set(SHARDWISE_CORE_TEST_SOURCES
   tests/cpp/test_stream_copy.cc
   tests/cpp/test_loss_scaler.cc
   tests/cpp/test_optim_math.cc
+  tests/cpp/test_warmup_schedule.cc
   tests/cpp/test_pipeline_schedule.cc
   tests/cpp/test_pipeline_partition.cc
   tests/cpp/test_mesh_layout.cc

@@ -19,6 +19,7 @@
 #include "data/token_stream.h"
 #include "distributed/process_group.h"
 #include "fsdp/fsdp_python.h"
+#include "optim/warmup_schedule.h"
 #include "pipeline/pipeline_python.h"
 #include "sharding/checkpoint_pieces.h"
 #include "tensor_parallel/tp_python.h"
@@ -111,6 +112,37 @@ PYBIND11_MODULE(_C, m) {
       py::arg("slots"), py::arg("pieces"), py::arg("strict") = true,
       "Copies the overlaps of saved (name, start, values) pieces into (name, start, view) slots "
       "(sharding/checkpoint_pieces.h).");
+  {
+    using shardwise::optim::WarmupScheduleOptions;
+    py::class_<WarmupScheduleOptions>(
+        m, "WarmupSchedule",
+        "DeepSpeed's WarmupLR / WarmupDecayLR / WarmupCosineLR (optim/warmup_schedule.h).")
+        .def(py::init([](const py::dict& d) {
+               WarmupScheduleOptions o;
+               auto get = [&](const char* key, auto& field) {
+                 if (d.contains(key)) field = d[key].cast<std::decay_t<decltype(field)>>();
+               };
+               get("type", o.type);
+               get("warmup_min_lr", o.warmup_min_lr);
+               get("warmup_max_lr", o.warmup_max_lr);
+               get("warmup_num_steps", o.warmup_num_steps);
+               get("warmup_type", o.warmup_type);
+               get("total_num_steps", o.total_num_steps);
+               get("base_lr", o.base_lr);
+               get("warmup_min_ratio", o.warmup_min_ratio);
+               get("cos_min_ratio", o.cos_min_ratio);
+               shardwise::optim::validate(o);
+               return o;
+             }),
+             py::arg("options"))
+        .def(
+            "lr",
+            [](const WarmupScheduleOptions& o, int64_t last_batch_iteration) {
+              return shardwise::optim::warmup_schedule_lr(o, last_batch_iteration);
+            },
+            py::arg("last_batch_iteration"),
+            "The lr after that many scheduler steps (-1: before the first).");
+  }
   m.def("communication_seconds", &shardwise::backend::communication_seconds,
         "Seconds this process's shardwise backends have spent communicating (all groups).");
   m.def(

@@ -42,6 +42,9 @@ ZeroOptimizer::ZeroOptimizer(ZeroOptions options) : options_(std::move(options))
   TORCH_CHECK_VALUE(options_.gradient_clipping >= 0,
                     "ZeRO: gradient_clipping must be >= 0 (0: ", "off), got ",
                     options_.gradient_clipping);
+  TORCH_CHECK_VALUE(options_.gradient_predivide_factor >= 0,
+                    "ZeRO: gradient_predivide_factor must be > 0 (0: the data-parallel size), got ",
+                    options_.gradient_predivide_factor);
   dp_size_ = group_size(options_.group);
   rank_ = options_.group ? options_.group->getRank() : 0;
   if (options_.loss_scaler) scaler_ = std::make_unique<LossScaler>(*options_.loss_scaler);
@@ -229,7 +232,7 @@ void ZeroOptimizer::launch_reduce(int b) {
     scratch = at::empty({bytes}, params_[0].options().dtype(at::kByte));
   }
   at::Tensor input = scratch.narrow(0, 0, bytes).view(params_[0].scalar_type());
-  shardwise::reduce_scatter_copy_in_(grads, numels, world_, 1.0 / dp_size_, input);
+  shardwise::reduce_scatter_copy_in_(grads, numels, world_, 1.0 / predivide_factor(), input);
   for (int64_t i : bucket.params) params_[i].mutable_grad() = at::Tensor();  // frees .grad
   Reduction reduction{b, input, {}};  // world 1: reduced in place
   if (world_ > 1) {

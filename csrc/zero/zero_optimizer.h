@@ -76,6 +76,10 @@ struct ZeroOptions {
   bool overlap_comm = true;                      // stage 2: asynchronous reduce-scatters
   bool offload_optimizer = false;                // master weights and state in CPU memory
   double gradient_clipping = 0.0;                // max global norm; 0: off
+  // Stages 0-2: gradients are divided by this before the reduction and by dp_size / it after
+  // (folded into the optimizer's gradient scale): DeepSpeed's gradient_predivide_factor, and
+  // prescale_gradients = the data-parallel size. 0: the data-parallel size.
+  double gradient_predivide_factor = 0.0;
   std::optional<LossScalerOptions> loss_scaler;  // fp16 only
   OptimizerOptions optimizer;
   ZeroTensorParallel tensor_parallel;
@@ -130,6 +134,10 @@ class ZeroOptimizer : public std::enable_shared_from_this<ZeroOptimizer> {
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
 
  private:
+  double predivide_factor() const {
+    return options_.gradient_predivide_factor > 0 ? options_.gradient_predivide_factor
+                                                  : static_cast<double>(dp_size_);
+  }
   struct Bucket {
     std::vector<int64_t> params;  // indices into params_, in bucket order
     sharding::FlatLayout layout;

@@ -30,6 +30,9 @@ ZeroOptions options_of(const py::dict& d,
   o.overlap_comm = d["overlap_comm"].cast<bool>();
   o.offload_optimizer = d["offload_optimizer"].cast<bool>();
   o.gradient_clipping = d["gradient_clipping"].cast<double>();
+  if (d.contains("gradient_predivide_factor")) {
+    o.gradient_predivide_factor = d["gradient_predivide_factor"].cast<double>();
+  }
   if (d.contains("loss_scaler") && !d["loss_scaler"].is_none()) {
     py::dict s = d["loss_scaler"];
     LossScalerOptions scaler;

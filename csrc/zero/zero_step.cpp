@@ -120,6 +120,7 @@ bool ZeroOptimizer::step() {
     return false;
   }
   double grad_scale = 1.0 / loss_scale;
+  if (!local_) grad_scale *= predivide_factor() / dp_size_;  // the rest of the average
   if (options_.gradient_clipping > 0) {
     last_norm_ = global_norm(grads) * grad_scale;
     const double coef = options_.gradient_clipping / (last_norm_ + 1e-6);

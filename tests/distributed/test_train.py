@@ -135,6 +135,29 @@ def test_strategy_trains_and_exports(name):
     assert "sample:" in log
 
 
+def test_a_deepspeed_json_config_trains_with_its_scheduler():
+    """Hugging Face's ds_config_zero2.json as the zero block (issue 17): its "auto" values come
+    from the training section, its WarmupLR sets the lr of every step (the trainer's own schedule
+    must yield to it, as DeepSpeed's first step uses iteration -1's lr), its CPU optimizer
+    offload runs, and the loss falls."""
+    from shardwise import _C
+
+    ds = ROOT / "tests" / "data" / "deepspeed" / "hf_transformers_ds_config_zero2.json"
+    _, recs, log = run(
+        "deepspeed_json", 2, "zero2.yaml", "training.max_steps=16", "training.micro_batch_size=4",
+        "model.preset=tiny", "training.warmup_steps=6", "training.learning_rate=3e-3",
+        f"distributed.zero={ds}",
+    )  # fmt: skip
+    assert [r["step"] for r in recs] == list(range(1, 17)), log[-2000:]
+    assert "accepted but ignored" in log and "steps_per_print" in log
+    schedule = _C.WarmupSchedule(
+        {"type": "WarmupLR", "warmup_min_lr": 0.0, "warmup_max_lr": 3e-3, "warmup_num_steps": 6}
+    )
+    for r in recs:
+        assert abs(r["lr"] - schedule.lr(r["step"] - 2)) <= 1e-12, (r["step"], r["lr"])
+    assert sum(r["loss"] for r in recs[-3:]) < sum(r["loss"] for r in recs[:3]) - 1.0
+
+
 @pytest.mark.parametrize("name", [n for n, v in STRATEGIES.items() if v[3] is not None])
 def test_planner_matches_the_bytes_training_holds(name):
     """The planner's per-rank parameters + gradients + optimizer state against the tensor

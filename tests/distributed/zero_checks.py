@@ -72,13 +72,13 @@ def train_zero(engine, rank, world, steps, first=0):
     return losses
 
 
-def _parity(rank, world, stage, accumulation=1, sgd=False, clip=0.0, offload=False):
+def _parity(rank, world, stage, accumulation=1, sgd=False, clip=0.0, offload=False, **extra):
     ref_losses, ref_model = train_reference(world, sgd=sgd, clip=clip)
     rel = 1e-6
     if clip:  # the clip coefficient is a reduction: ≤ 2× torch's own fp32 error vs float64
         exact = train_reference(world, clip=clip, dtype=torch.float64)[1].state_dict()
         rel = 2 * max(_rel(t, exact[n]) for n, t in ref_model.state_dict().items())
-    config = zero_config(stage, world, accumulation, gradient_clipping=clip)
+    config = zero_config(stage, world, accumulation, gradient_clipping=clip, **extra)
     if sgd:
         config["optimizer"] = {
             "type": "SGD",
@@ -139,6 +139,18 @@ def zero_clipping_sgd_and_offload_match_torch(rank, world, gloo):
         _parity(rank, world, stage, clip=0.05)
     _parity(rank, world, 2, sgd=True)
     _parity(rank, world, 2, offload=True)
+
+
+def zero_prescale_and_predivide_match_single_process(rank, world, gloo):
+    """DeepSpeed's prescale_gradients (divide by the world before reducing) and
+    gradient_predivide_factor (divide by it before, by world / it after, folded into the fused
+    step's scale), under SGD (AdamW would hide a wrong scale) and with clipping (the norm must
+    see the averaged gradients): a factor applied twice or never drifts from the reference."""
+    for stage in (0, 1, 2):
+        _parity(rank, world, stage, sgd=True)  # DeepSpeed's default: all of it after
+        _parity(rank, world, stage, sgd=True, prescale_gradients=True)
+        _parity(rank, world, stage, sgd=True, gradient_predivide_factor=2.0 * world)
+    _parity(rank, world, 2, clip=0.05, gradient_predivide_factor=0.5)
 
 
 def zero1_matches_zero_redundancy_optimizer(rank, world, gloo):
@@ -297,6 +309,7 @@ CHECKS = [
     zero_stage3_matches_single_process,
     zero_accumulation_matches_one_big_batch,
     zero_clipping_sgd_and_offload_match_torch,
+    zero_prescale_and_predivide_match_single_process,
     zero1_matches_zero_redundancy_optimizer,
     zero_fp16_overflow_skips_everywhere,
     zero_memory_matches_the_formulas,

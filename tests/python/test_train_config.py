@@ -352,6 +352,39 @@ def test_zero_block_batch_sizes_are_checked_against_training():
     assert cfg.zero_config()["train_batch_size"] == 16 == cfg.effective_batch_size
 
 
+DEEPSPEED = Path(__file__).resolve().parents[1] / "data" / "deepspeed"
+
+
+def test_a_deepspeed_json_file_is_the_zero_block_with_auto_from_training():
+    """Catches (issue 17): Hugging Face's ds_config_zero2.json refused by shardwise-train, or
+    its "auto" values left unresolved instead of taken from the training section."""
+    cfg = load(
+        f"distributed.zero={DEEPSPEED / 'hf_transformers_ds_config_zero2.json'}",
+        "training.micro_batch_size=4",
+        "training.learning_rate=5e-4",
+        "training.mixed_precision=bf16",
+        "training.warmup_steps=7",
+        env={"WORLD_SIZE": "2"},
+    )
+    zero = cfg.zero_config()
+    assert cfg.distributed.strategy == "zero"
+    assert zero["train_batch_size"] == 8 and zero["bf16"]["enabled"]
+    assert zero["native"]["optimizer"]["lr"] == 5e-4 and zero["native"]["offload_optimizer"]
+    assert zero["schedule"]["warmup_num_steps"] == 7
+    assert zero["schedule"]["warmup_max_lr"] == 5e-4
+
+
+def test_deepspeed_values_the_trainer_also_sets_must_agree():
+    """Catches: a DeepSpeed lr or clipping silently overridden by the trainer's every step."""
+    assert "differs from the trainer's learning rate" in error_of(
+        "distributed.zero.optimizer.params.lr=0.01", "training.learning_rate=3e-4"
+    )
+    assert "training.gradient_clip_norm" in error_of(
+        "distributed.zero.gradient_clipping=0.5", "training.gradient_clip_norm=1.0"
+    )
+    assert "cannot read the DeepSpeed config" in error_of("distributed.zero=/nonexistent.json")
+
+
 def test_pipeline_effective_batch_counts_the_microbatches():
     """training.micro_batch_size is one pipeline microbatch: a step of a 2 x 2 dp x pp mesh
     with 4 microbatches of 3 and accumulation 2 sees 3 * 4 * 2 * 2 sequences."""

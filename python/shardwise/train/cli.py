@@ -82,6 +82,7 @@ def run_spec(cfg: TrainConfig, resume: bool, memory_note: str) -> RunSpec:
         checkpointing=t.gradient_checkpointing,
         fsdp=dict(d.fsdp or {}),
         zero=dict(d.zero or {}),
+        zero_auto=cfg.zero_auto(),
         pipeline=d.pipeline.model_dump() if d.pipeline else {},
         mesh=cfg.pipeline_mesh() if d.strategy == "pipeline" else None,
         tensor_parallel=d.tensor_parallel_size,

@@ -26,10 +26,12 @@ Design:
 from __future__ import annotations
 
 import difflib
+import json
 import math
 import os
 from collections.abc import Mapping, Sequence
 from dataclasses import fields, replace
+from pathlib import Path
 from typing import Any, Literal
 
 from omegaconf import OmegaConf
@@ -40,6 +42,7 @@ from ..fsdp.config import FSDPConfig
 from ..models.gpt import PRESETS, GPTConfig
 from ..zero.config import TOP_KEYS as ZERO_TOP_KEYS
 from ..zero.config import load as load_zero
+from ..zero.deepspeed_keys import auto_from_hidden_size
 from . import device as device_mod
 from .device import BACKENDS  # noqa: F401  (re-exported: the backends a config may name)
 
@@ -154,10 +157,27 @@ class DistributedSection(_Section):
     mesh_axis_names: list[str] | None = None
     mixed_precision: Literal["no", "fp16", "bf16"] | None = None
     fsdp: dict[str, Any] | None = None
-    zero: dict[str, Any] | None = None
+    zero: dict[str, Any] | None = None  # DeepSpeed's keys, or the path of a ds_config.json
     pipeline: PipelineSection | None = None
 
     _precision = field_validator("mixed_precision", mode="before")(_precision_word)
+
+    @field_validator("zero", mode="before")
+    @classmethod
+    def _zero_file(cls, value):
+        """A DeepSpeed JSON file, read (and checked as a mapping) here."""
+        if not isinstance(value, str):
+            return value
+        path = Path(value).expanduser()
+        try:
+            data = json.loads(path.read_text())
+        except OSError as error:
+            raise ValueError(f"cannot read the DeepSpeed config {path}: {error.strerror}") from None
+        except json.JSONDecodeError as error:
+            raise ValueError(f"{path} is not valid JSON: {error}") from None
+        if not isinstance(data, dict):
+            raise ValueError(f"{path} holds {type(data).__name__}, not a DeepSpeed config mapping")
+        return data
 
     def get_data_parallel_size(self) -> int:
         return self.world_size // (self.tensor_parallel_size * self.pipeline_parallel_size)
@@ -223,7 +243,29 @@ class TrainConfig(_Section):
 
     def zero_config(self) -> dict:
         """The validated DeepSpeed-style config (``shardwise.zero.load_config``'s result)."""
-        return load_zero(_zero_mapping(self), self.data_parallel_size)
+        return load_zero(_zero_mapping(self), self.data_parallel_size, self.zero_auto())
+
+    def zero_auto(self) -> dict:
+        """What DeepSpeed's "auto" values become, from the training section (as Hugging Face's
+        Trainer fills them from its arguments)."""
+        t = self.training
+        micro, accumulation = t.micro_batch_size, t.gradient_accumulation_steps
+        return {
+            "train_micro_batch_size_per_gpu": micro,
+            "gradient_accumulation_steps": accumulation,
+            "train_batch_size": micro * accumulation * self.data_parallel_size,
+            "gradient_clipping": t.gradient_clip_norm or 0.0,
+            "fp16": self.mixed_precision == "fp16",
+            "bf16": self.mixed_precision == "bf16",
+            "lr": self.scaled_learning_rate,
+            "betas": [0.9, 0.95],
+            "eps": 1e-8,
+            "weight_decay": 0.1,
+            "warmup_min_lr": 0.0,
+            "warmup_num_steps": t.warmup_steps,
+            "total_num_steps": t.max_steps,
+            **auto_from_hidden_size(self.gpt_config().dim),
+        }
 
     def to_dict(self) -> dict:
         """The resolved config as plain data; rank and local_rank, which differ per process and
@@ -684,6 +726,28 @@ def _check_tensor_parallel(cfg: TrainConfig) -> None:
             )
 
 
+def _check_zero_against_training(cfg: TrainConfig) -> None:
+    """Values the trainer drives itself (the lr each step, unless the DeepSpeed config has a
+    scheduler; the clipping) must not differ between the two sections: one would be ignored."""
+    zero, t = cfg.distributed.zero, cfg.training
+    optimizer = zero.get("optimizer")
+    params = optimizer.get("params", {}) if isinstance(optimizer, dict) else {}
+    lr = params.get("lr") if isinstance(params, dict) else None
+    if lr not in (None, "auto") and "scheduler" not in zero and lr != cfg.scaled_learning_rate:
+        raise ValueError(
+            f"distributed.zero.optimizer.params.lr={lr!r} differs from the trainer's learning "
+            f"rate {cfg.scaled_learning_rate!r} (training.learning_rate, scaled), which sets the "
+            'lr every step; set it once (training.learning_rate, or "auto"), or give the '
+            "DeepSpeed config a scheduler"
+        )
+    clip = zero.get("gradient_clipping")
+    if clip not in (None, "auto") and float(clip) != float(t.gradient_clip_norm or 0.0):
+        raise ValueError(
+            f"distributed.zero.gradient_clipping={clip!r} differs from "
+            f"training.gradient_clip_norm={t.gradient_clip_norm!r}; set it once"
+        )
+
+
 def _zero_mapping(cfg: TrainConfig) -> dict:
     t = cfg.training
     return {
@@ -719,11 +783,12 @@ def _check_sub_blocks(cfg: TrainConfig, lifted: Sequence[str]) -> None:
             ("train_micro_batch_size_per_gpu", "micro_batch_size"),
             ("gradient_accumulation_steps", "gradient_accumulation_steps"),
         ):
-            if key in d.zero and d.zero[key] != getattr(t, ours):
+            if key in d.zero and d.zero[key] not in ("auto", getattr(t, ours)):
                 raise ValueError(
                     f"distributed.zero.{key}={d.zero[key]!r} differs from training.{ours}="
                     f"{getattr(t, ours)!r}; set it once, under training.{ours}"
                 )
+        _check_zero_against_training(cfg)
         _delegate("distributed.zero", cfg.zero_config)
     if d.strategy == "pipeline":
         _check_pipeline(cfg)

@@ -44,6 +44,7 @@ class StrategyOptions:
     checkpointing: bool = False
     fsdp: dict = field(default_factory=dict)  # seed-002 keys
     zero: dict = field(default_factory=dict)  # DeepSpeed keys
+    zero_auto: dict = field(default_factory=dict)  # what their "auto" values become
     pipeline: dict = field(default_factory=dict)  # schedule, num_microbatches, split
     mesh: list | None = None  # [[d, p], [kind, "pp"]] for the pipeline
     tensor_parallel: int = 1  # the tp axis of the mesh
@@ -345,7 +346,7 @@ def _zero(par: Parallel) -> None:
         **o.zero,
     }
     group = par.axes.data_group or dist.group.WORLD
-    par.engine = ZeroEngine(par.gpt, config, group, par.axes.tp_group)
+    par.engine = ZeroEngine(par.gpt, config, group, par.axes.tp_group, o.zero_auto)
     par.stages = {0: par.engine}
     par.fp16_autocast = False
 

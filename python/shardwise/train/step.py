@@ -100,13 +100,20 @@ class TrainStep:
     # --- the step --------------------------------------------------------------------------
 
     def train_step(self, batches, lr: float) -> dict:
+        """One optimizer step at ``lr`` (a DeepSpeed ``scheduler`` in the ZeRO config overrides
+        it: the returned ``lr`` is the one used)."""
         total = self._forward_backward(batches)
+        scheduler = getattr(self.engine, "lr_scheduler", None)
+        if scheduler is not None:
+            lr = self.engine.get_lr()[0]
         norm = self._update(lr, len(batches))
+        if scheduler is not None and math.isfinite(norm):  # DeepSpeed: not after a skip
+            scheduler.step()
         if self.par.pipe is not None:  # only the last stage's loss is nonzero
             loss = torch.tensor([total if self.par.is_last else 0.0], dtype=torch.float64)
             dist.all_reduce(loss, group=self.axes.pipeline_group)
             total = loss.item()
-        return {"loss": _mean_over(total, self.data_group), "grad_norm": norm}
+        return {"loss": _mean_over(total, self.data_group), "grad_norm": norm, "lr": lr}
 
     def _forward_backward(self, batches) -> float:
         par, n = self.par, len(batches)

@@ -230,7 +230,7 @@ class Trainer:
         record = {
             "step": self.step,
             "loss": out["loss"],
-            "lr": lr,
+            "lr": out["lr"],
             "grad_norm": out["grad_norm"],
             "loss_scale": self.stepper.loss_scale() if self.stepper.scaler is not None else None,
             "step_s": step_s,

@@ -1,81 +1,85 @@
-"""The DeepSpeed-style ZeRO config: a mapping (or a JSON file) with the keys DeepSpeed users
-already write. Unknown keys are errors that list the valid ones and suggest the closest; the batch
-sizes follow DeepSpeed's rule train_batch_size = micro × accumulation × data-parallel world."""
+"""DeepSpeed's config as people write it: a mapping or a JSON file (``ds_config.json``).
+
+- The documented keys of the features ``shardwise.zero`` has are implemented (``deepspeed_keys``
+  lists them with DeepSpeed's defaults), including the deprecated spellings (``cpu_offload``,
+  ``cpu_offload_param``), ``scheduler`` (WarmupLR, WarmupDecayLR, WarmupCosineLR, computed in C++:
+  ``csrc/optim/warmup_schedule.h``), ``prescale_gradients`` and ``gradient_predivide_factor``.
+- The documented keys of features it does not have are accepted, and named in one warning
+  (``DeepSpeedConfigWarning``) with what is ignored; values that would change the results
+  (NVMe offload, coupled weight decay, AMSGrad) are errors instead.
+- Any other key is a misspelling: an error that suggests the closest valid key.
+- ``"auto"`` values are filled from ``auto`` (what Hugging Face's Trainer fills them from: batch
+  sizes, lr, betas, eps, weight_decay, clipping, fp16/bf16, the warmup and total steps, and the
+  bucket sizes from the model's hidden size); an ``"auto"`` with nothing to fill it is an error
+  naming the key.
+- The batch sizes follow DeepSpeed's rule train_batch_size = micro × accumulation × world.
+"""
 
 from __future__ import annotations
 
 import difflib
 import json
+import warnings
 from collections.abc import Mapping
 from pathlib import Path
 
 from ..fsdp.config import ConfigError
+from . import deepspeed_keys as K
 
-TOP_KEYS = {
-    "train_batch_size",
-    "train_micro_batch_size_per_gpu",
-    "gradient_accumulation_steps",
-    "gradient_clipping",
-    "bf16",
-    "fp16",
-    "zero_optimization",
-    "optimizer",
-}
-ZERO_KEYS = {
-    "stage": 0,
-    "overlap_comm": True,
-    "contiguous_gradients": True,
-    "reduce_bucket_size": 500_000_000,
-    "allgather_bucket_size": 500_000_000,
-    "stage3_prefetch_bucket_size": 50_000_000,
-    "stage3_param_persistence_threshold": 100_000,
-    "offload_optimizer": {"device": "none"},
-}
-OFFLOAD_KEYS = {"device": "none", "pin_memory": False}
-OFFLOAD_DEVICES = ("none", "cpu")
-BF16_KEYS = {"enabled": False}
-FP16_KEYS = {
-    "enabled": False,
-    "loss_scale": 0.0,  # 0: dynamic
-    "initial_scale_power": 16,
-    "loss_scale_window": 1000,
-    "hysteresis": 2,
-    "min_loss_scale": 1.0,
-}
-OPTIMIZER_TYPES = ("adamw", "adam", "sgd")
-OPTIMIZER_PARAMS = {
-    "lr": 1e-3,
-    "betas": (0.9, 0.999),
-    "eps": 1e-8,
-    "weight_decay": 0.01,
-    "momentum": 0.0,
-    "dampening": 0.0,
-    "nesterov": False,
-}
+TOP_KEYS = set(K.TOP) | set(K.IGNORED_TOP)
 
 
-def _check_keys(section: str, given: Mapping, valid) -> None:
+class DeepSpeedConfigWarning(UserWarning):
+    """Documented DeepSpeed keys that ``shardwise.zero`` accepts and ignores."""
+
+
+def _check_keys(section: str, given: Mapping, valid, ignored: Mapping, lost: list) -> None:
     for key in given:
-        if key not in valid:
-            close = difflib.get_close_matches(str(key), sorted(valid), 1)
+        if key in ignored:
+            lost.append(
+                f"{section}.{key} ({ignored[key]})" if section else f"{key} ({ignored[key]})"
+            )
+        elif key not in valid:
+            names = sorted(set(valid) | set(ignored))
+            close = difflib.get_close_matches(str(key), names, 1)
             hint = f" Did you mean '{close[0]}'?" if close else ""
+            where = section or "DeepSpeed config"
             raise ConfigError(
-                f"{section}: unknown key '{key}'.{hint} Valid keys: {', '.join(sorted(valid))}"
+                f"{where}: unknown key '{key}'.{hint} Valid keys: {', '.join(sorted(valid))}"
             )
 
 
-def _section(section: str, given, defaults: Mapping) -> dict:
+def _section(section, given, defaults: Mapping, lost: list, ignored: Mapping = None) -> dict:
     if given is None:
         return dict(defaults)
     if not isinstance(given, Mapping):
         raise ConfigError(f"{section} must be a mapping, got {type(given).__name__}")
-    _check_keys(section, given, defaults)
-    return {**defaults, **given}
+    ignored = ignored or {}
+    _check_keys(section, given, defaults, ignored, lost)
+    return {**defaults, **{k: v for k, v in given.items() if k not in ignored}}
+
+
+def _fill_auto(config, auto: Mapping, path: str = ""):
+    """A copy of ``config`` with every "auto" replaced from ``auto`` (by AUTO_SOURCES)."""
+    if isinstance(config, Mapping):
+        return {k: _fill_auto(v, auto, f"{path}.{k}" if path else k) for k, v in config.items()}
+    if config != "auto":
+        return config
+    source = K.AUTO_SOURCES.get(path)
+    if source is None or auto.get(source) is None:
+        where = f"the trainer's {source!r}" if source else "nothing shardwise knows"
+        raise ConfigError(
+            f'{path}: "auto" is filled from {where}, which was not given; write the value, or '
+            "pass it in auto= (shardwise-train fills it from its training section)"
+        )
+    return auto[source]
 
 
 def _positive_int(key: str, value, allow_none: bool = True):
     if value is None and allow_none:
         return None
+    if isinstance(value, float) and value.is_integer():
+        value = int(value)
     if isinstance(value, bool) or not isinstance(value, int) or value < 1:
         raise ConfigError(f"{key} must be a positive integer, got {value!r}")
     return value
@@ -113,38 +117,167 @@ def batch_sizes(train: int | None, micro: int | None, accum: int | None, world: 
     return train, micro, accum
 
 
-def load(config: Mapping | str | Path, world_size: int) -> dict:
+def _offloads(zero: dict, lost: list) -> tuple[dict, dict]:
+    """offload_optimizer and offload_param, with the deprecated booleans folded in."""
+    legacy = {"offload_optimizer": "cpu_offload", "offload_param": "cpu_offload_param"}
+    out = {}
+    for key, defaults in (
+        ("offload_optimizer", K.OFFLOAD_OPTIMIZER),
+        ("offload_param", K.OFFLOAD_PARAM),
+    ):
+        section = _section(f"zero_optimization.{key}", zero[key], defaults, lost, K.IGNORED_OFFLOAD)
+        old = zero[legacy[key]]
+        if key == "offload_param" and zero["cpu_offload_params"] is not None:
+            old = zero["cpu_offload_params"]
+        if old and section["device"] == "none":
+            section["device"] = "cpu"
+        if section["device"] not in K.OFFLOAD_DEVICES:
+            raise ConfigError(
+                f"zero_optimization.{key}.device '{section['device']}': shardwise offloads to "
+                f"the CPU only; valid: {', '.join(K.OFFLOAD_DEVICES)}"
+            )
+        out[key] = section
+    if out["offload_param"]["device"] == "cpu" and zero["stage"] != 3:
+        raise ConfigError(
+            "zero_optimization.offload_param needs stage 3 (the parameters are sharded only "
+            "there); set stage 3 or use offload_optimizer"
+        )
+    return out["offload_optimizer"], out["offload_param"]
+
+
+def _optimizer(config: Mapping, lost: list) -> dict:
+    optimizer = _section(
+        "optimizer", config.get("optimizer"), {"type": "AdamW", "params": {}}, lost
+    )
+    params = _section("optimizer.params", optimizer["params"], K.OPTIMIZER_PARAMS, lost)
+    kind = K.OPTIMIZER_TYPES.get(str(optimizer["type"]).lower())
+    if kind is None:
+        raise ConfigError(
+            f"optimizer.type '{optimizer['type']}': shardwise has AdamW, Adam (decoupled weight "
+            "decay, as DeepSpeed's Adam by default) and SGD"
+        )
+    for key, allowed in (("adam_w_mode", True), ("bias_correction", True), ("amsgrad", False)):
+        if bool(params[key]) != allowed and not (
+            key == "adam_w_mode" and not params["weight_decay"]
+        ):
+            raise ConfigError(
+                f"optimizer.params.{key}={params[key]!r} is not supported (the fused AdamW has "
+                f"{key}={allowed}); drop it"
+            )
+    beta1, beta2 = params["betas"]
+    return {
+        "type": kind,
+        "lr": float(params["lr"]),
+        "beta1": float(beta1),
+        "beta2": float(beta2),
+        "eps": float(params["eps"]),
+        "weight_decay": float(params["weight_decay"]),
+        "momentum": float(params["momentum"]),
+        "dampening": float(params["dampening"]),
+        "nesterov": bool(params["nesterov"]),
+    }
+
+
+def _scheduler(config: Mapping, lr: float, lost: list) -> dict | None:
+    given = config.get("scheduler")
+    if given is None:
+        return None
+    scheduler = _section("scheduler", given, {"type": None, "params": {}}, lost)
+    if scheduler["type"] not in K.SCHEDULER_TYPES:
+        raise ConfigError(
+            f"scheduler.type '{scheduler['type']}': shardwise has {', '.join(K.SCHEDULER_TYPES)}"
+        )
+    takes = K.SCHEDULER_KEYS[scheduler["type"]]
+    given = scheduler["params"] or {}
+    for key in given:
+        if key in K.SCHEDULER_PARAMS and key not in takes:  # DeepSpeed: a TypeError
+            raise ConfigError(
+                f"scheduler.params.{key}: {scheduler['type']} does not take it; it takes "
+                f"{', '.join(takes)}"
+            )
+    params = _section("scheduler.params", given, K.SCHEDULER_PARAMS, lost)
+    if scheduler["type"] != "WarmupLR" and params["total_num_steps"] is None:
+        raise ConfigError(f"scheduler.params.total_num_steps is required by {scheduler['type']}")
+    options = {
+        "type": scheduler["type"],
+        "warmup_min_lr": float(params["warmup_min_lr"]),
+        "warmup_max_lr": float(lr if params["warmup_max_lr"] is None else params["warmup_max_lr"]),
+        "warmup_num_steps": int(params["warmup_num_steps"]),
+        "warmup_type": str(params["warmup_type"]),
+        "total_num_steps": int(params["total_num_steps"] or 0),
+        "base_lr": float(lr),
+        "warmup_min_ratio": float(params["warmup_min_ratio"]),
+        "cos_min_ratio": float(params["cos_min_ratio"]),
+        "last_batch_iteration": int(params["last_batch_iteration"]),
+    }
+    from .. import _C
+
+    try:
+        _C.WarmupSchedule(options)  # the C++ checks, naming the key
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    return options
+
+
+def _fp16_scaler(fp16: dict) -> dict | None:
+    if not fp16["enabled"]:
+        return None
+    scale = float(fp16["loss_scale"])
+    return {
+        "dynamic": scale == 0,
+        "initial_scale": 2.0 ** fp16["initial_scale_power"] if scale == 0 else scale,
+        "window": int(fp16["loss_scale_window"]),
+        "hysteresis": int(fp16["hysteresis"]),
+        "min_scale": float(fp16["min_loss_scale"]),
+    }
+
+
+def load(config: Mapping | str | Path, world_size: int, auto: Mapping | None = None) -> dict:
     """The validated config: DeepSpeed's keys with their defaults filled in, plus the options the
-    C++ optimizer takes (``native``)."""
+    C++ optimizer takes (``native``) and the scheduler's (``schedule``, or None)."""
     if isinstance(config, str | Path):
-        config = json.loads(Path(config).read_text())
+        try:
+            config = json.loads(Path(config).read_text())
+        except json.JSONDecodeError as error:
+            raise ConfigError(f"DeepSpeed config {config}: not valid JSON ({error})") from None
     if not isinstance(config, Mapping):
         raise ConfigError(f"the ZeRO config must be a mapping or a JSON file, got {config!r}")
-    _check_keys("ZeRO config", config, TOP_KEYS)
-    zero = _section("zero_optimization", config.get("zero_optimization"), ZERO_KEYS)
-    offload = _section("offload_optimizer", zero["offload_optimizer"], OFFLOAD_KEYS)
-    bf16 = _section("bf16", config.get("bf16"), BF16_KEYS)
-    fp16 = _section("fp16", config.get("fp16"), FP16_KEYS)
-    optimizer = _section("optimizer", config.get("optimizer"), {"type": "AdamW", "params": {}})
-    params = _section("optimizer.params", optimizer["params"], OPTIMIZER_PARAMS)
+    auto = auto or {}
+    config = _fill_auto(config, auto)
+    batch_keys = (
+        "train_batch_size",
+        "train_micro_batch_size_per_gpu",
+        "gradient_accumulation_steps",
+    )
+    if not any(k in config for k in batch_keys) and auto.get(batch_keys[1]) is not None:
+        # as Hugging Face's Trainer: the batch comes from the trainer when the file has none
+        config = {**config, **{k: auto[k] for k in batch_keys[1:] if auto.get(k) is not None}}
+    lost: list[str] = []
+    _check_keys("", config, K.TOP, K.IGNORED_TOP, lost)
+    zero = _section(
+        "zero_optimization", config.get("zero_optimization"), K.ZERO, lost, K.IGNORED_ZERO
+    )
+    bf16 = _section("bf16", config.get("bf16"), K.BF16, lost, K.IGNORED_BF16)
+    fp16 = _section("fp16", config.get("fp16"), K.FP16, lost, K.IGNORED_FP16)
     if zero["stage"] not in (0, 1, 2, 3):
         raise ConfigError(f"zero_optimization.stage must be 0, 1, 2 or 3, got {zero['stage']!r}")
-    if offload["device"] not in OFFLOAD_DEVICES:
-        raise ConfigError(
-            f"offload_optimizer.device '{offload['device']}'; valid: {', '.join(OFFLOAD_DEVICES)}"
-        )
+    offload, offload_param = _offloads(zero, lost)
+    if not zero["allgather_partitions"]:
+        lost.append("zero_optimization.allgather_partitions=false (parameters are all-gathered)")
+    if not zero["reduce_scatter"]:
+        lost.append("zero_optimization.reduce_scatter=false (gradients are reduce-scattered)")
     if bf16["enabled"] and fp16["enabled"]:
         raise ConfigError("bf16.enabled and fp16.enabled are both true; enable one of them")
-    kind = str(optimizer["type"]).lower()
-    if kind not in OPTIMIZER_TYPES:
-        raise ConfigError(
-            f"optimizer.type '{optimizer['type']}'; valid: AdamW, Adam (decoupled decay), SGD"
-        )
+    optimizer = _optimizer(config, lost)
     for key in ("reduce_bucket_size", "allgather_bucket_size"):
-        _positive_int(f"zero_optimization.{key}", int(zero[key]), allow_none=False)
+        if float(zero[key]) < 0:
+            raise ConfigError(f"zero_optimization.{key} must be >= 0, got {zero[key]!r}")
     clip = float(config.get("gradient_clipping", 0.0))
     if clip < 0:
         raise ConfigError(f"gradient_clipping must be >= 0 (0: off), got {clip}")
+    predivide = float(config.get("gradient_predivide_factor", 1.0))
+    if predivide <= 0:
+        raise ConfigError(f"gradient_predivide_factor must be > 0, got {predivide}")
     train, micro, accum = batch_sizes(
         _positive_int("train_batch_size", config.get("train_batch_size")),
         _positive_int(
@@ -153,42 +286,35 @@ def load(config: Mapping | str | Path, world_size: int) -> dict:
         _positive_int("gradient_accumulation_steps", config.get("gradient_accumulation_steps")),
         world_size,
     )
-    scaler = None
-    if fp16["enabled"]:
-        scale = float(fp16["loss_scale"])
-        scaler = {
-            "dynamic": scale == 0,
-            "initial_scale": 2.0 ** fp16["initial_scale_power"] if scale == 0 else scale,
-            "window": int(fp16["loss_scale_window"]),
-            "hysteresis": int(fp16["hysteresis"]),
-            "min_scale": float(fp16["min_loss_scale"]),
-        }
-    beta1, beta2 = params["betas"]
+    schedule = _scheduler(config, optimizer["lr"], lost)
+    if lost:
+        warnings.warn(
+            "DeepSpeed config: accepted but ignored (shardwise has no such feature): "
+            + "; ".join(lost),
+            DeepSpeedConfigWarning,
+            stacklevel=3,
+        )
     native = {
         "stage": int(zero["stage"]),
-        "reduce_bucket_numel": int(zero["reduce_bucket_size"]),
+        # DeepSpeed's 0 means no bucketing: each gradient is reduced on its own
+        "reduce_bucket_numel": max(1, int(float(zero["reduce_bucket_size"]))),
         "overlap_comm": bool(zero["overlap_comm"]),
         "offload_optimizer": offload["device"] == "cpu",
+        "offload_param": offload_param["device"] == "cpu",
         "gradient_clipping": clip,
-        "loss_scaler": scaler,
-        "optimizer": {
-            "type": "sgd" if kind == "sgd" else "adamw",
-            "lr": float(params["lr"]),
-            "beta1": float(beta1),
-            "beta2": float(beta2),
-            "eps": float(params["eps"]),
-            "weight_decay": float(params["weight_decay"]),
-            "momentum": float(params["momentum"]),
-            "dampening": float(params["dampening"]),
-            "nesterov": bool(params["nesterov"]),
-        },
+        # prescale_gradients: divide by the whole data-parallel size before reducing (0 = it)
+        "gradient_predivide_factor": 0.0 if config.get("prescale_gradients") else predivide,
+        "loss_scaler": _fp16_scaler(fp16),
+        "optimizer": optimizer,
     }
     return {
         "train_batch_size": train,
         "train_micro_batch_size_per_gpu": micro,
         "gradient_accumulation_steps": accum,
-        "zero_optimization": {**zero, "offload_optimizer": offload},
+        "zero_optimization": {**zero, "offload_optimizer": offload, "offload_param": offload_param},
         "bf16": bf16,
         "fp16": fp16,
         "native": native,
+        "schedule": schedule,
+        "ignored": lost,
     }

@@ -17,6 +17,7 @@ from .. import _C
 from ..fsdp import FullyShardedDataParallel, auto_wrap
 from ..ops import sharding as layout
 from . import config as zero_config
+from .deepspeed_keys import auto_from_hidden_size
 
 
 class ZeroEngine(nn.Module):
@@ -24,16 +25,25 @@ class ZeroEngine(nn.Module):
     ``engine.step()`` (steps only at the accumulation boundary) like DeepSpeed's engine."""
 
     def __init__(
-        self, model: nn.Module, config: Mapping | str | Path, process_group=None, tp_group=None
+        self,
+        model: nn.Module,
+        config: Mapping | str | Path,
+        process_group=None,
+        tp_group=None,
+        auto: Mapping | None = None,
     ):
         """``process_group``: the data-parallel ranks (default: the world). ``tp_group``: the
         tensor-parallel ranks of a model ``tensor_parallel.parallelize`` has cut; the gradient
-        norm and the fp16 overflow flag then account for it (``csrc/zero/zero_optimizer.h``)."""
+        norm and the fp16 overflow flag then account for it (``csrc/zero/zero_optimizer.h``).
+        ``auto``: the values DeepSpeed's ``"auto"`` entries take (``config.load``); the bucket
+        sizes default to Hugging Face's rule from the model's ``config.hidden_size``."""
         super().__init__()
         self.tp_group = tp_group
         group = process_group or (dist.group.WORLD if dist.is_initialized() else None)
         world = dist.get_world_size(group) if group is not None else 1
-        self.config = zero_config.load(config, world)
+        hidden = getattr(getattr(model, "config", None), "hidden_size", None)
+        filled = auto_from_hidden_size(hidden) if isinstance(hidden, int) else {}
+        self.config = zero_config.load(config, world, {**filled, **(auto or {})})
         native = self.config["native"]
         self.stage = native["stage"]
         self.accumulation = self.config["gradient_accumulation_steps"]
@@ -51,6 +61,8 @@ class ZeroEngine(nn.Module):
             self.module = model.to(self.dtype)
             params = [p for p in model.parameters() if p.requires_grad]
             self.optimizer = _C.ZeroOptimizer(params, native, group, **self._tp(params))
+        schedule = self.config["schedule"]
+        self.lr_scheduler = WarmupScheduler(self, schedule) if schedule else None
 
     def _shard(self, model: nn.Module, group) -> nn.Module:
         ids = {id(p): i for i, p in enumerate(model.parameters())}
@@ -65,7 +77,9 @@ class ZeroEngine(nn.Module):
             reduce_dtype=torch.float32 if mixed else None,
             wrap=auto_wrap.transformer_blocks(model, ()),
             forward_prefetch=zero["stage3_prefetch_bucket_size"] > 0,
-            cpu_offload=native["offload_optimizer"],  # stage 3 offloads the shards themselves
+            # stage 3 offloads the shards themselves (offload_param, or offload_optimizer: the
+            # optimizer steps the shards where they live)
+            cpu_offload=native["offload_optimizer"] or native["offload_param"],
             process_group=group,
         )
         engine = fsdp._engine
@@ -113,10 +127,22 @@ class ZeroEngine(nn.Module):
         skipped it on every rank). Between boundaries: nothing."""
         if not self.is_gradient_accumulation_boundary():
             return False
-        return self.optimizer.step()
+        stepped = self.optimizer.step()
+        if stepped and self.lr_scheduler is not None:  # DeepSpeed: not after a skipped step
+            self.lr_scheduler.step()
+        return stepped
 
     def set_lr(self, lr: float) -> None:
-        self.optimizer.set_lr(float(lr))
+        self._lr = float(lr)
+        self.optimizer.set_lr(self._lr)
+
+    def get_lr(self) -> list[float]:
+        """The learning rate the next step uses (DeepSpeed's ``engine.get_lr()``)."""
+        return [getattr(self, "_lr", self.config["native"]["optimizer"]["lr"])]
+
+    @property
+    def global_steps(self) -> int:
+        return self.optimizer.step_count()
 
     @property
     def loss_scale(self) -> float:
@@ -150,6 +176,7 @@ class ZeroEngine(nn.Module):
             "step": self.optimizer.step_count(),
             "scaler": self.optimizer.scaler_state(),
             "micro_steps": self.micro_steps,
+            "scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler else None,
         }
 
     def load_optimizer_states(self, states: list[dict]) -> None:
@@ -159,6 +186,8 @@ class ZeroEngine(nn.Module):
         if states[0]["scaler"] is not None:
             self.optimizer.set_scaler_state(states[0]["scaler"])
         self.micro_steps = int(states[0]["micro_steps"])
+        if self.lr_scheduler is not None and states[0].get("scheduler") is not None:
+            self.lr_scheduler.load_state_dict(states[0]["scheduler"])
 
     def save_optimizer_checkpoint(self, directory: str | Path) -> None:
         """Each rank writes its pieces to ``directory/zero_rank{r}.pt`` atomically."""
@@ -181,9 +210,49 @@ class ZeroEngine(nn.Module):
         self.load_optimizer_states([torch.load(f, weights_only=True) for f in files])
 
 
+class WarmupScheduler:
+    """DeepSpeed's scheduler interface (``step``, ``get_lr``, ``get_last_lr``, ``state_dict``)
+    over the C++ schedule (``csrc/optim/warmup_schedule.h``); it sets the engine's lr as
+    DeepSpeed's does its optimizer's: at construction (``last_batch_iteration`` -1) and after
+    every optimizer step that was not skipped."""
+
+    def __init__(self, engine: ZeroEngine, options: Mapping):
+        self._engine = engine
+        self._schedule = _C.WarmupSchedule(dict(options))
+        self.last_batch_iteration = int(options.get("last_batch_iteration", -1))
+        self._apply()
+
+    def get_lr(self) -> list[float]:
+        return [self._schedule.lr(self.last_batch_iteration)]
+
+    def get_last_lr(self) -> list[float]:
+        return self._engine.get_lr()
+
+    def step(self, last_batch_iteration: int | None = None) -> None:
+        if last_batch_iteration is None:
+            last_batch_iteration = self.last_batch_iteration + 1
+        self.last_batch_iteration = last_batch_iteration
+        self._apply()
+
+    def state_dict(self) -> dict:
+        return {"last_batch_iteration": self.last_batch_iteration}
+
+    def load_state_dict(self, state: Mapping) -> None:
+        self.last_batch_iteration = int(state["last_batch_iteration"])
+        self._apply()
+
+    def _apply(self) -> None:
+        self._engine.set_lr(self.get_lr()[0])
+
+
 def initialize(
-    model: nn.Module, config: Mapping | str | Path, process_group=None, tp_group=None
+    model: nn.Module,
+    config: Mapping | str | Path,
+    process_group=None,
+    tp_group=None,
+    auto: Mapping | None = None,
 ) -> ZeroEngine:
     """Wraps ``model`` for ZeRO as ``config`` (DeepSpeed keys, a mapping or a JSON file) says;
-    with ``tp_group``, over the data axis of a tensor-parallel model."""
-    return ZeroEngine(model, config, process_group, tp_group)
+    with ``tp_group``, over the data axis of a tensor-parallel model. For DeepSpeed's own
+    signature and 4-tuple, see ``shardwise.deepspeed.initialize``."""
+    return ZeroEngine(model, config, process_group, tp_group, auto)
