@@ -227,6 +227,81 @@ def fsdp_bf16_within_derived_tolerance(rank, world, gloo):
         assert our_perr <= 2 * torch_perr + 1e-3, f"{name}: {our_perr:.3e} vs {torch_perr:.3e}"
 
 
+def _train_wrapped(rank, world, model, steps=6):
+    opt = optimizer_for(model)
+    losses = []
+    for step in range(steps):
+        loss = loss_of(model, *local(global_batch(step, world), rank))
+        loss.backward()
+        losses.append(loss.item())
+        opt.step()
+        opt.zero_grad()
+    return losses, model.state_dict()
+
+
+def fsdp_torch_fsdp_arguments_train_like_their_shardwise_spelling(rank, world, gloo):
+    """Seed 002's FSDP arguments, torch's objects (ModuleWrapPolicy, ShardingStrategy,
+    BackwardPrefetch, MixedPrecision, CPUOffload, device_id, and a transformer_auto_wrap_policy
+    partial), train bit for bit like shardwise's own spelling of the same setup: catches an
+    object read as another setting (a dtype, the prefetch, the units)."""
+    import functools
+
+    from torch.distributed.fsdp import (
+        BackwardPrefetch,
+        CPUOffload,
+        MixedPrecision,
+        ShardingStrategy,
+    )
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy, transformer_auto_wrap_policy
+
+    fsdp = shardwise.FullyShardedDataParallel
+    seed_002 = {
+        "auto_wrap_policy": ModuleWrapPolicy({Block}),
+        "sharding_strategy": ShardingStrategy.FULL_SHARD,
+        "backward_prefetch": BackwardPrefetch.BACKWARD_PRE,
+        "mixed_precision": MixedPrecision(
+            param_dtype=torch.bfloat16, reduce_dtype=torch.float32, buffer_dtype=torch.float32
+        ),
+        "device_id": torch.device("cpu"),
+    }
+    ours = {
+        "wrap": [f"layers.{i}" for i in range(3)],
+        "sharding_strategy": "full_shard",
+        "backward_prefetch": "backward_pre",
+        "param_dtype": torch.bfloat16,
+        "reduce_dtype": torch.float32,
+        "buffer_dtype": torch.float32,
+    }
+    a = _train_wrapped(rank, world, fsdp(make_model(), **seed_002))
+    b = _train_wrapped(rank, world, fsdp(make_model(), **ours))
+    assert a[0] == b[0], (a[0], b[0])
+    assert all(torch.equal(a[1][n], b[1][n]) for n in b[1])
+    policy = functools.partial(transformer_auto_wrap_policy, transformer_layer_cls={Block})
+    c = _train_wrapped(
+        rank,
+        world,
+        fsdp(
+            make_model(),
+            auto_wrap_policy=policy,
+            sharding_strategy=ShardingStrategy.SHARD_GRAD_OP,
+            backward_prefetch=BackwardPrefetch.BACKWARD_POST,
+            cpu_offload=CPUOffload(offload_params=True),
+        ),
+    )
+    d = _train_wrapped(
+        rank,
+        world,
+        fsdp(
+            make_model(),
+            wrap=[f"layers.{i}" for i in range(3)],
+            sharding_strategy="shard_grad_op",
+            backward_prefetch="backward_post",
+            cpu_offload=True,
+        ),
+    )
+    assert c[0] == d[0], (c[0], d[0])
+
+
 def fsdp_matches_torch_fsdp2(rank, world, gloo):
     """Same model, same data, torch's fully_shard over gloo: the same losses and parameters."""
     from torch.distributed.device_mesh import init_device_mesh

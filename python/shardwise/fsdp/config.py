@@ -1,5 +1,7 @@
 """The FSDP section of a config: the ``distributed:`` keys of the FSDP guide (seed 002) verbatim,
-plus the few extras a production run needs. Unknown keys and values are errors that list the
+Hugging Face Accelerate's ``fsdp_config`` keys (``FULL_SHARD``, ``TRANSFORMER_BASED_WRAP``,
+``fsdp_transformer_layer_cls_to_wrap``, ``fsdp_offload_params``, ...), plus the few extras a
+production run needs. Unknown keys and values are errors that list the
 valid ones (and suggest the closest key)."""
 
 from __future__ import annotations
@@ -43,6 +45,57 @@ class ConfigError(ValueError):
     """A config key or value that is not valid; the message lists the valid ones."""
 
 
+# Hugging Face Accelerate's fsdp_config keys and values (``accelerate config``'s YAML), read as
+# the seed-002 key they mean. Values are matched case-insensitively.
+ACCELERATE_VALUES = {
+    "transformer_based_wrap": "transformer_auto_wrap",
+    "size_based_wrap": "size_based_auto_wrap",
+    "no_wrap": "none",
+    "no_prefetch": "none",
+}
+ACCELERATE_KEYS = {
+    "fsdp_offload_params": "fsdp_cpu_offload",
+    "fsdp_transformer_layer_cls_to_wrap": "fsdp_transformer_layer_cls",
+    "fsdp_backward_prefetch_policy": "fsdp_backward_prefetch",
+    "fsdp_sync_module_states": "sync_module_states",
+    "fsdp_activation_checkpointing": "gradient_checkpointing",
+}
+# Accelerate keys with nothing to choose here (parameters always stay the original tensors and
+# are built before wrapping; one FSDP generation).
+ACCELERATE_ACCEPTED = frozenset(
+    {"fsdp_use_orig_params", "fsdp_cpu_ram_efficient_loading", "fsdp_version"}
+)
+
+
+def _from_accelerate(config: Mapping) -> dict:
+    """``config`` with Accelerate's keys and upper-case values in seed-002 form."""
+    out: dict = {}
+    for key, value in config.items():
+        if key in ACCELERATE_ACCEPTED:
+            continue
+        if key == "fsdp_reshard_after_forward":  # FSDP2's spelling of the strategy
+            key, value = "fsdp_sharding_strategy", "full_shard" if value else "shard_grad_op"
+        key = ACCELERATE_KEYS.get(key, key)
+        if (
+            key == "fsdp_sharding_strategy"
+            and isinstance(value, int)
+            and not isinstance(value, bool)
+        ):
+            value = dict(enumerate(STRATEGIES, start=1)).get(value, value)  # Accelerate's 1-4
+        if isinstance(value, str) and key != "fsdp_transformer_layer_cls":
+            value = ACCELERATE_VALUES.get(
+                value.lower(), value.lower() if value.isupper() else value
+            )
+        if key == "fsdp_transformer_layer_cls" and isinstance(value, str) and "," in value:
+            value = [part.strip() for part in value.split(",") if part.strip()]
+        if key in out and out[key] != value:
+            raise ConfigError(
+                f"{key} is given twice with different values: {out[key]!r} and {value!r}"
+            )
+        out[key] = value
+    return out
+
+
 @dataclass(frozen=True)
 class FSDPConfig:
     use_fsdp: bool = True
@@ -72,13 +125,14 @@ class FSDPConfig:
             raise ConfigError(f"the FSDP config must be a mapping, got {type(config).__name__}")
         known = {f.name for f in fields(cls)} - {"extra"}
         values, extra = {}, {}
-        for key, value in config.items():
+        for key, value in _from_accelerate(config).items():
             if key in known:
                 values[key] = value
             elif key in OTHER_DISTRIBUTED_KEYS:
                 extra[key] = value
             else:
-                close = difflib.get_close_matches(key, sorted(known | OTHER_DISTRIBUTED_KEYS), 1)
+                names = known | OTHER_DISTRIBUTED_KEYS | set(ACCELERATE_KEYS) | ACCELERATE_ACCEPTED
+                close = difflib.get_close_matches(key, sorted(names), 1)
                 hint = f" (did you mean {close[0]!r}?)" if close else ""
                 raise ConfigError(
                     f"unknown key {key!r} in the distributed config{hint}; valid FSDP keys: "

@@ -20,8 +20,8 @@ from torch import nn
 from torch.utils.checkpoint import checkpoint
 
 from .. import _C
-from . import auto_wrap
-from .config import FSDPConfig, dtype_of, mesh_axes
+from . import auto_wrap, torch_args
+from .config import ConfigError, FSDPConfig, dtype_of, mesh_axes
 
 ROOT = "<root>"
 
@@ -45,6 +45,13 @@ class FullyShardedDataParallel(nn.Module):
         state_dict_type: full_state_dict, sharded_state_dict or local_state_dict.
         process_group: the data-parallel ranks (default: the world).
         mesh: (replicas, shards) for hybrid_shard (default: shard within the host).
+
+    torch FSDP's own arguments work too (``torch_args.py``): ``sharding_strategy`` as a
+    ``ShardingStrategy``, ``backward_prefetch`` as a ``BackwardPrefetch`` (or None),
+    ``cpu_offload`` as a ``CPUOffload``, ``mixed_precision=MixedPrecision(...)``,
+    ``auto_wrap_policy`` (``ModuleWrapPolicy`` or a callable policy), ``device_id`` (the module
+    is moved there), and ``use_orig_params`` / ``limit_all_gathers`` (accepted: parameters always
+    stay the original tensors, and at most two units are gathered at once).
     """
 
     def __init__(
@@ -64,8 +71,34 @@ class FullyShardedDataParallel(nn.Module):
         state_dict_type: str = "full_state_dict",
         process_group: dist.ProcessGroup | None = None,
         mesh: tuple[int, int] | None = None,
+        auto_wrap_policy=None,
+        mixed_precision=None,
+        device_id: int | torch.device | None = None,
+        use_orig_params: bool = True,
+        limit_all_gathers: bool = True,
+        ignored_modules=None,
+        param_init_fn=None,
     ):
         super().__init__()
+        for name, value in (("ignored_modules", ignored_modules), ("param_init_fn", param_init_fn)):
+            if value is not None:
+                raise ConfigError(f"{name} is not supported; build the model fully before wrapping")
+        if wrap is not None and auto_wrap_policy is not None:
+            raise ConfigError("pass wrap (unit names) or auto_wrap_policy, not both")
+        sharding_strategy = torch_args.strategy_name(sharding_strategy)
+        backward_prefetch = torch_args.prefetch_name(backward_prefetch)
+        cpu_offload = torch_args.offload_flag(cpu_offload)
+        if mixed_precision is not None:
+            if any(d is not None for d in (param_dtype, reduce_dtype, buffer_dtype)):
+                raise ConfigError("pass mixed_precision or the *_dtype arguments, not both")
+            dtypes = torch_args.mixed_precision_dtypes(mixed_precision)
+            param_dtype, reduce_dtype = dtypes["param_dtype"], dtypes["reduce_dtype"]
+            buffer_dtype = dtypes["buffer_dtype"]
+        device = torch_args.device_of(device_id)
+        if device is not None:
+            module = module.to(device)
+        if auto_wrap_policy is not None:
+            wrap = torch_args.wrap_names(module, auto_wrap_policy)
         FSDPConfig(
             fsdp_sharding_strategy=sharding_strategy,
             fsdp_backward_prefetch=backward_prefetch,
@@ -184,6 +217,7 @@ def wrap(module: nn.Module, config, *, process_group=None) -> nn.Module:
     """Wraps ``module`` as the ``distributed:`` section of a config says (seed-002 keys).
     Returns the module unchanged when ``use_fsdp`` is false."""
     cfg = config if isinstance(config, FSDPConfig) else FSDPConfig.from_mapping(config)
+    _check_other_parallelisms(cfg.extra)
     if not cfg.use_fsdp:
         return module
     policy = str(cfg.fsdp_auto_wrap_policy).lower()
@@ -213,6 +247,34 @@ def wrap(module: nn.Module, config, *, process_group=None) -> nn.Module:
 
 
 # --- helpers --------------------------------------------------------------------------------
+
+
+def _check_other_parallelisms(extra: dict) -> None:
+    """Keys of the ``distributed:`` section that ask for more than FSDP are errors here, not
+    silently dropped: wrap() shards over the data-parallel ranks only."""
+    where = {
+        "tensor_parallel_size": "shardwise.tensor_parallel.parallelize(model, mesh) first",
+        "pipeline_parallel_size": "shardwise.pipeline",
+    }
+    for key, use in where.items():
+        if int(extra.get(key) or 1) > 1:
+            raise ConfigError(
+                f"{key}={extra[key]}: shardwise.wrap does FSDP only; use {use}, or "
+                "shardwise-train, which composes them"
+            )
+    if extra.get("use_zero") or int(extra.get("zero_stage") or 0) > 0:
+        raise ConfigError(
+            "use_zero / zero_stage: shardwise.wrap does FSDP; for ZeRO: shardwise.zero.initialize"
+        )
+    for key in ("pipeline_schedule", "num_microbatches"):
+        if extra.get(key) is not None:
+            raise ConfigError(f"{key} has no effect without pipeline_parallel_size > 1; drop it")
+    if extra.get("world_size") is not None and dist.is_initialized():
+        if int(extra["world_size"]) != dist.get_world_size():
+            raise ConfigError(
+                f"world_size={extra['world_size']} but the process group has "
+                f"{dist.get_world_size()} ranks; fix the config or the launch"
+            )
 
 
 def _tensors(out) -> list[torch.Tensor]:
