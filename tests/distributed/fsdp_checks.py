@@ -69,14 +69,14 @@ def optimizer_for(model):
     return torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
 
 
-def train_reference(world, steps=STEPS, param_dtype=None):
+def train_reference(world, steps=STEPS, param_dtype=None, device="cpu"):
     """Single process, global batch; with param_dtype, forward/backward in that dtype from an
     fp32 master copy (what FSDP mixed precision computes), the optimizer in fp32."""
-    model = make_model()
+    model = make_model().to(device)
     opt = optimizer_for(model)
     losses = []
     for step in range(steps):
-        inputs, targets = global_batch(step, world)
+        inputs, targets = (t.to(device) for t in global_batch(step, world))
         if param_dtype is None:
             loss = loss_of(model, inputs, targets)
             loss.backward()

@@ -5,8 +5,6 @@ backend's NCCL path. Catches streams that are not ordered (a copy-out before its
 reduce-scatter before backward wrote the gradients: the results then differ), buffers reused
 under a running kernel, and CUDA paths that never ran."""
 
-import copy
-
 import fsdp_checks
 import pytest
 import shardwise
@@ -25,23 +23,20 @@ def batches(steps=STEPS):
 
 
 def reference(steps=STEPS, param_dtype=None):
-    model = make_model().to(CUDA)
+    return fsdp_checks.train_reference(1, steps, param_dtype, device=CUDA)
+
+
+def train(model, steps=STEPS):
+    """AdamW as the reference's, on the same batches; the losses."""
     opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
     losses = []
     for inputs, targets in batches(steps):
-        if param_dtype is None:
-            loss = loss_of(model, inputs, targets)
-            loss.backward()
-        else:
-            low = copy.deepcopy(model).to(param_dtype)
-            loss = loss_of(low, inputs, targets)
-            loss.backward()
-            for p, q in zip(model.parameters(), low.parameters(), strict=True):
-                p.grad = q.grad.float()
+        loss = loss_of(model, inputs, targets)
+        loss.backward()
         losses.append(loss.item())
         opt.step()
         opt.zero_grad()
-    return losses, model
+    return losses
 
 
 @pytest.mark.parametrize("prefetch", ["backward_pre", "backward_post"])
@@ -53,14 +48,7 @@ def test_fsdp_on_cuda_matches_plain_torch(group, prefetch):
         backward_prefetch=prefetch,
         forward_prefetch=True,
     )
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    losses = []
-    for inputs, targets in batches():
-        loss = loss_of(model, inputs, targets)
-        loss.backward()
-        losses.append(loss.item())
-        opt.step()
-        opt.zero_grad()
+    losses = train(model)
     torch.cuda.synchronize()
     assert_close_rel(losses, ref_losses, 1e-5, "losses")
     fsdp_checks.compare_params(model, ref_model, 1e-5, "parameters")
@@ -74,14 +62,7 @@ def test_fsdp_bf16_on_cuda_matches_the_bf16_reference(group):
         param_dtype=torch.bfloat16,
         reduce_dtype=torch.float32,
     )
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-    losses = []
-    for inputs, targets in batches():
-        loss = loss_of(model, inputs, targets)
-        loss.backward()
-        losses.append(loss.item())
-        opt.step()
-        opt.zero_grad()
+    losses = train(model)
     assert_close_rel(losses, ref_losses, 2e-2, "losses (bf16)")
 
 
