@@ -133,6 +133,8 @@ def test_strategy_trains_and_exports(name):
     GPT(PRESETS["tiny"]).load_state_dict(state, strict=True)
     assert (out / "checkpoints" / "step-00000024" / "manifest.json").exists()
     assert "sample:" in log
+    console = (out / "console.log").read_text()  # what the console showed, in the run folder
+    assert "step 24 loss" in console and "sample:" in console, console[-2000:]
 
 
 def test_a_deepspeed_json_config_trains_with_its_scheduler():
@@ -306,6 +308,30 @@ def test_sigterm_saves_and_resume_continues_exactly(tmp_path):
     assert set(range(stopped + 1, 151)) <= set(ours)
     for step in range(stopped + 1, 151):
         assert ours[step] == pytest.approx(theirs[step], rel=1e-6), step
+
+
+def test_ctrl_c_saves_and_stops_like_sigterm(tmp_path):
+    """Catches (issue 17): SIGINT (Ctrl-C) killing a run with a traceback and no checkpoint,
+    where SIGTERM saves and stops; the note also lands in the run folder's console.log."""
+    out = tmp_path / "interrupted"
+    steps = ("training.max_steps=500", "training.checkpoint.every_steps=1000")
+    proc = subprocess.Popen(
+        command(1, "ddp.yaml", out, *steps),
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        cwd=tmp_path,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while len(records(out)) < 3 and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signal.SIGINT)
+    log = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 0, log[-3000:]
+    saved = sorted((out / "checkpoints").glob("step-*"))
+    assert saved and "SIGINT: saved step" in log, log[-3000:]
+    assert "SIGINT: saved step" in (out / "console.log").read_text()
 
 
 def test_plot_renders_the_run(tmp_path):

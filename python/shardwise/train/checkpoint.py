@@ -255,7 +255,8 @@ def export_safetensors(
 
 class SigtermFlag:
     """``requested`` becomes True when one of ``signals`` arrives; the training loop checks it
-    at step boundaries, saves a checkpoint and exits. ``close()`` restores the old handlers."""
+    at step boundaries, saves a checkpoint and exits (a second SIGINT, Ctrl-C pressed again,
+    interrupts at once). ``close()`` restores the old handlers."""
 
     def __init__(self, signals: tuple[int, ...] = (signal.SIGTERM,)):
         self.requested = False
@@ -265,6 +266,9 @@ class SigtermFlag:
             self._previous[signum] = signal.signal(signum, self._handle)
 
     def _handle(self, signum, frame) -> None:
+        if self.requested and signum == signal.SIGINT:  # a second Ctrl-C: stop now
+            self.close()
+            raise KeyboardInterrupt
         self.requested, self.signum = True, signum
 
     def close(self) -> None:

@@ -69,15 +69,17 @@ def straggler(step_seconds: list[float], threshold: float = 1.25) -> int | None:
 
 
 class Sinks:
-    """JSONL file, TensorBoard (when installed) and a tqdm bar; rank 0 only."""
+    """JSONL file, TensorBoard (when installed), a tqdm bar, and ``console.log`` in the run folder
+    (every note and a line per logged step, what the console shows); rank 0 only."""
 
     def __init__(self, directory: Path, total_steps: int, start_step: int, enabled: bool):
         self.enabled = enabled
-        self.jsonl = self.tb = self.bar = None
+        self.jsonl = self.tb = self.bar = self.console = None
         if not enabled:
             return
         directory.mkdir(parents=True, exist_ok=True)
         self.jsonl = open(directory / "metrics.jsonl", "a", encoding="utf-8")  # noqa: SIM115
+        self.console = open(directory / "console.log", "a", encoding="utf-8")  # noqa: SIM115
         try:
             from torch.utils.tensorboard import SummaryWriter
 
@@ -97,6 +99,11 @@ class Sinks:
             for key, value in record.items():
                 if isinstance(value, (int, float)) and key != "step":
                     self.tb.add_scalar(key, value, record["step"])
+        shown = (("loss", ".4f"), ("lr", ".3e"), ("tokens_per_s", ".0f"))
+        fields = [
+            f"{k} {record[k]:{f}}" for k, f in shown if isinstance(record.get(k), float | int)
+        ]
+        self._console(" ".join([f"step {record['step']}", *fields]))
         self.bar.update(record["step"] - self.bar.n)
         self.bar.set_postfix(
             loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}", refresh=False
@@ -105,11 +112,17 @@ class Sinks:
     def note(self, text: str) -> None:
         if self.enabled:
             (self.bar.write if self.bar else print)(text)
+            self._console(text)
+
+    def _console(self, text: str) -> None:
+        self.console.write(text + "\n")
+        self.console.flush()
 
     def close(self) -> None:
         if not self.enabled:
             return
         self.bar.close()
         self.jsonl.close()
+        self.console.close()
         if self.tb is not None:
             self.tb.close()

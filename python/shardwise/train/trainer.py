@@ -4,8 +4,8 @@
 transforms to identically initialized models and make the one train step over them
 (``step.build``), resume from the newest intact checkpoint, then per step: draw the
 gradient-accumulation micro-batches of this data rank, step with the scheduled learning rate,
-log the metrics, and checkpoint every ``checkpoint_every`` steps and on SIGTERM (then stop). At
-the end: a last checkpoint, the full model as safetensors, a text sample.
+log the metrics, and checkpoint every ``checkpoint_every`` steps and on SIGTERM or SIGINT (then
+stop). At the end: a last checkpoint, the full model as safetensors, a text sample.
 
 A checkpoint holds, per rank: the strategy's world-size-independent pieces (or ZeRO's own), the
 optimizer step, this rank's RNG state and the data position; the manifest holds the config.
@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import math
 import os
+import signal
 import socket
 import time
 from dataclasses import dataclass, field
@@ -184,7 +185,7 @@ class Trainer:
             spec.gpt.num_parameters(), spec.gpt.layers, spec.gpt.seq_len, spec.gpt.dim
         )
         peak = self._peak_flops()
-        stop = ckpt.install_sigterm_handler()
+        stop = ckpt.install_sigterm_handler((signal.SIGTERM, signal.SIGINT))
         self._first_step = self.step + 1
         last = {}
         try:
@@ -195,7 +196,8 @@ class Trainer:
         finally:
             stop.close()
         if stop.requested:
-            self.sinks.note(f"SIGTERM: saved step {self.step}; stopping")
+            name = signal.Signals(stop.signum).name
+            self.sinks.note(f"{name}: saved step {self.step}; stopping")
         else:
             self.save()
             last.update(self._finish())
