@@ -278,6 +278,25 @@ def test_corrupted_checkpoint_falls_back_to_the_previous(tmp_path):
     assert_continues(recs, ref, [5, 6, 7, 8], 1e-6)
 
 
+def interrupted(nproc: int, out: Path, steps, signum, after: int) -> tuple[int, str]:
+    """Runs ddp.yaml, sends ``signum`` to the launcher once ``after`` steps are logged, and
+    waits: (exit code, output)."""
+    proc = subprocess.Popen(
+        command(nproc, "ddp.yaml", out, *steps),
+        env=dict(os.environ, OMP_NUM_THREADS="1"),
+        cwd=out.parent,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+    )
+    deadline = time.monotonic() + 120
+    while len(records(out)) < after and time.monotonic() < deadline and proc.poll() is None:
+        time.sleep(0.05)
+    proc.send_signal(signum)
+    log = proc.communicate(timeout=120)[0]
+    return proc.returncode, log
+
+
 def test_sigterm_saves_and_resume_continues_exactly(tmp_path):
     """Preemption: SIGTERM to the launcher mid-run makes every rank finish its step, save and
     exit; the resumed run's losses equal an uninterrupted run's (RNG, data position, optimizer
@@ -285,20 +304,7 @@ def test_sigterm_saves_and_resume_continues_exactly(tmp_path):
     steps = ("training.max_steps=150", "training.checkpoint.every_steps=1000")
     ref, _ = train(2, "ddp.yaml", tmp_path / "ref", *steps)
     out = tmp_path / "killed"
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.Popen(
-        command(2, "ddp.yaml", out, *steps),
-        env=env,
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    deadline = time.monotonic() + 120
-    while len(records(out)) < 5 and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGTERM)
-    log = proc.communicate(timeout=120)[0]
+    _, log = interrupted(2, out, steps, signal.SIGTERM, after=5)
     saved = sorted((out / "checkpoints").glob("step-*"))
     assert saved and "SIGTERM" in log, log[-3000:]
     stopped = int(saved[-1].name.split("-")[1])
@@ -315,20 +321,8 @@ def test_ctrl_c_saves_and_stops_like_sigterm(tmp_path):
     where SIGTERM saves and stops; the note also lands in the run folder's console.log."""
     out = tmp_path / "interrupted"
     steps = ("training.max_steps=500", "training.checkpoint.every_steps=1000")
-    proc = subprocess.Popen(
-        command(1, "ddp.yaml", out, *steps),
-        env=dict(os.environ, OMP_NUM_THREADS="1"),
-        cwd=tmp_path,
-        stdout=subprocess.PIPE,
-        stderr=subprocess.STDOUT,
-        text=True,
-    )
-    deadline = time.monotonic() + 120
-    while len(records(out)) < 3 and time.monotonic() < deadline and proc.poll() is None:
-        time.sleep(0.05)
-    proc.send_signal(signal.SIGINT)
-    log = proc.communicate(timeout=120)[0]
-    assert proc.returncode == 0, log[-3000:]
+    returncode, log = interrupted(1, out, steps, signal.SIGINT, after=3)
+    assert returncode == 0, log[-3000:]
     saved = sorted((out / "checkpoints").glob("step-*"))
     assert saved and "SIGINT: saved step" in log, log[-3000:]
     assert "SIGINT: saved step" in (out / "console.log").read_text()
