@@ -40,6 +40,7 @@ set(SHARDWISE_CORE_SOURCES
   csrc/checkpoint/checkpoint_dir.cc
   csrc/common/json.cc
   csrc/fsdp/stream_order.cc
+  csrc/data/token_file.cc
 )
 set(SHARDWISE_CORE_TEST_SOURCES
   tests/cpp/test_collectives.cc
@@ -58,6 +59,7 @@ set(SHARDWISE_CORE_TEST_SOURCES
   tests/cpp/test_safetensors_header.cc
   tests/cpp/test_checkpoint_dir.cc
   tests/cpp/test_stream_order.cc
+  tests/cpp/test_token_file.cc
 )
 set(SHARDWISE_TORCH_SOURCES
   csrc/backend/functional_ops.cpp
@@ -104,6 +106,7 @@ set(SHARDWISE_TORCH_SOURCES
   csrc/distributed/broadcast_module.cpp
   csrc/distributed/average_gradients.cpp
   csrc/data/token_stream.cpp
+  csrc/data/token_file.cpp
   csrc/checkpoint/safetensors.cpp
   csrc/checkpoint/training_checkpoint.cpp
   csrc/optim/adamw_slots.cpp

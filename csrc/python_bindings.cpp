@@ -16,6 +16,7 @@
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/safetensors.h"
 #include "common/cpu_features.h"
+#include "data/token_file_tensor.h"
 #include "data/token_stream.h"
 #include "distributed/process_group.h"
 #include "fsdp/fsdp_python.h"
@@ -180,6 +181,19 @@ PYBIND11_MODULE(_C, m) {
         .def_property_readonly("epoch", &TokenStream::epoch)
         .def_property_readonly("index", &TokenStream::index)
         .def_property_readonly("batches_per_epoch", &TokenStream::batches_per_epoch);
+    m.def(
+        "read_token_file",
+        [](const std::string& path, const std::string& dtype) {
+          return shardwise::data::read_token_file(path,
+                                                  shardwise::data::token_type_from_name(dtype));
+        },
+        py::arg("path"), py::arg("dtype") = "uint16",
+        "The tokens of a .bin file of `dtype` (nanoGPT's format) or a .npy file, memory-mapped "
+        "read-only (data/token_file_tensor.h); ValueError naming the path when it is malformed.");
+    m.def("token_ids", &shardwise::data::token_ids, py::arg("tokens"),
+          "Token ids as int64 (uint16/uint32 widened without sign extension).");
+    m.def("token_range", &shardwise::data::token_range, py::arg("tokens"),
+          "(smallest, largest) token id, read in chunks.");
   }
   m.def(
       "save_safetensors",

@@ -9,6 +9,8 @@
 #include <stdexcept>
 #include <vector>
 
+#include "data/token_file_tensor.h"
+
 namespace shardwise::data {
 namespace {
 
@@ -87,8 +89,10 @@ std::pair<at::Tensor, at::Tensor> TokenStream::batch(int64_t epoch, int64_t inde
   const at::Tensor starts = batch_windows(epoch, index) * options_.seq_len;
   const at::Tensor offsets = at::arange(options_.seq_len + 1, at::kLong);
   const at::Tensor positions = starts.unsqueeze(1) + offsets.unsqueeze(0);
+  // unsigned files (uint16, uint32) are gathered through a signed view of the same bytes
+  const at::Tensor gathered = signed_view(tokens_).index_select(0, positions.reshape(-1));
   const at::Tensor windows =
-      tokens_.index_select(0, positions.reshape(-1)).view(positions.sizes()).to(at::kLong);
+      token_ids(gathered.view(tokens_.scalar_type())).view(positions.sizes());
   return {windows.slice(1, 0, options_.seq_len).contiguous(),
           windows.slice(1, 1, options_.seq_len + 1).contiguous()};
 }

@@ -1,7 +1,8 @@
 // Training data for LibTorch programs, the same stream the Python trainer reads
 // (python/shardwise/train/data.py), so a C++ and a Python run see the same batches.
 //
-// Tokens: the UTF-8 bytes of a text file (vocabulary 256). Split: the last `val_fraction` of the
+// Tokens: a 1-D integer tensor (the UTF-8 bytes of a text file, or a uint16/uint32 .bin or .npy
+// file from data/token_file_tensor.h, memory-mapped). Split: the last `val_fraction` of the
 // tokens is the validation set (round(n * val_fraction), at least 1, Python's rounding).
 // Stream: the tokens are cut into non-overlapping windows of seq_len + 1 tokens starting at
 // 0, seq_len, 2 * seq_len, ...; every epoch the window numbers are permuted by torch's CPU

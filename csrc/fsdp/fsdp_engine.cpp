@@ -1,6 +1,7 @@
 #include "fsdp/fsdp_engine.h"
 
 #include <ATen/ATen.h>
+#include <ATen/core/grad_mode.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/engine.h>
 #include <torch/csrc/autograd/function_hook.h>
@@ -106,6 +107,14 @@ void FsdpEngine::pre_forward(int index) {
 void FsdpEngine::post_forward(int index, const std::vector<at::Tensor>& outputs) {
   FsdpUnit& u = unit(index);
   if (in_backward_) return;
+  if (!at::GradMode::is_enabled()) {  // evaluation: no backward follows to reshard
+    if (index != root_) return u.reshard();
+    for (auto& each : units_) {
+      each->discard_gather();  // a prefetch the forward did not use
+      each->reshard();
+    }
+    return;
+  }
   if (u.options().reshard_after_forward && index != root_) u.reshard();
   std::weak_ptr<FsdpEngine> weak = weak_from_this();
   for (const at::Tensor& output : outputs) {

@@ -5,7 +5,9 @@
 // Forward: pre_forward(u) unshards unit u (waiting for a prefetched all-gather when there is
 // one) and, with forward prefetch, starts the all-gather of the unit that ran next in the
 // recorded order; post_forward(u, outputs) reshards u if its options say so and hooks u's
-// outputs so that its gradient triggers pre_backward(u).
+// outputs so that its gradient triggers pre_backward(u). Under no-grad (evaluation: no backward
+// will come) it reshards u whatever its options, and the root's frees every unit and unused
+// prefetch, so the engine is as a finished backward leaves it.
 // Backward: pre_backward(u) unshards u again and, with backward prefetch BACKWARD_PRE, starts the
 // all-gather of the unit that runs backward next (the previous one in forward order). When
 // autograd has accumulated the gradient of every parameter of u that requires one (a

@@ -45,6 +45,8 @@ PipelineExecutor::PipelineExecutor(std::vector<int> stage_ids,
                     c10::ArrayRef<int>(expected), " of the schedule, got ",
                     c10::ArrayRef<int>(given));
   TORCH_CHECK_VALUE(static_cast<bool>(options_.loss), "pipeline: a loss function is required");
+  evaluation_ = forward_only(s);
+  check_schedule(evaluation_);
   const auto& list = s.ranks[options_.rank];
   for (int stage : stage_ids_) {
     size_t last = 0;
@@ -73,7 +75,8 @@ void PipelineExecutor::forward(const Action& a,
     input = inputs[a.microbatch];
   } else {
     input = st.input.defined() ? st.input : stash(a.stage - 1, a.microbatch).output.detach();
-    if (input.is_floating_point()) input.requires_grad_(true);
+    if (evaluating_) stash_.erase({a.stage - 1, a.microbatch});  // consumed (st stays valid)
+    if (input.is_floating_point() && !evaluating_) input.requires_grad_(true);
   }
   st.input = input;
   const auto index = std::find(stage_ids_.begin(), stage_ids_.end(), a.stage) - stage_ids_.begin();
@@ -85,8 +88,10 @@ void PipelineExecutor::forward(const Action& a,
   if (a.stage == s.num_stages - 1) {
     st.loss = options_.loss(output, a.microbatch) / s.num_microbatches;
     result.loss += st.loss.item<double>();
+    if (evaluating_) stash_.erase({a.stage, a.microbatch});
   } else {
     st.output = output;
+    if (evaluating_) st.input = at::Tensor();
   }
   result.peak_stashed = std::max(result.peak_stashed, ++stashed_);
 }
@@ -162,13 +167,13 @@ at::Tensor PipelineExecutor::receive(int peer) {
 }
 
 // Posts the group's sends, then completes its receives in order.
-void PipelineExecutor::run_group(size_t begin, size_t end) {
+void PipelineExecutor::run_group(const std::vector<Action>& list, size_t begin, size_t end) {
   const Schedule& s = options_.schedule;
-  const auto& list = s.ranks[options_.rank];
   for (size_t k = begin; k < end; ++k) {
     const Action& a = list[k];
     if (a.kind == ActionKind::kSendForward) {
       send(stash(a.stage, a.microbatch).output.detach(), s.rank_of(a.stage + 1));
+      if (evaluating_) stash_.erase({a.stage, a.microbatch});
     } else if (a.kind == ActionKind::kSendBackward) {
       auto it = stash_.find({a.stage, a.microbatch});
       TORCH_CHECK(it != stash_.end() && it->second.input_grad.defined(),
@@ -188,8 +193,22 @@ void PipelineExecutor::run_group(size_t begin, size_t end) {
 }
 
 StepResult PipelineExecutor::step(const std::vector<at::Tensor>& inputs) {
+  return run(options_.schedule.ranks[options_.rank], inputs);
+}
+
+StepResult PipelineExecutor::evaluate(const std::vector<at::Tensor>& inputs) {
+  at::NoGradGuard no_grad;
+  evaluating_ = true;
+  struct Reset {
+    bool& flag;
+    ~Reset() { flag = false; }
+  } reset{evaluating_};
+  return run(evaluation_.ranks[options_.rank], inputs);
+}
+
+StepResult PipelineExecutor::run(const std::vector<Action>& list,
+                                 const std::vector<at::Tensor>& inputs) {
   const Schedule& s = options_.schedule;
-  const auto& list = s.ranks[options_.rank];
   StepResult result;
   stash_.clear();
   deferred_.clear();
@@ -203,7 +222,7 @@ StepResult PipelineExecutor::step(const std::vector<at::Tensor>& inputs) {
     if (s.is_communication(list[k])) {
       size_t end = k;
       while (end < list.size() && s.is_communication(list[end])) ++end;
-      run_group(k, end);
+      run_group(list, k, end);
       for (; k < end; ++k) result.times.push_back({begin, now()});
       continue;
     }

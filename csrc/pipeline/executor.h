@@ -1,14 +1,14 @@
 // Runs a validated pipeline schedule on this rank's stages, usable from LibTorch.
 //
-// step(inputs) walks this rank's action list. F(s, i) runs stage s on microbatch i: stage 0
-// reads inputs[i]; another stage reads the activation it received (or, when stage s - 1 is on
-// this rank too, that stage's output), as a leaf that requires grad. The last stage turns its
-// output into loss_fn(output, i) / m, so the gradients summed over the m backwards are those of
-// the mean loss, scaled exactly once. B(s, i) runs autograd from the stashed output with the
-// received gradient (the last stage from its loss) and frees the microbatch's stash; the gradient
-// of the stage input is what SEND_B sends upstream. Gradients accumulate in `.grad` over the
-// microbatches; `before_last_backward(stage)` runs right before each stage's last backward of the
-// step (where a data-parallel or FSDP wrapper enables its gradient sync).
+// step(inputs) walks this rank's action list (evaluate(inputs) its forward-only list). F(s, i) runs
+// stage s on microbatch i: stage 0 reads inputs[i]; another stage reads the activation it received
+// (or, when stage s - 1 is on this rank too, that stage's output), as a leaf that requires grad.
+// The last stage turns its output into loss_fn(output, i) / m, so the gradients summed over the m
+// backwards are those of the mean loss, scaled exactly once. B(s, i) runs autograd from the stashed
+// output with the received gradient (the last stage from its loss) and frees the microbatch's
+// stash; the gradient of the stage input is what SEND_B sends upstream. Gradients accumulate in
+// `.grad` over the microbatches; `before_last_backward(stage)` runs right before each stage's last
+// backward of the step (where a data-parallel or FSDP wrapper enables its gradient sync).
 //
 // Split backwards (zero-bubble schedules): I(s, i) is B(s, i) with the executor's
 // WeightGradStore deferring, so layers built on deferred_linear queue their weight gradients
@@ -63,6 +63,9 @@ class PipelineExecutor {
 
   // One training step over the microbatches `inputs` (used on the rank of stage 0).
   StepResult step(const std::vector<at::Tensor>& inputs);
+  // The loss of `inputs` without gradients: the schedule's forward_only() actions under
+  // no-grad, each activation freed once it is sent or consumed. No gradient is touched.
+  StepResult evaluate(const std::vector<at::Tensor>& inputs);
   const Schedule& schedule() const { return options_.schedule; }
 
  private:
@@ -73,11 +76,14 @@ class PipelineExecutor {
   void forward(const Action& a, const std::vector<at::Tensor>& inputs, StepResult& result);
   void backward(const Action& a);
   void backward_weight(const Action& a);
-  void run_group(size_t begin, size_t end);
+  StepResult run(const std::vector<Action>& list, const std::vector<at::Tensor>& inputs);
+  void run_group(const std::vector<Action>& list, size_t begin, size_t end);
   void send(const at::Tensor& tensor, int peer);
   at::Tensor receive(int peer);
 
   ExecutorOptions options_;
+  Schedule evaluation_;      // forward_only(options_.schedule)
+  bool evaluating_ = false;  // in evaluate(): no grad, stashes freed as soon as they are used
   std::vector<int> stage_ids_;
   std::vector<StageFn> stages_;
   std::map<std::pair<int, int>, Stash> stash_;

@@ -88,6 +88,16 @@ StepResult Pipeline::step(const at::Tensor& inputs, const at::Tensor& targets) {
   return result;
 }
 
+StepResult Pipeline::evaluate(const at::Tensor& inputs, const at::Tensor& targets) {
+  const std::vector<at::Tensor> chunks = microbatches(inputs, "inputs");
+  targets_ = microbatches(targets, "targets");
+  struct Clear {
+    std::vector<at::Tensor>& targets;
+    ~Clear() { targets.clear(); }
+  } clear{targets_};
+  return executor_->evaluate(chunks);
+}
+
 void Pipeline::average_replicated_gradients() {
   if (!options_.data_parallel_group || options_.data_parallel_group->getSize() == 1) return;
   std::vector<at::Tensor> replicated;

@@ -58,6 +58,9 @@ class Pipeline {
   // undefined elsewhere); rows are cut into the microbatches. Gradients accumulate into the
   // stages' parameters' .grad; the loss (the mean over microbatches) is on the last stage's rank.
   StepResult step(const at::Tensor& inputs, const at::Tensor& targets);
+  // The loss of `inputs` against `targets` (placed as for step) without gradients: the
+  // schedule's forwards only (PipelineExecutor::evaluate); on the last stage's rank, else 0.
+  StepResult evaluate(const at::Tensor& inputs, const at::Tensor& targets);
 
   const Schedule& schedule() const { return options_.schedule; }
   int rank() const { return options_.rank; }

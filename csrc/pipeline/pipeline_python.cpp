@@ -160,6 +160,11 @@ void bind_pipeline(py::module& m) {
              return py::dict(py::arg("loss") = r.loss, py::arg("times") = r.times,
                              py::arg("peak_stashed") = r.peak_stashed);
            })
+      .def("evaluate",
+           [](Pipeline& p, std::optional<at::Tensor> inputs, std::optional<at::Tensor> targets) {
+             py::gil_scoped_release release;  // the stage and loss callables take it back
+             return p.evaluate(inputs.value_or(at::Tensor()), targets.value_or(at::Tensor())).loss;
+           })
       .def("clip_grad_norm_", &Pipeline::clip_grad_norm_, py::arg("max_norm"),
            py::call_guard<py::gil_scoped_release>());
   m.def(

@@ -48,6 +48,9 @@ struct Schedule {
   int num_stages = 1;
   int num_microbatches = 1;
   std::vector<std::vector<Action>> ranks;  // ranks[r]: what rank r runs, in order
+  // Evaluation: forwards and their activations' communication only (forward_only()); the
+  // validator then requires no backward instead of one per forward.
+  bool forward_only = false;
 
   int rank_of(int stage) const { return stage % num_ranks; }
   bool is_communication(const Action& action) const;
@@ -68,6 +71,10 @@ Schedule make_schedule(const ScheduleOptions& options);
 
 // Adds SEND/RECV actions around the compute actions of `compute` (one list per rank).
 Schedule lower_communication(Schedule compute);
+
+// The evaluation schedule of a training schedule: every rank's F, SEND_F and RECV_F actions in
+// their order. A forward never waits on a backward, so a schedule that runs runs without them.
+Schedule forward_only(const Schedule& schedule);
 
 // ZB-H1 (schedule_zero_bubble.cc): the compute order, one stage per rank, backwards split into
 // input-gradient (I) and weight-gradient (W) actions.

@@ -205,4 +205,21 @@ std::string to_string(const Schedule& s) {
   return out.str();
 }
 
+Schedule forward_only(const Schedule& schedule) {
+  Schedule out = schedule;
+  out.name = schedule.name + " (forward only)";
+  out.forward_only = true;
+  for (auto& list : out.ranks) {
+    std::vector<Action> kept;
+    for (const Action& a : list) {
+      if (a.kind == ActionKind::kForward || a.kind == ActionKind::kSendForward ||
+          a.kind == ActionKind::kRecvForward) {
+        kept.push_back(a);
+      }
+    }
+    list = std::move(kept);
+  }
+  return out;
+}
+
 }  // namespace shardwise::pipeline

@@ -95,7 +95,7 @@ double Simulator::cost(const Action& a) const {
 }
 
 // Every rank runs only its own stages; every (stage, microbatch) has one forward and one
-// backward (B, or I and W).
+// backward (B, or I and W), or none in a forward-only schedule.
 std::string Simulator::check_structure() {
   if (static_cast<int>(s_.ranks.size()) != s_.num_ranks)
     return "the schedule has a wrong rank count";
@@ -121,7 +121,10 @@ std::string Simulator::check_structure() {
                " times, expected once";
       const int b = n(ActionKind::kBackward), in = n(ActionKind::kBackwardInput),
                 w = n(ActionKind::kBackwardWeight);
-      if (!((b == 1 && in == 0 && w == 0) || (b == 0 && in == 1 && w == 1))) {
+      if (s_.forward_only && b + in + w != 0) {
+        return "stage-microbatch " + what + " has a backward in a forward-only schedule";
+      }
+      if (!s_.forward_only && !((b == 1 && in == 0 && w == 0) || (b == 0 && in == 1 && w == 1))) {
         return "stage-microbatch " + what + " needs one B, or one I and one W";
       }
     }

@@ -26,6 +26,7 @@
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/safetensors.h"
 #include "checkpoint/training_checkpoint.h"
+#include "data/token_file_tensor.h"
 #include "data/token_stream.h"
 #include "distributed/average_gradients.h"
 #include "distributed/broadcast_module.h"

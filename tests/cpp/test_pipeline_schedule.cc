@@ -198,3 +198,44 @@ TEST(PipelineValidator, SplitBackwardNeedsInputGradientBeforeWeightGradient) {
 
 }  // namespace
 }  // namespace shardwise::pipeline
+
+namespace shardwise::pipeline {
+namespace {
+
+// forward_only (the evaluation schedule): catches a kept backward or gradient message, a dropped
+// forward, and a forward-only order that waits in a cycle (which would hang evaluation).
+TEST(PipelineSchedule, ForwardOnlySchedulesValidateWithEveryForwardOnce) {
+  for (const auto& [kind, v] : {std::pair{ScheduleKind::kGPipe, 1},
+                                {ScheduleKind::k1F1B, 1},
+                                {ScheduleKind::kInterleaved1F1B, 2},
+                                {ScheduleKind::kZeroBubbleH1, 1}}) {
+    for (int p : {1, 2, 4}) {
+      for (int m : {1, p + 1, 2 * p}) {
+        if (kind == ScheduleKind::kInterleaved1F1B && p == 1) continue;
+        const Schedule eval = forward_only(make(kind, p, m, v));
+        EXPECT_TRUE(eval.forward_only);
+        const ValidationReport r = validate(eval);
+        EXPECT_TRUE(r.ok) << r.error << "\n" << to_string(eval);
+        int forwards = 0;
+        for (const auto& list : eval.ranks) {
+          for (const Action& a : list) {
+            EXPECT_TRUE(a.kind == ActionKind::kForward || a.kind == ActionKind::kSendForward ||
+                        a.kind == ActionKind::kRecvForward)
+                << action_name(a);
+            forwards += a.kind == ActionKind::kForward;
+          }
+        }
+        EXPECT_EQ(forwards, eval.num_stages * m);
+      }
+    }
+  }
+}
+
+TEST(PipelineValidator, RejectsABackwardInAForwardOnlySchedule) {
+  Schedule s = forward_only(make(ScheduleKind::kGPipe, 2, 2));
+  s.ranks[1].push_back({ActionKind::kBackward, 1, 0});
+  expect_rejected(s, "has a backward in a forward-only schedule");
+}
+
+}  // namespace
+}  // namespace shardwise::pipeline

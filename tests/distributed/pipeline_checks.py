@@ -326,3 +326,40 @@ def pipeline_gpt_split_with_tied_head_matches_unpipelined(rank, world, gloo):
 
 
 CHECKS.append(pipeline_gpt_split_with_tied_head_matches_unpipelined)
+
+
+def pipeline_evaluate_matches_unpipelined_and_leaves_gradients(rank, world, gloo):
+    """Pipeline.evaluate (the schedule's forwards only, under no-grad): the loss equals the
+    unpipelined model's for every schedule (interleaved too), no gradient appears, and a training
+    step after it is the step it would have been (an evaluation that left activations stashed,
+    a received tensor unconsumed, or grad mode off, would change or hang the next step)."""
+    for kind, v in (("gpipe", 1), ("1f1b", 1), ("interleaved_1f1b", 2), ("zb_h1", 1)):
+        stages = world * v
+        blocks, reference = make_blocks(stages), make_blocks(stages)
+        if kind == "zb_h1":
+            pp.defer_weight_gradients(blocks)
+        m = world + 1
+        g = torch.Generator().manual_seed(7)
+        x, y = torch.randn(2 * m, DIM, generator=g), torch.randn(2 * m, DIM, generator=g)
+        with torch.no_grad():
+            ref = F.mse_loss(nn.Sequential(*reference)(x), y).item()
+        mine = {s: blocks[s] for s in range(stages) if s % world == rank}
+        pipe = pp.Pipeline(mine, pp.make_schedule(kind, world, m, v), F.mse_loss)
+        has_first, has_last = rank == 0, (stages - 1) % world == rank
+        loss = pipe.evaluate(x if has_first else None, y if has_last else None)
+        if has_last:
+            assert abs(loss - ref) <= 1e-6 * ref, f"{kind}: eval loss {loss} vs {ref}"
+        else:
+            assert loss == 0.0, f"{kind}: a rank without the last stage reported {loss}"
+        assert all(p.grad is None for b in mine.values() for p in b.parameters()), kind
+        assert torch.is_grad_enabled(), f"{kind}: evaluate left grad mode off"
+        train = pipe.step(x, y)
+        F.mse_loss(nn.Sequential(*reference)(x), y).backward()
+        if has_last:
+            assert abs(train - ref) <= 1e-6 * ref, f"{kind}: the step after evaluate: {train}"
+        for s in mine:
+            for p, q in zip(blocks[s].parameters(), reference[s].parameters(), strict=True):
+                assert _rel(p.grad, q.grad) <= 1e-6, f"{kind}: stage {s} gradient after evaluate"
+
+
+CHECKS.append(pipeline_evaluate_matches_unpipelined_and_leaves_gradients)

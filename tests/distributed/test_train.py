@@ -15,6 +15,7 @@ import time
 from pathlib import Path
 
 import pytest
+import torch
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "examples" / "configs"
@@ -95,6 +96,7 @@ STRATEGIES = {
     "ddp": (2, "ddp.yaml", ("training.gradient_accumulation_steps=1",), "ddp"),
     "fsdp": (2, "fsdp.yaml", (), "zero3"),
     "zero2": (2, "zero2.yaml", ("training.mixed_precision=bf16",), "zero2"),
+    "zero3": (2, "zero2.yaml", ("distributed.zero.zero_optimization.stage=3",), "zero3"),
     "pipeline_1f1b": (2, "pipeline_1f1b.yaml", (), "pipeline"),
     "dp_x_pp": (4, "dp_x_pp.yaml", ("training.gradient_accumulation_steps=1",), "pipeline"),
     # ZB-H1 with the cut timed on rank 0 and broadcast (ranks cutting differently would hang)
@@ -107,12 +109,22 @@ STRATEGIES = {
 }
 
 
-def strategy_run(name: str):
-    nproc, config, overrides, _ = STRATEGIES[name]
-    common = ("training.max_steps=24", "training.micro_batch_size=4", "model.preset=tiny")
+def strategy_overrides(name: str) -> tuple[str, ...]:
+    _, config, overrides, _ = STRATEGIES[name]
+    common = (
+        "training.max_steps=24",
+        "training.micro_batch_size=4",
+        "model.preset=tiny",
+        "training.eval_every=8",
+    )
     if config == "fsdp.yaml":
         common += ("training.gradient_checkpointing=false",)
-    return run(name, nproc, config, *common, *overrides)
+    return (*common, *overrides)
+
+
+def strategy_run(name: str):
+    nproc, config, _, _ = STRATEGIES[name]
+    return run(name, nproc, config, *strategy_overrides(name))
 
 
 @pytest.mark.parametrize("name", list(STRATEGIES))
@@ -135,6 +147,40 @@ def test_strategy_trains_and_exports(name):
     assert "sample:" in log
     console = (out / "console.log").read_text()  # what the console showed, in the run folder
     assert "step 24 loss" in console and "sample:" in console, console[-2000:]
+
+
+@pytest.mark.parametrize("name", list(STRATEGIES))
+def test_eval_loss_is_the_exported_models_loss_on_the_validation_batches(name):
+    """The eval loss (issue 17) every training.eval_every steps and at the end: at step 24 it
+    equals the exported model's mean loss, computed in one process, over the same validation
+    windows (the first 4 global batches in order). Catches eval batches read from the training
+    split or sharded wrongly over the data ranks, a pipeline evaluation that averages the wrong
+    stage's loss or leaves gradients behind, and dropout or no-grad mode leaking into training."""
+    from safetensors.torch import load_file
+    from shardwise.models import GPT
+    from shardwise.train import data
+    from shardwise.train.config import load_config
+
+    out, recs, _ = strategy_run(name)
+    assert [r["step"] for r in recs if "val_loss" in r] == [8, 16, 24]
+    nproc, config, _, _ = STRATEGIES[name]
+    env = {"WORLD_SIZE": str(nproc), "RANK": "0", "LOCAL_RANK": "0"}
+    overrides = [*BASE, *strategy_overrides(name)]
+    cfg = load_config(str(CONFIGS / config), overrides, env=env, cuda_devices=0)
+    rows = cfg.training.micro_batch_size * cfg.data_parallel_size  # one eval batch, all ranks
+    if cfg.distributed.strategy == "pipeline":
+        rows *= cfg.distributed.pipeline.num_microbatches
+    gpt = cfg.gpt_config()
+    model = GPT(gpt)
+    model.load_state_dict(load_file(out / "model.safetensors"))
+    stream = data.TokenStream(data.corpus_splits()[1], gpt.seq_len, rows, 0, 1, 0, shuffle=False)
+    bf16 = cfg.mixed_precision == "bf16"
+    n = min(4, stream.batches_per_epoch)
+    batches = [stream.batch(0, i) for i in range(n)]
+    with torch.no_grad(), torch.autocast("cpu", torch.bfloat16, enabled=bf16):
+        ref = sum(model.cross_entropy(model(x), y).item() for x, y in batches) / n
+    got = recs[-1]["val_loss"]
+    assert abs(got - ref) <= (1e-2 if bf16 else 1e-5) * ref, (got, ref)
 
 
 def test_a_deepspeed_json_config_trains_with_its_scheduler():
@@ -395,3 +441,50 @@ def test_pipeline_checkpoint_resumes_as_ddp_on_one_process(tmp_path):
     )
     assert "saved by 2 ranks" in log, log[-2000:]
     assert_continues(recs, ref, [5, 6, 7, 8], 1e-5)
+
+
+def test_a_nanogpt_bin_folder_trains_exactly_as_the_same_tokens_in_memory(tmp_path):
+    """Your own pre-tokenized data (issue 17): the bundled corpus's bytes written as nanoGPT's
+    train.bin/val.bin (uint16, memory-mapped) give the fsdp run's losses and eval losses exactly.
+    Catches ids widened with sign or from the wrong offset, val.bin ignored, or the stream
+    reading a memory-mapped file differently from a tensor."""
+    from shardwise.train import data
+
+    train_ids, val_ids = data.corpus_splits()
+    train_ids.numpy().astype("uint16").tofile(tmp_path / "train.bin")
+    val_ids.numpy().astype("uint16").tofile(tmp_path / "val.bin")
+    _, ref, _ = strategy_run("fsdp")
+    nproc, config, _, _ = STRATEGIES["fsdp"]
+    overrides = (*strategy_overrides("fsdp"), f"data.path={tmp_path}")
+    recs, log = train(nproc, config, tmp_path / "run", *overrides)
+    assert [r["step"] for r in recs] == [r["step"] for r in ref], log[-2000:]
+    for ours, theirs in zip(recs, ref, strict=True):
+        assert ours["loss"] == theirs["loss"], (ours["step"], ours["loss"], theirs["loss"])
+        assert ours.get("val_loss") == theirs.get("val_loss"), ours["step"]
+
+
+def test_a_jsonl_dataset_with_a_tokenizer_json_trains(tmp_path):
+    """A Hugging Face-style dataset (jsonl, "text" column) tokenized by a tokenizer.json: the
+    vocabulary comes from the tokenizer (400 -> 448 rows in the exported embedding), a separate
+    val file gives the eval loss, the loss falls, and the sample is decoded by that tokenizer
+    (its ByteLevel decoder yields plain text, not byte soup)."""
+    from safetensors.torch import load_file
+    from shardwise.train import data
+
+    text = data.load_corpus()
+    docs = [text[i : i + 2000] for i in range(0, 400_000, 2000)]
+    with open(tmp_path / "train.jsonl", "w") as f:
+        f.writelines(json.dumps({"text": d}) + "\n" for d in docs[:-20])
+    with open(tmp_path / "val.jsonl", "w") as f:
+        f.writelines(json.dumps({"text": d}) + "\n" for d in docs[-20:])
+    tokenizer = ROOT / "tests" / "data" / "tokenizers" / "bpe400" / "tokenizer.json"
+    recs, log = train(
+        2, "ddp.yaml", tmp_path / "run", "training.max_steps=20", "training.eval_every=10",
+        f"data.path={tmp_path / 'train.jsonl'}", f"data.val_path={tmp_path / 'val.jsonl'}",
+        f"data.tokenizer={tokenizer}",
+    )  # fmt: skip
+    assert load_file(tmp_path / "run" / "model.safetensors")["embed.weight"].shape[0] == 448
+    assert [r["step"] for r in recs if "val_loss" in r] == [10, 20]
+    assert sum(r["loss"] for r in recs[-3:]) < sum(r["loss"] for r in recs[:3]) - 0.5
+    sample = log.split("sample:")[1]
+    assert "\ufffd" not in sample and "Ġ" not in sample, sample

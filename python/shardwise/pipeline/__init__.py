@@ -265,6 +265,11 @@ class Pipeline:
         self.last = self._pipeline.step(inputs, targets)
         return self.last["loss"]
 
+    def evaluate(self, inputs: torch.Tensor | None, targets: torch.Tensor | None) -> float:
+        """The mean loss of a batch placed as for ``step``, without gradients (the schedule's
+        forwards only; nothing is accumulated). On the last stage's rank; 0.0 elsewhere."""
+        return self._pipeline.evaluate(inputs, targets)
+
     def clip_grad_norm_(self, max_norm: float) -> float:
         """Clips this pipeline's gradients to ``max_norm`` as torch.nn.utils.clip_grad_norm_
         clips the unpipelined model's (the 2-norm over every stage, a tied pair counted once;

@@ -44,6 +44,7 @@ from ..zero.config import TOP_KEYS as ZERO_TOP_KEYS
 from ..zero.config import load as load_zero
 from ..zero.deepspeed_keys import auto_from_hidden_size
 from . import device as device_mod
+from . import sources
 from .device import BACKENDS  # noqa: F401  (re-exported: the backends a config may name)
 
 STRATEGIES = ("ddp", "fsdp", "zero", "pipeline")
@@ -86,7 +87,16 @@ class ModelSection(_Section):
 
 
 class DataSection(_Section):
-    corpus: Literal["pydoc"] = "pydoc"
+    """The bundled corpus, or your own data (``sources.py`` reads it)."""
+
+    corpus: Literal["pydoc"] = "pydoc"  # used when no path is given
+    path: str | None = None  # a text file or folder, .bin, .npy, or a local dataset file
+    format: Literal["auto", "text", "bin", "npy", "json", "csv", "parquet", "arrow"] = "auto"
+    dtype: Literal["uint8", "uint16", "uint32", "int32", "int64"] = "uint16"  # of .bin files
+    tokenizer: str = "byte"  # or a tokenizer.json (the file or its folder)
+    text_field: str = "text"  # the dataset column to tokenize
+    val_path: str | None = None  # default: val.bin beside train.bin, else the split below
+    val_fraction: float = Field(0.05, gt=0.0, lt=1.0)
     seq_len: int | None = Field(None, gt=0)  # default: the model's seq_len
     shuffle_seed: int = 0
 
@@ -121,6 +131,10 @@ class TrainingSection(_Section):
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when a GPU is present
     log_every: int = Field(1, gt=0)
+    # eval loss on the validation tokens every this many steps (0: never; default: with every
+    # checkpoint) and at the end, over eval_batches global batches (the same ones each time)
+    eval_every: int | None = Field(None, ge=0)
+    eval_batches: int = Field(4, gt=0)
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
 
     _precision = field_validator("mixed_precision", mode="before")(_precision_word)
@@ -343,6 +357,7 @@ def validate(
         cfg = TrainConfig.model_validate(data)
     except ValidationError as error:
         raise ValueError(_explain(error.errors()[0])) from None
+    sources.check_section(cfg)  # may set model.vocab_size from the tokenizer
     _resolve_precision(cfg)
     _resolve_layout(cfg, env)
     _resolve_device(cfg, cuda_devices)

@@ -99,7 +99,7 @@ class Sinks:
             for key, value in record.items():
                 if isinstance(value, (int, float)) and key != "step":
                     self.tb.add_scalar(key, value, record["step"])
-        shown = (("loss", ".4f"), ("lr", ".3e"), ("tokens_per_s", ".0f"))
+        shown = (("loss", ".4f"), ("val_loss", ".4f"), ("lr", ".3e"), ("tokens_per_s", ".0f"))
         fields = [
             f"{k} {record[k]:{f}}" for k, f in shown if isinstance(record.get(k), float | int)
         ]

@@ -1,5 +1,5 @@
-"""``shardwise-plot RUN_DIR``: the loss and throughput curves of a run (its metrics.jsonl) as
-PNGs beside it (matplotlib)."""
+"""``shardwise-plot RUN_DIR``: the loss curves (training, and the eval loss where it was measured)
+and the throughput of a run (its metrics.jsonl) as PNGs beside it (matplotlib)."""
 
 from __future__ import annotations
 
@@ -25,15 +25,19 @@ def plot(run_dir: str | Path) -> list[Path]:
     records = read(run_dir / "metrics.jsonl")
     if not records:
         raise ValueError(f"{run_dir / 'metrics.jsonl'} has no records; train first")
-    steps = [r["step"] for r in records]
     written = []
     for name, keys, label in (
-        ("loss", ["loss"], "loss (nats/token)"),
+        ("loss", ["loss", "val_loss"], "loss (nats/token)"),
         ("throughput", ["tokens_per_s"], "tokens/s (all ranks)"),
     ):
         fig, ax = plt.subplots(figsize=(7, 3.5))
         for key in keys:
-            ax.plot(steps, [r[key] for r in records], label=key)
+            points = [(r["step"], r[key]) for r in records if r.get(key) is not None]
+            if points:
+                style = "o-" if key == "val_loss" else "-"
+                ax.plot(*zip(*points, strict=True), style, label=key, markersize=3)
+        if len(keys) > 1:
+            ax.legend()
         ax.set_xlabel("step")
         ax.set_ylabel(label)
         ax.grid(alpha=0.3)

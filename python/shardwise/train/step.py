@@ -115,6 +115,31 @@ class TrainStep:
             total = loss.item()
         return {"loss": _mean_over(total, self.data_group), "grad_norm": norm, "lr": lr}
 
+    def eval_loss(self, batches) -> float:
+        """The mean loss over ``batches`` (a list of (inputs, targets)) and the data ranks,
+        without gradients and with dropout off; the same number on every rank."""
+        par = self.par
+        modules = [m for m in par.stages.values() if isinstance(m, torch.nn.Module)]
+        modes = [m.training for m in modules]
+        for m in modules:
+            m.train(False)
+        try:
+            with torch.no_grad():
+                if par.pipe is not None:
+                    total = sum(par.pipe.evaluate(x, y) for x, y in batches)
+                    loss = torch.tensor([total if par.is_last else 0.0], dtype=torch.float64)
+                    dist.all_reduce(loss, group=self.axes.pipeline_group)
+                    total = loss.item()
+                else:
+                    total = 0.0
+                    for x, y in batches:
+                        with autocast_context(par.autocast, par.fp16_autocast, par.options.device):
+                            total += par.gpt.cross_entropy(par.forward(x), y).item()
+        finally:
+            for m, mode in zip(modules, modes, strict=True):
+                m.train(mode)
+        return _mean_over(total / len(batches), self.data_group)
+
     def _forward_backward(self, batches) -> float:
         par, n = self.par, len(batches)
         if par.pipe is not None:

@@ -28,7 +28,7 @@ from ..models.gpt import GPT, GPTConfig
 from . import checkpoint as ckpt
 from . import data as data_mod
 from . import device as device_mod
-from . import metrics, pieces
+from . import metrics, pieces, sources
 from . import step as step_mod
 from .parallelize import StrategyOptions
 
@@ -54,6 +54,9 @@ class RunSpec:
     keep_last: int = 3
     resume: bool = True
     log_every: int = 1
+    eval_every: int = 0  # steps between eval losses on the validation tokens (0: only at the end)
+    eval_batches: int = 4
+    data: object = None  # config.DataSection (None: the bundled corpus, byte tokens)
     sample_tokens: int = 200
     config_yaml: str = ""
     effective_batch_size: int = 0
@@ -100,10 +103,11 @@ class Trainer:
         rows = spec.micro_batch_size
         if spec.strategy == "pipeline":  # the pipeline cuts its batch into microbatches
             rows *= int(spec.options.pipeline.get("num_microbatches", 1))
-        train_tokens, self.val_tokens = data_mod.corpus_splits()
+        self.tokenizer, train_tokens, val_tokens = load_data(spec)
         self.stream = data_mod.TokenStream(
             train_tokens, spec.gpt.seq_len, rows, self.data_rank, self.data_world, spec.seed
         )
+        self.val_stream = validation_stream(val_tokens, spec, rows, self.data_rank, self.data_world)
         self.step = 0
         self._slow, self._slow_streak = None, 0
         self.sinks = metrics.Sinks(spec.output_dir, spec.max_steps, 0, self.rank == 0)
@@ -191,6 +195,11 @@ class Trainer:
         try:
             while self.step < spec.max_steps and not stop.requested:
                 last = self._one_step(flops_token, peak)
+                every = spec.eval_every
+                if (every and self.step % every == 0) or self.step == spec.max_steps:
+                    last["val_loss"] = self.evaluate()
+                if self.step % spec.log_every == 0 or self.step == spec.max_steps:
+                    self.sinks.write(last)
                 if self.step % spec.checkpoint_every == 0 or stop.requested:
                     self.save()
         finally:
@@ -259,9 +268,14 @@ class Trainer:
                 f"step {self.step}: rank {slow} is a straggler: its compute took "
                 f"{per_rank[slow][0] - per_rank[slow][1]:.3f}s, > 1.25x the median, 5 steps running"
             )
-        if self.step % spec.log_every == 0 or self.step == spec.max_steps:
-            self.sinks.write(record)
         return record
+
+    def evaluate(self) -> float:
+        """The eval loss over the first ``eval_batches`` validation batches (the same ones every
+        time, so the values are comparable; collective)."""
+        n = min(self.spec.eval_batches, self.val_stream.batches_per_epoch)
+        batches = [self.val_stream.batch(0, i) for i in range(n)]
+        return self.stepper.eval_loss([device_mod.to_device(b, self.device) for b in batches])
 
     def _finish(self) -> dict:
         """The full model as safetensors and a text sample (rank 0)."""
@@ -271,18 +285,22 @@ class Trainer:
             path = self.spec.output_dir / "model.safetensors"
             ckpt.export_safetensors(state, path)
             result["safetensors"] = str(path)
-            result["sample"] = sample(state, self.spec.gpt, self.spec.sample_tokens)
-            self.sinks.note(f"wrote {path}\nsample:\n{result['sample']}")
+            if self.tokenizer is not None:
+                text = sample(state, self.spec.gpt, self.spec.sample_tokens, self.tokenizer)
+                result["sample"] = text
+                self.sinks.note(f"wrote {path}\nsample:\n{text}")
+            else:
+                self.sinks.note(f"wrote {path} (no sample: give data.tokenizer to decode one)")
         dist.barrier()
         return result
 
 
-def sample(state: dict, gpt: GPTConfig, tokens: int, prompt: str = "The ") -> str:
+def sample(state: dict, gpt: GPTConfig, tokens: int, tok=None, prompt: str = "The ") -> str:
     """Text from the trained weights: a plain GPT, temperature 0.8, top-k 20, seeded."""
     model = GPT(gpt)
     model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
     model.eval()
-    tok = data_mod.ByteTokenizer()
+    tok = tok or data_mod.ByteTokenizer()
     ids = tok.encode(prompt)[None]
     g = torch.Generator().manual_seed(0)
     with torch.no_grad():
@@ -293,6 +311,39 @@ def sample(state: dict, gpt: GPTConfig, tokens: int, prompt: str = "The ") -> st
             choice = torch.multinomial(torch.softmax(top.values, -1), 1, generator=g)
             ids = torch.cat([ids, top.indices[choice][None]], dim=1)
     return tok.decode(ids[0])
+
+
+def load_data(spec: RunSpec) -> tuple[object, torch.Tensor, torch.Tensor]:
+    """(tokenizer or None, train tokens, validation tokens) of the run's ``data`` section, the
+    ids checked against the model's vocabulary. The tokenizer is None for pre-tokenized files
+    with no ``data.tokenizer`` (and ids beyond bytes): there is nothing to decode a sample with."""
+    data = spec.data
+    if data is None or data.path is None:
+        fraction = data.val_fraction if data is not None else 0.05
+        tokenizer = sources.cached_tokenizer(data.tokenizer if data is not None else "byte")
+        if isinstance(tokenizer, data_mod.ByteTokenizer):
+            return (tokenizer, *data_mod.corpus_splits(fraction))
+        tokens = tokenizer.encode_documents([data_mod.load_corpus()])
+        return (tokenizer, *data_mod.split_tokens(tokens, fraction))
+    tokenizer = sources.cached_tokenizer(data.tokenizer)
+    train, val = sources.train_val_tokens(data, tokenizer)
+    high = sources.check_vocabulary(train, spec.gpt.vocab_size, "data.path")[1]
+    sources.check_vocabulary(val, spec.gpt.vocab_size, "data.val_path" if data.val_path else "data")
+    if data.tokenizer == "byte" and high > 255:  # pre-tokenized ids beyond bytes
+        tokenizer = None
+    return tokenizer, train, val
+
+
+def validation_stream(val: torch.Tensor, spec: RunSpec, rows: int, rank: int, world: int):
+    """The eval batches' stream (in order, not shuffled); ValueError naming the keys to change
+    when the validation tokens do not fill one global batch."""
+    try:
+        return data_mod.TokenStream(val, spec.gpt.seq_len, rows, rank, world, 0, shuffle=False)
+    except ValueError as error:
+        raise ValueError(
+            f"the validation tokens are too few for one eval batch ({error}); raise "
+            f"data.val_fraction, give a larger data.val_path, or lower the batch size"
+        ) from None
 
 
 def _local_world(world: int) -> int:

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
+#include <stdexcept>
 #include <thread>
 #include <torch/csrc/distributed/c10d/HashStore.hpp>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
@@ -34,7 +35,21 @@ void copy_params(Net& from, Net& to) {
   for (size_t i = 0; i < a.size(); ++i) b[i].copy_(a[i]);
 }
 
-TEST(FsdpLibTorch, TwoRanksMatchSingleProcessTraining) {
+// The forward of `net` through the engine's hooks (root, then first).
+torch::Tensor forward(
+    shardwise::fsdp::FsdpEngine& engine, Net& net, int first, int root, const torch::Tensor& x) {
+  engine.pre_forward(root);
+  engine.pre_forward(first);
+  auto h = net.first(x);
+  engine.post_forward(first, {h});
+  auto y = net.second(torch::tanh(h));
+  engine.post_forward(root, {y});
+  return y;
+}
+
+// Two ranks train kSteps; with `evaluate`, a no-grad forward (an eval loss) runs before every
+// step and must leave every unit sharded and training unchanged.
+void train_two_ranks(bool evaluate) {
   torch::manual_seed(0);
   Net reference;
   std::vector<Net> ranks(kWorld);
@@ -64,6 +79,7 @@ TEST(FsdpLibTorch, TwoRanksMatchSingleProcessTraining) {
         auto engine = shardwise::fsdp::FsdpEngine::create(engine_options);
         shardwise::fsdp::UnitOptions unit;
         unit.shard_group = group;
+        unit.reshard_after_forward = !evaluate;  // evaluation must reshard it anyway
         unit.name = "first";
         const int first = engine->add_unit(net.first->parameters(), unit);
         unit.name = "root";
@@ -73,12 +89,14 @@ TEST(FsdpLibTorch, TwoRanksMatchSingleProcessTraining) {
         for (int step = 0; step < kSteps; ++step) {
           auto x = inputs[step].narrow(0, rank * kBatchPerRank, kBatchPerRank);
           auto t = targets[step].narrow(0, rank * kBatchPerRank, kBatchPerRank);
-          engine->pre_forward(root);
-          engine->pre_forward(first);
-          auto h = net.first(x);
-          engine->post_forward(first, {h});
-          auto y = net.second(torch::tanh(h));
-          engine->post_forward(root, {y});
+          if (evaluate) {
+            torch::NoGradGuard no_grad;
+            forward(*engine, net, first, root, x);
+            for (int u : {first, root}) {
+              if (engine->unit(u).unsharded()) throw std::runtime_error("unsharded after eval");
+            }
+          }
+          auto y = forward(*engine, net, first, root, x);
           torch::mse_loss(y, t).backward();
           opt.step();
           opt.zero_grad();
@@ -103,5 +121,11 @@ TEST(FsdpLibTorch, TwoRanksMatchSingleProcessTraining) {
     }
   }
 }
+
+TEST(FsdpLibTorch, TwoRanksMatchSingleProcessTraining) { train_two_ranks(false); }
+
+// Catches an eval forward (no-grad: no backward to reshard) leaving the root or a unit without
+// reshard_after_forward gathered, which then fed stale full parameters to the next step.
+TEST(FsdpLibTorch, NoGradForwardsReshardAndLeaveTrainingUnchanged) { train_two_ranks(true); }
 
 }  // namespace
