@@ -524,6 +524,7 @@ EXPECTED_STRATEGY = {
     "demo.yaml": "fsdp",
     "fsdp_x_tp.yaml": "fsdp",
     "dp_pp_tp.yaml": "pipeline",
+    "hf_llama.yaml": "fsdp",
 }
 
 

@@ -17,7 +17,13 @@ META = "_shardwise_fsdp"
 
 
 def _buffers(fsdp) -> dict[str, torch.Tensor]:
-    return {name: b for name, b in fsdp.module.named_buffers()}
+    """The persistent buffers (the ones ``state_dict`` holds), by their full names."""
+    out = {}
+    for prefix, module in fsdp.module.named_modules():
+        for name, b in module.named_buffers(recurse=False):
+            if b is not None and name not in module._non_persistent_buffers_set:
+                out[f"{prefix}.{name}" if prefix else name] = b
+    return out
 
 
 def get(fsdp, kind: str) -> dict:

@@ -91,6 +91,7 @@ def run_spec(cfg: TrainConfig, resume: bool, memory_note: str) -> RunSpec:
         micro_batch=t.micro_batch_size,
         accumulation=t.gradient_accumulation_steps,
         device=t.device,
+        build=cfg.model._builder,
     )
     return RunSpec(
         gpt=gpt,

@@ -36,7 +36,15 @@ from typing import Any, Literal
 
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
-from pydantic import AliasChoices, BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    AliasChoices,
+    BaseModel,
+    ConfigDict,
+    Field,
+    PrivateAttr,
+    ValidationError,
+    field_validator,
+)
 
 from ..fsdp.config import FSDPConfig
 from ..models.gpt import PRESETS, GPTConfig
@@ -44,7 +52,7 @@ from ..zero.config import TOP_KEYS as ZERO_TOP_KEYS
 from ..zero.config import load as load_zero
 from ..zero.deepspeed_keys import auto_from_hidden_size
 from . import device as device_mod
-from . import sources
+from . import model_source, sources
 from .device import BACKENDS  # noqa: F401  (re-exported: the backends a config may name)
 
 STRATEGIES = ("ddp", "fsdp", "zero", "pipeline")
@@ -72,6 +80,15 @@ class ModelSection(_Section):
     mlp_ratio: int | None = Field(None, gt=0)
     dropout: float | None = Field(None, ge=0.0, lt=1.0)
     mesh_shape: list | None = None  # seed 000: [[num_fsdp, num_tp], ["fsdp", "tp"]]
+    # instead of the GPT (model_source.py): a transformers causal LM (a model type such as gpt2
+    # or llama, or a config.json), sized by hf_overrides; local safetensors weights; or a factory
+    hf_config: str | None = None
+    hf_overrides: dict[str, Any] | None = None
+    pretrained: str | None = None
+    factory: str | None = None  # package.module:function or path/file.py:function
+    factory_args: dict[str, Any] | None = None
+    _builder: Any = PrivateAttr(None)
+    _shape: Any = PrivateAttr(None)
 
     @field_validator("preset")
     @classmethod
@@ -81,7 +98,9 @@ class ModelSection(_Section):
         return value
 
     def gpt(self) -> GPTConfig:
-        """The preset with the explicitly given fields replaced."""
+        """The preset with the explicitly given fields replaced (another model: its shape)."""
+        if self._shape is not None:
+            return self._shape
         given = {f.name: getattr(self, f.name) for f in fields(GPTConfig)}
         return replace(PRESETS[self.preset], **{k: v for k, v in given.items() if v is not None})
 
@@ -357,11 +376,13 @@ def validate(
         cfg = TrainConfig.model_validate(data)
     except ValidationError as error:
         raise ValueError(_explain(error.errors()[0])) from None
+    model_source.resolve(cfg)  # a Hugging Face or factory model: its builder and shape
     sources.check_section(cfg)  # may set model.vocab_size from the tokenizer
     _resolve_precision(cfg)
     _resolve_layout(cfg, env)
     _resolve_device(cfg, cuda_devices)
     _resolve_strategy(cfg)
+    model_source.check_strategy(cfg)
     _check_tensor_parallel(cfg)
     _check_sub_blocks(cfg, lifted)
     _check_training(cfg)

@@ -53,6 +53,8 @@ class StrategyOptions:
     micro_batch: int = 1  # ZeRO's train_micro_batch_size_per_gpu
     accumulation: int = 1  # ZeRO's gradient_accumulation_steps
     device: str = "cpu"  # where the model lives: cpu or cuda (this rank's current GPU)
+    # another model than the GPT (models.causal_lm.ModelBuilder); ``gpt`` is then its shape
+    build: Callable[[], nn.Module] | None = None
 
 
 @dataclass
@@ -175,10 +177,11 @@ def parallelize(options: StrategyOptions, axes: Axes, kind: str, pipeline: bool)
 
 
 def build_model(options: StrategyOptions) -> GPT:
-    """The GPT, identically initialized on every rank (the seed, not a broadcast; on the CPU, so
-    every device starts from the same weights), then moved to ``options.device``."""
+    """The GPT (or ``options.build``'s model), identically initialized on every rank (the seed,
+    not a broadcast; on the CPU, so every device starts from the same weights), then moved to
+    ``options.device``."""
     torch.manual_seed(options.seed)
-    model = GPT(options.gpt)
+    model = options.build() if options.build is not None else GPT(options.gpt)
     model.full_shapes = {n: tuple(p.shape) for n, p in model.named_parameters()}
     return model.to(options.device)
 
@@ -198,9 +201,9 @@ def checkpoint_activations(model: GPT, options: StrategyOptions) -> None:
     if not options.checkpointing:
         return
     for block in model.blocks:
-        forward = block.forward
-        block.forward = lambda x, f=forward: torch.utils.checkpoint.checkpoint(
-            f, x, use_reentrant=False
+        forward = block.forward  # a Hugging Face layer takes more than the hidden states
+        block.forward = lambda *args, f=forward, **kwargs: torch.utils.checkpoint.checkpoint(
+            f, *args, use_reentrant=False, **kwargs
         )
 
 

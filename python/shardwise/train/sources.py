@@ -223,6 +223,14 @@ def check_section(cfg) -> None:
     if data.tokenizer == "byte":
         return
     vocab = cached_tokenizer(data.tokenizer).vocab_size
+    shape = cfg.model._shape  # a Hugging Face or factory model: its own vocabulary
+    if shape is not None and shape.vocab_size < vocab:
+        raise ValueError(
+            f"the model's vocabulary ({shape.vocab_size}) is smaller than data.tokenizer's "
+            f"({vocab}); set vocab_size in model.hf_overrides or model.factory_args to {vocab}"
+        )
+    if shape is not None:
+        return
     given = cfg.model.vocab_size
     if given is None and cfg.model.gpt().vocab_size < vocab:
         cfg.model.vocab_size = -(-vocab // 64) * 64

@@ -24,6 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from ..models.causal_lm import export_names
 from ..models.gpt import GPT, GPTConfig
 from . import checkpoint as ckpt
 from . import data as data_mod
@@ -278,15 +279,19 @@ class Trainer:
         return self.stepper.eval_loss([device_mod.to_device(b, self.device) for b in batches])
 
     def _finish(self) -> dict:
-        """The full model as safetensors and a text sample (rank 0)."""
+        """The full model as safetensors (a Hugging Face model's with its config.json, so
+        ``from_pretrained`` loads the folder) and a text sample (rank 0)."""
         state = {k: v.cpu() for k, v in self.stepper.full_state_dict().items()}
         result = {}
         if self.rank == 0:
             path = self.spec.output_dir / "model.safetensors"
-            ckpt.export_safetensors(state, path)
+            build = self.spec.options.build
+            ckpt.export_safetensors(state if build is None else export_names(state), path)
+            if build is not None and build.config() is not None:
+                build.config().to_json_file(str(self.spec.output_dir / "config.json"))
             result["safetensors"] = str(path)
             if self.tokenizer is not None:
-                text = sample(state, self.spec.gpt, self.spec.sample_tokens, self.tokenizer)
+                text = sample(state, self.spec.gpt, self.spec.sample_tokens, self.tokenizer, build)
                 result["sample"] = text
                 self.sinks.note(f"wrote {path}\nsample:\n{text}")
             else:
@@ -295,9 +300,12 @@ class Trainer:
         return result
 
 
-def sample(state: dict, gpt: GPTConfig, tokens: int, tok=None, prompt: str = "The ") -> str:
-    """Text from the trained weights: a plain GPT, temperature 0.8, top-k 20, seeded."""
-    model = GPT(gpt)
+def sample(
+    state: dict, gpt: GPTConfig, tokens: int, tok=None, build=None, prompt: str = "The "
+) -> str:
+    """Text from the trained weights (a plain GPT, or what ``build`` makes), temperature 0.8,
+    top-k 20, seeded."""
+    model = GPT(gpt) if build is None else build(weights=False)
     model.load_state_dict({k: v.float() for k, v in state.items()}, strict=False)
     model.eval()
     tok = tok or data_mod.ByteTokenizer()

@@ -1,0 +1,71 @@
+"""The ``model:`` section beyond the bundled GPT: a Hugging Face config (``hf_config``, sized by
+``hf_overrides``), pretrained local weights (``pretrained``) or a factory (``factory``,
+``factory_args``), checked at validation and turned into a ``models.causal_lm.ModelBuilder``
+and the ``ModelShape`` the planner and the metrics read."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..models.causal_lm import ModelBuilder
+
+GPT_ONLY = ("dim", "layers", "heads", "mlp_ratio", "dropout", "vocab_size")
+
+
+def resolve(cfg) -> None:
+    """Sets ``cfg.model``'s builder and shape when it names a model other than the GPT."""
+    m = cfg.model
+    hf = m.hf_config is not None or m.pretrained is not None
+    if not hf and m.factory is None:
+        if m.hf_overrides:
+            raise ValueError("model.hf_overrides needs model.hf_config (or model.pretrained)")
+        if m.factory_args:
+            raise ValueError("model.factory_args needs model.factory")
+        return
+    if m.pretrained is not None and not Path(m.pretrained).expanduser().is_dir():
+        raise ValueError(
+            f"model.pretrained: {m.pretrained} is not a folder; give a local folder saved with "
+            "save_pretrained (config.json and .safetensors weights)"
+        )
+    if hf and m.factory is not None:
+        raise ValueError("model.factory and model.hf_config/pretrained name two models; give one")
+    sizes = "model.hf_overrides (e.g. n_layer, hidden_size)" if hf else "model.factory_args"
+    given = [k for k in GPT_ONLY if getattr(m, k) is not None]
+    if given:
+        raise ValueError(f"model.{given[0]} sizes the bundled GPT; size this model in {sizes}")
+    if hf and m.factory_args:
+        raise ValueError(
+            "model.factory_args needs model.factory; size a Hugging Face model in "
+            "model.hf_overrides"
+        )
+    builder = ModelBuilder(
+        m.hf_config, tuple(sorted((m.hf_overrides or {}).items())), m.pretrained, m.factory,
+        tuple(sorted((m.factory_args or {}).items())),
+    )  # fmt: skip
+    limit = builder.max_positions()  # also reads and checks the Hugging Face config
+    seq = cfg.data.seq_len or m.seq_len or limit
+    if seq is None:
+        raise ValueError(
+            "model.seq_len: give the sequence length the factory's model trains on "
+            "(or data.seq_len)"
+        )
+    if limit is not None and seq > limit:
+        raise ValueError(
+            f"the sequence length {seq} exceeds the model's max_position_embeddings={limit}; "
+            f"lower data.seq_len (or raise it in {sizes})"
+        )
+    m._builder = builder
+    m._shape = builder.shape(seq, 256)
+
+
+def check_strategy(cfg) -> None:
+    """Tensor parallelism and the pipeline split cover the bundled GPT only (so far)."""
+    if cfg.model._builder is None:
+        return
+    d = cfg.distributed
+    if d.tensor_parallel_size > 1 or d.strategy == "pipeline":
+        what = "tensor parallelism" if d.tensor_parallel_size > 1 else "the pipeline strategy"
+        raise ValueError(
+            f"{what} with model.hf_config/pretrained/factory is not supported yet (its plans "
+            f"cover the bundled GPT); use ddp, fsdp or zero for this model"
+        )
