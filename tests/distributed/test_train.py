@@ -488,3 +488,63 @@ def test_a_jsonl_dataset_with_a_tokenizer_json_trains(tmp_path):
     assert sum(r["loss"] for r in recs[-3:]) < sum(r["loss"] for r in recs[:3]) - 0.5
     sample = log.split("sample:")[1]
     assert "\ufffd" not in sample and "Ġ" not in sample, sample
+
+
+def test_processes_launched_by_hand_with_distributed_train_as_torchrun_does(tmp_path):
+    """Seed 001's ``python train.py --distributed``: two processes started without torchrun,
+    each told its rank, the world size and the master in the config, give the torchrun run's
+    losses exactly (the trainer used to ignore those keys and start two one-rank jobs)."""
+    import socket
+
+    _, ref, _ = strategy_run("fsdp")
+    nproc, config, _, _ = STRATEGIES["fsdp"]
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    out = tmp_path / "by-hand"
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "MASTER_ADDR",
+           "MASTER_PORT", "LOCAL_RANK", "LOCAL_WORLD_SIZE")}  # fmt: skip
+    env.update(OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    procs = [
+        subprocess.Popen(
+            [
+                *command(1, config, out, *strategy_overrides("fsdp")),
+                "--distributed",
+                "distributed.world_size=2",
+                f"distributed.rank={rank}",
+                f"distributed.local_rank={rank}",
+                "distributed.master_addr=127.0.0.1",
+                f"distributed.master_port={port}",
+            ],
+            env=env,
+            cwd=tmp_path,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )  # fmt: skip
+        for rank in range(2)
+    ]
+    logs = [p.communicate(timeout=240)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], logs[0][-3000:] + logs[1][-3000:]
+    assert "world 2" in logs[0], logs[0][-2000:]
+    assert losses(records(out)) == losses(ref)
+
+
+def test_sync_gradients_every_reduces_midway_with_the_same_result(tmp_path):
+    """training.sync_gradients_every=2 of 4 accumulated micro-batches (seed 000): FSDP reduces
+    after micro-batches 2 and 4 instead of 4 only (which ones: test_train_cli's sync_points), and
+    the losses are the same (a second reduce-scatter that overwrote the first's shard instead of
+    adding to it, or gradients left unsharded after it, would change them)."""
+    common = (
+        "training.max_steps=6",
+        "training.micro_batch_size=2",
+        "training.gradient_accumulation_steps=4",
+        "training.gradient_checkpointing=false",
+    )
+    once, _ = train(2, "fsdp.yaml", tmp_path / "once", *common)
+    twice, log = train(
+        2, "fsdp.yaml", tmp_path / "twice", *common, "training.sync_gradients_every=2"
+    )
+    assert [r["step"] for r in twice] == list(range(1, 7)), log[-2000:]
+    for a, b in zip(once, twice, strict=True):
+        assert abs(a["loss"] - b["loss"]) <= 1e-6 * a["loss"], (a["step"], a["loss"], b["loss"])

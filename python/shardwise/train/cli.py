@@ -90,6 +90,7 @@ def run_spec(cfg: TrainConfig, resume: bool, memory_note: str) -> RunSpec:
         save_gathered=d.sequence_parallel_save_gathered,
         micro_batch=t.micro_batch_size,
         accumulation=t.gradient_accumulation_steps,
+        sync_every=t.sync_gradients_every,
         device=t.device,
         build=cfg.model._builder,
     )
@@ -106,6 +107,14 @@ def run_spec(cfg: TrainConfig, resume: bool, memory_note: str) -> RunSpec:
         backend=d.backend,
         device=t.device,
         local_rank=d.local_rank,
+        layout={
+            "WORLD_SIZE": d.world_size,
+            "RANK": d.rank,
+            "LOCAL_RANK": d.local_rank,
+            "LOCAL_WORLD_SIZE": d.num_processes_per_node,
+            "MASTER_ADDR": d.master_addr,
+            "MASTER_PORT": d.master_port,
+        },
         output_dir=Path(t.checkpoint.dir),
         checkpoint_every=t.checkpoint.every_steps,
         keep_last=t.checkpoint.keep_last,
@@ -128,13 +137,38 @@ def parse_args(argv):
     parser.add_argument(
         "--ignore-memory-check", action="store_true", help="run even if the planner says no fit"
     )
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--distributed",
+        action="store_true",
+        help="seed 001: one process of a job launched by hand (MASTER_ADDR, MASTER_PORT, "
+        "WORLD_SIZE and RANK in the environment or the distributed section)",
+    )
+    return parser.parse_intermixed_args(argv)  # overrides may follow the flags
+
+
+LAUNCH = (("MASTER_ADDR", "master_addr"), ("MASTER_PORT", "master_port"))
+LAUNCH += (("WORLD_SIZE", "world_size"), ("RANK", "rank"))
+
+
+def check_launch(cfg: TrainConfig, env=os.environ) -> None:
+    """``--distributed``: this process's place in the job must be known before it starts."""
+    given = cfg.distributed._launch_given
+    missing = [var for var, key in LAUNCH if var not in env and key not in given]
+    if missing:
+        keys = ", ".join(f"distributed.{k}" for v, k in LAUNCH if v in missing)
+        raise ValueError(
+            f"--distributed: this process does not know {', '.join(missing)}; export them "
+            f"(seed 001's multi-node set-up), set {keys} in the config, or launch with torchrun"
+        )
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    overrides = [*args.overrides, *(["distributed.enabled=true"] if args.distributed else [])]
     try:
-        cfg = load_config(args.config, args.overrides)
+        cfg = load_config(args.config, overrides)
+        if args.distributed:
+            check_launch(cfg)
     except (ValueError, FileNotFoundError) as e:
         print(f"shardwise-train: {e}", file=sys.stderr)
         return 2

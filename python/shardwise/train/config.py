@@ -136,6 +136,9 @@ class TrainingSection(_Section):
         4, gt=0, validation_alias=AliasChoices("micro_batch_size", "batch_size")
     )
     gradient_accumulation_steps: int = Field(1, gt=0)
+    # seed 000: reduce the gradients every this many micro-batches of an accumulation (ddp and
+    # fsdp; default: only after the last); must divide gradient_accumulation_steps
+    sync_gradients_every: int | None = Field(None, gt=0)
     learning_rate: float = Field(3e-4, gt=0)
     lr_scaling: Literal["none", "linear", "sqrt"] = "none"
     base_batch_size: int | None = Field(None, gt=0)
@@ -192,6 +195,8 @@ class DistributedSection(_Section):
     fsdp: dict[str, Any] | None = None
     zero: dict[str, Any] | None = None  # DeepSpeed's keys, or the path of a ds_config.json
     pipeline: PipelineSection | None = None
+    # the launch keys the config itself gave (before the defaults were filled in)
+    _launch_given: set = PrivateAttr(default_factory=set)
 
     _precision = field_validator("mixed_precision", mode="before")(_precision_word)
 
@@ -554,6 +559,8 @@ def _resolve_layout(cfg: TrainConfig, env: Mapping) -> None:
     """Seed 001's rules: world_size == num_nodes × num_processes_per_node, tensor × pipeline
     parallel <= world_size, rank < world_size; plus the mesh's product == world_size."""
     d = cfg.distributed
+    launch = ("world_size", "rank", "master_addr", "master_port")
+    d._launch_given = {k for k in launch if getattr(d, k) is not None}
     mesh_key, mesh = _given_mesh(cfg)
     axis = dict(zip(mesh[1], mesh[0], strict=True)) if mesh else {}
     world = _from_env("distributed.world_size", d.world_size, env, "WORLD_SIZE")
@@ -870,7 +877,29 @@ def _check_pipeline(cfg: TrainConfig) -> None:
     )
 
 
+def _check_sync_every(cfg: TrainConfig) -> None:
+    t, strategy = cfg.training, cfg.distributed.strategy
+    every = t.sync_gradients_every
+    if every is None:
+        return
+    if t.gradient_accumulation_steps % every:
+        raise ValueError(
+            f"training.sync_gradients_every={every} must divide "
+            f"training.gradient_accumulation_steps={t.gradient_accumulation_steps}"
+        )
+    if strategy in ("zero", "pipeline") and every != t.gradient_accumulation_steps:
+        how = (
+            "ZeRO reduces every micro-batch into its partition, as DeepSpeed does"
+            if strategy == "zero"
+            else "the pipeline reduces once per step, after its schedule"
+        )
+        raise ValueError(
+            f"training.sync_gradients_every applies to ddp and fsdp: {how}; leave it out"
+        )
+
+
 def _check_training(cfg: TrainConfig) -> None:
+    _check_sync_every(cfg)
     t, gpt = cfg.training, cfg.model.gpt()
     if gpt.dim % gpt.heads:
         raise ValueError(

@@ -52,6 +52,7 @@ class StrategyOptions:
     save_gathered: bool = False  # sequence parallelism: gathered inputs saved for backward
     micro_batch: int = 1  # ZeRO's train_micro_batch_size_per_gpu
     accumulation: int = 1  # ZeRO's gradient_accumulation_steps
+    sync_every: int | None = None  # reduce every this many micro-batches (default: the last)
     device: str = "cpu"  # where the model lives: cpu or cuda (this rank's current GPU)
     # another model than the GPT (models.causal_lm.ModelBuilder); ``gpt`` is then its shape
     build: Callable[[], nn.Module] | None = None

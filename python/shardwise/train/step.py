@@ -144,10 +144,10 @@ class TrainStep:
         par, n = self.par, len(batches)
         if par.pipe is not None:
             return sum(par.pipe.step(x, y) for x, y in batches) / n / self.loss_scale()
-        total = 0.0
+        total, syncs = 0.0, sync_points(n, self.options.sync_every)
         for k, (x, y) in enumerate(batches):
             # the backward must run inside no_sync too, or every micro-batch reduces
-            with par.no_sync(k == n - 1):
+            with par.no_sync(k in syncs):
                 with autocast_context(par.autocast, par.fp16_autocast, par.options.device):
                     loss = par.gpt.cross_entropy(par.forward(x), y) / n
                 (loss * self.loss_scale()).backward()
@@ -302,6 +302,13 @@ class TrainStep:
         merged = {k: v for part in gathered for k, v in part.items()}
         merged["head.weight"] = merged["embed.weight"]
         return merged
+
+
+def sync_points(micro_batches: int, every: int | None) -> set[int]:
+    """The micro-batches after which the gradients are reduced: every ``every``-th (seed 000's
+    sync_gradients_every) and always the last."""
+    every = every or micro_batches
+    return {k for k in range(micro_batches) if (k + 1) % every == 0} | {micro_batches - 1}
 
 
 def _gather_tp(par: Parallel, state: dict) -> dict:

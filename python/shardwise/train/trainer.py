@@ -50,6 +50,9 @@ class RunSpec:
     backend: str = "shardwise"  # a name or a device:name list (cpu:shardwise,cuda:nccl)
     device: str = "cpu"  # cpu or cuda (config.py resolved training.device)
     local_rank: int = 0
+    # the job's place from the config (torchrun's variables win): WORLD_SIZE, RANK, LOCAL_RANK,
+    # LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT; None: not given
+    layout: dict = field(default_factory=dict)
     output_dir: Path = Path("outputs/run")
     checkpoint_every: int = 50
     keep_last: int = 3
@@ -65,17 +68,23 @@ class RunSpec:
     extra: dict = field(default_factory=dict)
 
 
-def init_distributed(backend: str) -> tuple[int, int]:
-    """The process group from torchrun's environment, or a one-rank group for a single process
-    (FSDP and ZeRO need one). Returns (rank, world)."""
+def init_distributed(backend: str, layout: dict | None = None) -> tuple[int, int]:
+    """The process group from torchrun's environment, completed by the config's ``layout``
+    (seed 001: processes launched by hand with distributed.rank, world_size, master_addr and
+    master_port), or a one-rank group for a single process (FSDP and ZeRO need one). Returns
+    (rank, world)."""
+    for var, value in (layout or {}).items():
+        if value is not None:
+            os.environ.setdefault(var, str(value))
     if not dist.is_initialized():
-        if "MASTER_ADDR" not in os.environ:
-            os.environ["MASTER_ADDR"] = "127.0.0.1"
-            with socket.socket() as s:
-                s.bind(("127.0.0.1", 0))
-                os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-            os.environ.setdefault("RANK", "0")
-            os.environ.setdefault("WORLD_SIZE", "1")
+        os.environ.setdefault("RANK", "0")
+        os.environ.setdefault("WORLD_SIZE", "1")
+        if os.environ["WORLD_SIZE"] == "1":  # a process of its own: any free local port
+            os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+            if "MASTER_PORT" not in os.environ:
+                with socket.socket() as s:
+                    s.bind(("127.0.0.1", 0))
+                    os.environ["MASTER_PORT"] = str(s.getsockname()[1])
         if "shardwise" in backend:
             import shardwise  # noqa: F401  (registers the backend)
         dist.init_process_group(backend)
@@ -95,7 +104,7 @@ class Trainer:
     def __init__(self, spec: RunSpec):
         self.spec = spec
         self.device = device_mod.local_device(spec.device, spec.local_rank)  # before NCCL starts
-        self.rank, self.world = init_distributed(spec.backend)
+        self.rank, self.world = init_distributed(spec.backend, spec.layout)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // _local_world(self.world)))
         self.stepper = step_mod.build(spec.strategy, spec.options, self.world)
         group = self.stepper.data_group
