@@ -64,6 +64,7 @@ set(SHARDWISE_CORE_TEST_SOURCES
 set(SHARDWISE_TORCH_SOURCES
   csrc/backend/functional_ops.cpp
   csrc/backend/host_staged_comm.cpp
+  csrc/backend/op_log.cpp
   csrc/backend/nccl_comm_stub.cpp
   csrc/backend/shardwise_backend.cpp
   csrc/backend/shardwise_backend_ops.cpp

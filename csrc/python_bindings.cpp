@@ -12,6 +12,7 @@
 #include <utility>
 #include <vector>
 
+#include "backend/op_log.hpp"
 #include "backend/shardwise_backend.hpp"
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/safetensors.h"
@@ -146,6 +147,18 @@ PYBIND11_MODULE(_C, m) {
   }
   m.def("communication_seconds", &shardwise::backend::communication_seconds,
         "Seconds this process's shardwise backends have spent communicating (all groups).");
+  m.def(
+      "communication_stats",
+      [] {
+        py::dict out;
+        for (const auto& [kind, s] : shardwise::backend::op_stats()) {
+          out[py::str(kind)] = py::dict(py::arg("calls") = s.calls, py::arg("bytes") = s.bytes,
+                                        py::arg("seconds") = s.seconds);
+        }
+        return out;
+      },
+      "Per operation kind, since the process started: calls, payload bytes and seconds of this "
+      "process's shardwise backends (backend/op_log.hpp).");
   m.def(
       "_create_backend",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,

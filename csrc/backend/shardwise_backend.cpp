@@ -15,6 +15,7 @@
 #include <sstream>
 
 #include "backend/host_staged_comm.hpp"
+#include "backend/op_log.hpp"
 #include "collectives/hybrid_transport.h"
 #include "collectives/inprocess_transport.h"
 #include "collectives/shm_transport.h"
@@ -176,6 +177,13 @@ ShardwiseBackend::ShardwiseBackend(const c10::intrusive_ptr<c10d::Store>& store,
   for (Lane* lane : {&collective_lane_, &send_lane_, &recv_lane_}) {
     lane->thread = std::thread([this, lane] { run_lane(*lane); });
   }
+  if (debug_info()) {
+    log_info("rank " + std::to_string(rank) + " of " + std::to_string(size) +
+             ": backend up (ring " + std::to_string(options_.ring_bytes) + " bytes, inline " +
+             std::to_string(options_.inline_bytes) + " bytes, timeout " +
+             std::to_string(options_.timeout.count()) + " ms, spin " +
+             std::to_string(spin_.count()) + " us)");
+  }
 }
 
 ShardwiseBackend::~ShardwiseBackend() {
@@ -202,9 +210,11 @@ ShardwiseBackend::Work ShardwiseBackend::enqueue(Lane& lane,
                                                  std::chrono::milliseconds timeout,
                                                  Body body,
                                                  bool allow_inline) {
+  uint64_t bytes = 0;
+  for (const auto& t : outputs) bytes += t.numel() * t.element_size();
   auto work = c10::make_intrusive<ShardwiseWork>(rank_, type, sequence, std::move(outputs), spin_);
-  Job job{work, collectives::make_tag(kind, sequence), timeout_or_default(timeout),
-          std::move(body)};
+  Job job{work, collectives::make_tag(kind, sequence), timeout_or_default(timeout), std::move(body),
+          bytes};
   {
     std::lock_guard<std::mutex> lock(lane.mutex);
     if (!allow_inline || !lane.jobs.empty() || lane.busy) {  // keep issue order: queue it
@@ -309,9 +319,11 @@ void ShardwiseBackend::run_job(Lane& lane, Job& job) {
     options.small_message_bytes = options_.small_message_bytes;
     const auto start = std::chrono::steady_clock::now();
     job.body(*lane.transport, options);
-    communication_ns += std::chrono::duration_cast<std::chrono::nanoseconds>(
-                            std::chrono::steady_clock::now() - start)
-                            .count();
+    const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(
+                           std::chrono::steady_clock::now() - start)
+                           .count();
+    communication_ns += ns;
+    record_op(static_cast<collectives::Kind>(job.tag.kind), rank_, job.tag.sequence, job.bytes, ns);
     job.work->finish(nullptr);
   } catch (const std::exception& e) {
     const std::string what =

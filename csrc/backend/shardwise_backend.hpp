@@ -67,6 +67,9 @@ class ShardwiseBackend : public c10d::Backend {
   ~ShardwiseBackend() override;
 
   const std::string getBackendName() const override { return "shardwise"; }
+  // The collectives issued so far (the same on every rank of a group that is in step):
+  // TORCH_DISTRIBUTED_DEBUG=DETAIL's wrapper compares it across ranks.
+  uint64_t getSequenceNumberForGroup() override { return sequence_.load(); }
 
   using Tensors = std::vector<at::Tensor>;
   using Work = c10::intrusive_ptr<c10d::Work>;
@@ -115,6 +118,7 @@ class ShardwiseBackend : public c10d::Backend {
     collectives::Tag tag;
     std::chrono::milliseconds timeout;
     Body body;
+    uint64_t bytes = 0;  // the outputs' payload (op_log.hpp counts it)
   };
   struct Lane {
     collectives::Transport* transport = nullptr;

@@ -2,6 +2,7 @@
 
 #include <c10/util/Exception.h>
 
+#include "backend/op_log.hpp"
 #include "common/spin_wait.h"
 
 namespace shardwise::backend {
@@ -11,7 +12,10 @@ ShardwiseWork::ShardwiseWork(int rank,
                              uint64_t sequence,
                              std::vector<at::Tensor> outputs,
                              std::chrono::microseconds spin)
-    : c10d::Work(rank, type), spin_(spin), sequence_(sequence), outputs_(std::move(outputs)) {}
+    : c10d::Work(rank, type, profiling_title(type), outputs),
+      spin_(spin),
+      sequence_(sequence),
+      outputs_(std::move(outputs)) {}
 
 bool ShardwiseWork::isCompleted() {
   std::lock_guard<std::mutex> lock(mutex_);
@@ -77,6 +81,10 @@ void ShardwiseWork::finish(std::exception_ptr error) {
   }
   done_.notify_all();
   if (future) complete_future(future);
+  if (recordFunctionEndCallback_) {  // the profiler's event ends with the operation
+    recordFunctionEndCallback_();
+    recordFunctionEndCallback_ = nullptr;
+  }
 }
 
 }  // namespace shardwise::backend

@@ -1,4 +1,5 @@
 // The Work handle of the shardwise backend: completed by the backend's worker thread, carrying
+// a torch.profiler event named "shardwise:<operation>" from issue to completion, and
 // either the output tensors (through a c10 Future, so DDP communication hooks and
 // torch.futures work) or the exception that names the rank, the operation and the peer.
 #pragma once

@@ -94,3 +94,29 @@ def test_cuda_tensors_go_through_nccl():
     for rank, result in enumerate(world_results("cuda", 2)):
         status = result.get("cuda_ops_match_cpu", f"never ran; log:\n{result.get('__log__')}")
         assert status == "ok", f"rank {rank}: {status}"
+
+
+def _debug_env(rank, argv, env):
+    env = dict(env, TORCH_DISTRIBUTED_DEBUG="DETAIL", SHARDWISE_DEBUG="INFO")
+    return argv, dict(env, SHARDWISE_DEBUG_SUBSYS="COLL")
+
+
+@functools.cache
+def debug_results(world_size: int) -> list[dict]:
+    return run_world("debug", world_size, wrap=_debug_env)
+
+
+@pytest.mark.parametrize("world_size", [2, 3])
+@pytest.mark.parametrize("check", [f.__name__ for f in SCENARIOS["debug"]])
+def test_debugging_and_profiling(world_size, check):
+    """debug_checks.py under TORCH_DISTRIBUTED_DEBUG=DETAIL and SHARDWISE_DEBUG=INFO."""
+    for rank, result in enumerate(debug_results(world_size)):
+        status = result.get(check, f"never ran; log:\n{result.get('__log__')}")
+        assert status == "ok", f"rank {rank}: {status}"
+
+
+def test_shardwise_debug_logs_collectives_like_nccl_debug():
+    """SHARDWISE_DEBUG=INFO with SUBSYS=COLL: one line per completed operation with the rank,
+    the kind, its sequence number and the bytes (the set-up line comes first, out of the tail)."""
+    log = debug_results(2)[1]["__log__"]
+    assert "shardwise INFO rank 1: all_reduce #" in log and " 4000 bytes " in log, log[-2000:]

@@ -94,7 +94,7 @@ def run(name: str, nproc: int, config: str, *overrides: str) -> tuple[Path, list
 STRATEGIES = {
     # name: (processes, config, overrides, planner row)
     "ddp": (2, "ddp.yaml", ("training.gradient_accumulation_steps=1",), "ddp"),
-    "fsdp": (2, "fsdp.yaml", (), "zero3"),
+    "fsdp": (2, "fsdp.yaml", ("training.profile_communication=true",), "zero3"),
     "zero2": (2, "zero2.yaml", ("training.mixed_precision=bf16",), "zero2"),
     "zero3": (2, "zero2.yaml", ("distributed.zero.zero_optimization.stage=3",), "zero3"),
     "pipeline_1f1b": (2, "pipeline_1f1b.yaml", (), "pipeline"),
@@ -548,3 +548,24 @@ def test_sync_gradients_every_reduces_midway_with_the_same_result(tmp_path):
     assert [r["step"] for r in twice] == list(range(1, 7)), log[-2000:]
     for a, b in zip(once, twice, strict=True):
         assert abs(a["loss"] - b["loss"]) <= 1e-6 * a["loss"], (a["step"], a["loss"], b["loss"])
+
+
+def test_metrics_measure_each_rank_its_phases_and_its_communication():
+    """Per-rank tokens/s measured on each rank (it was the total divided by the world size), the
+    phases of the step, and training.profile_communication's per-step operations of the shardwise
+    backend (seed 000): FSDP's reduce-scatters per step carry exactly this rank's half of the
+    gradients (each of the 3 units' shards padded to the world size), once per unit."""
+    from shardwise.models import GPT, PRESETS
+
+    out, recs, _ = strategy_run("fsdp")
+    last = recs[-1]
+    assert len(last["tokens_per_s_by_rank"]) == 2 and min(last["tokens_per_s_by_rank"]) > 0
+    assert sum(last["tokens_per_s_by_rank"]) >= last["tokens_per_s"] * 0.999
+    for phase in ("data", "forward", "backward", "optimizer"):
+        assert len(last["phase_s_per_rank"][phase]) == 2 and last[f"{phase}_s"] >= 0
+    assert last["forward_s"] + last["backward_s"] <= last["step_s"] * 1.01
+    rs = last["communication"]["reduce_scatter"]
+    half = sum(p.numel() for p in GPT(PRESETS["tiny"]).parameters()) * 4 / 2
+    assert rs["calls"] == 3 and half <= rs["bytes"] <= half + 3 * 4, rs
+    assert last["communication"]["all_gather"]["calls"] >= 3
+    assert "step 24 communication (rank 0): all_gather" in (out / "console.log").read_text()

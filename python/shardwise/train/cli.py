@@ -122,6 +122,7 @@ def run_spec(cfg: TrainConfig, resume: bool, memory_note: str) -> RunSpec:
         log_every=t.log_every,
         eval_every=t.checkpoint.every_steps if t.eval_every is None else t.eval_every,
         eval_batches=t.eval_batches,
+        profile_communication=t.profile_communication,
         data=cfg.data,
         config_yaml=cfg.to_yaml(),
         effective_batch_size=cfg.effective_batch_size,

@@ -157,6 +157,9 @@ class TrainingSection(_Section):
     # checkpoint) and at the end, over eval_batches global batches (the same ones each time)
     eval_every: int | None = Field(None, ge=0)
     eval_batches: int = Field(4, gt=0)
+    # seed 000: every logged step, the shardwise backend's operations of the step (calls, bytes,
+    # seconds per kind, on rank 0) in the metrics, TensorBoard and the console
+    profile_communication: bool = False
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
 
     _precision = field_validator("mixed_precision", mode="before")(_precision_word)
@@ -900,6 +903,11 @@ def _check_sync_every(cfg: TrainConfig) -> None:
 
 def _check_training(cfg: TrainConfig) -> None:
     _check_sync_every(cfg)
+    if cfg.training.profile_communication and "shardwise" not in cfg.distributed.backend:
+        raise ValueError(
+            f"training.profile_communication counts the shardwise backend's operations; "
+            f"distributed.backend={cfg.distributed.backend} does not report them: use shardwise"
+        )
     t, gpt = cfg.training, cfg.model.gpt()
     if gpt.dim % gpt.heads:
         raise ValueError(

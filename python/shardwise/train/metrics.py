@@ -59,6 +59,46 @@ def gather_floats(values: list[float]) -> list[list[float]]:
     return [o.tolist() for o in out]
 
 
+def gather_dicts(values: dict[str, float]) -> list[dict[str, float]]:
+    """Every rank's ``values`` (the same keys on every rank; collective)."""
+    keys = sorted(values)
+    return [dict(zip(keys, row, strict=True)) for row in gather_floats([values[k] for k in keys])]
+
+
+PHASES = ("data", "forward", "backward", "forward_backward", "optimizer")
+
+
+def phase_fields(per_rank: list[dict[str, float]]) -> dict:
+    """Per phase (data, forward, backward — or a pipeline's forward_backward — optimizer): the
+    slowest rank's seconds as ``<phase>_s`` and every rank's in ``phase_s_per_rank``."""
+    out, lists = {}, {}
+    for phase in PHASES:
+        values = [r[phase] for r in per_rank if phase in r]
+        if len(values) == len(per_rank):
+            out[f"{phase}_s"] = max(values)
+            lists[phase] = [round(v, 6) for v in values]
+    return {**out, "phase_s_per_rank": lists}
+
+
+def communication_delta(before: dict, after: dict) -> dict:
+    """What the shardwise backend did between two ``_C.communication_stats()`` readings, per
+    operation kind: calls, payload bytes, seconds."""
+    out = {}
+    for kind, now in after.items():
+        was = before.get(kind, {"calls": 0, "bytes": 0, "seconds": 0.0})
+        if now["calls"] != was["calls"]:
+            out[kind] = {k: now[k] - was[k] for k in ("calls", "bytes", "seconds")}
+    return out
+
+
+def communication_line(step: int, delta: dict) -> str:
+    parts = [
+        f"{kind} {d['calls']} calls {d['bytes'] / 2**20:.2f} MiB {d['seconds'] * 1e3:.1f} ms"
+        for kind, d in sorted(delta.items())
+    ]
+    return f"step {step} communication (rank 0): " + ("; ".join(parts) or "none")
+
+
 def straggler(step_seconds: list[float], threshold: float = 1.25) -> int | None:
     """The rank whose compute time exceeds the median by ``threshold``×, or None."""
     if len(step_seconds) < 2:
@@ -99,6 +139,9 @@ class Sinks:
             for key, value in record.items():
                 if isinstance(value, (int, float)) and key != "step":
                     self.tb.add_scalar(key, value, record["step"])
+            for kind, d in (record.get("communication") or {}).items():
+                self.tb.add_scalar(f"communication/{kind}_seconds", d["seconds"], record["step"])
+                self.tb.add_scalar(f"communication/{kind}_bytes", d["bytes"], record["step"])
         shown = (("loss", ".4f"), ("val_loss", ".4f"), ("lr", ".3e"), ("tokens_per_s", ".0f"))
         fields = [
             f"{k} {record[k]:{f}}" for k, f in shown if isinstance(record.get(k), float | int)

@@ -17,6 +17,7 @@ full state dict of the plain GPT (``full_state_dict``, collective).
 from __future__ import annotations
 
 import math
+import time
 
 import torch
 import torch.distributed as dist
@@ -63,6 +64,9 @@ class TrainStep:
     overflow skipped the step)."""
 
     state_bytes = 0  # model_state_bytes() at the end of the last step, before zero_grad
+    # wall seconds of the last step's phases on this rank: forward, backward (a pipeline:
+    # forward_backward, its schedule interleaves them) and optimizer; host time on a GPU
+    phase_seconds: dict = {}
 
     def __init__(self, parallel: Parallel):
         self.par, self.options = parallel, parallel.options
@@ -102,11 +106,14 @@ class TrainStep:
     def train_step(self, batches, lr: float) -> dict:
         """One optimizer step at ``lr`` (a DeepSpeed ``scheduler`` in the ZeRO config overrides
         it: the returned ``lr`` is the one used)."""
+        self.phase_seconds = {}
         total = self._forward_backward(batches)
         scheduler = getattr(self.engine, "lr_scheduler", None)
         if scheduler is not None:
             lr = self.engine.get_lr()[0]
+        start = time.perf_counter()
         norm = self._update(lr, len(batches))
+        self.phase_seconds["optimizer"] = time.perf_counter() - start
         if scheduler is not None and math.isfinite(norm):  # DeepSpeed: not after a skip
             scheduler.step()
         if self.par.pipe is not None:  # only the last stage's loss is nonzero
@@ -141,17 +148,25 @@ class TrainStep:
         return _mean_over(total / len(batches), self.data_group)
 
     def _forward_backward(self, batches) -> float:
-        par, n = self.par, len(batches)
+        par, n, clock = self.par, len(batches), time.perf_counter
         if par.pipe is not None:
-            return sum(par.pipe.step(x, y) for x, y in batches) / n / self.loss_scale()
+            start = clock()
+            total = sum(par.pipe.step(x, y) for x, y in batches) / n / self.loss_scale()
+            self.phase_seconds["forward_backward"] = clock() - start
+            return total
         total, syncs = 0.0, sync_points(n, self.options.sync_every)
+        forward = backward = 0.0
         for k, (x, y) in enumerate(batches):
             # the backward must run inside no_sync too, or every micro-batch reduces
             with par.no_sync(k in syncs):
+                start = clock()
                 with autocast_context(par.autocast, par.fp16_autocast, par.options.device):
                     loss = par.gpt.cross_entropy(par.forward(x), y) / n
+                middle = clock()
                 (loss * self.loss_scale()).backward()
+                forward, backward = forward + middle - start, backward + clock() - middle
             total += loss.item()
+        self.phase_seconds.update(forward=forward, backward=backward)
         return total
 
     def _update(self, lr: float, micro_batches: int) -> float:

@@ -60,6 +60,7 @@ class RunSpec:
     log_every: int = 1
     eval_every: int = 0  # steps between eval losses on the validation tokens (0: only at the end)
     eval_batches: int = 4
+    profile_communication: bool = False  # log the backend's operations per step (seed 000)
     data: object = None  # config.DataSection (None: the bundled corpus, byte tokens)
     sample_tokens: int = 200
     config_yaml: str = ""
@@ -118,6 +119,7 @@ class Trainer:
             train_tokens, spec.gpt.seq_len, rows, self.data_rank, self.data_world, spec.seed
         )
         self.val_stream = validation_stream(val_tokens, spec, rows, self.data_rank, self.data_world)
+        self.stream_rows = rows
         self.step = 0
         self._slow, self._slow_streak = None, 0
         self.sinks = metrics.Sinks(spec.output_dir, spec.max_steps, 0, self.rank == 0)
@@ -235,19 +237,24 @@ class Trainer:
 
     def _one_step(self, flops_token: float, peak: float) -> dict:
         spec = self.spec
+        start = time.perf_counter()
         batches = [next(self.stream) for _ in range(spec.accumulation)]
         batches = [device_mod.to_device(b, self.device) for b in batches]
+        data_s = time.perf_counter() - start
         self.step += 1
         lr = lr_at(self.step, spec)
-        comm0 = _comm_seconds()
+        comm0, ops0 = _comm_seconds(), self._comm_stats()
         start = time.perf_counter()
         out = self.stepper.train_step(batches, lr)
         seconds = time.perf_counter() - start
-        comm = _comm_seconds() - comm0
+        comm, ops1 = _comm_seconds() - comm0, self._comm_stats()  # before the metrics' gathers
         gpu = device_mod.gpu_memory_mb(self.device)  # [] on the CPU
+        phases = {"data": data_s, **self.stepper.phase_seconds}
         per_rank = metrics.gather_floats([seconds, comm, float(metrics.peak_rss_bytes()), *gpu])
         step_s = max(r[0] for r in per_rank)
         tokens = spec.effective_batch_size * spec.gpt.seq_len
+        mine = self.stream_rows * spec.accumulation * spec.gpt.seq_len  # this rank's replica's
+        phase_rows = metrics.gather_dicts({**phases, "tokens": float(mine)})
         record = {
             "step": self.step,
             "loss": out["loss"],
@@ -256,7 +263,10 @@ class Trainer:
             "loss_scale": self.stepper.loss_scale() if self.stepper.scaler is not None else None,
             "step_s": step_s,
             "tokens_per_s": tokens / step_s,
-            "tokens_per_s_per_rank": tokens / step_s / self.world,
+            # each rank's own: the tokens its replica read over its own step time
+            "tokens_per_s_by_rank": [
+                round(p["tokens"] / r[0], 1) for p, r in zip(phase_rows, per_rank, strict=True)
+            ],  # fmt: skip
             "mfu": flops_token * tokens / step_s / self.world / peak,
             # the shardwise backend's busy time (other backends do not report theirs)
             "comm_share": max(r[1] / r[0] for r in per_rank)
@@ -264,6 +274,10 @@ class Trainer:
             else None,
             "peak_rss_mb_per_rank": [round(r[2] / 2**20, 1) for r in per_rank],
         }
+        record.update(metrics.phase_fields(phase_rows))
+        if ops0 is not None:
+            record["communication"] = metrics.communication_delta(ops0, ops1)
+            self.sinks.note(metrics.communication_line(self.step, record["communication"]))
         if gpu:
             for i, key in enumerate(("allocated", "reserved", "peak")):
                 record[f"gpu_{key}_mb_per_rank"] = [round(r[3 + i], 1) for r in per_rank]
@@ -279,6 +293,14 @@ class Trainer:
                 f"{per_rank[slow][0] - per_rank[slow][1]:.3f}s, > 1.25x the median, 5 steps running"
             )
         return record
+
+    def _comm_stats(self) -> dict | None:
+        """The shardwise backend's counters when training.profile_communication is on."""
+        if not self.spec.profile_communication:
+            return None
+        from .. import _C
+
+        return _C.communication_stats()
 
     def evaluate(self) -> float:
         """The eval loss over the first ``eval_batches`` validation batches (the same ones every
