@@ -94,7 +94,15 @@ def run(name: str, nproc: int, config: str, *overrides: str) -> tuple[Path, list
 STRATEGIES = {
     # name: (processes, config, overrides, planner row)
     "ddp": (2, "ddp.yaml", ("training.gradient_accumulation_steps=1",), "ddp"),
-    "fsdp": (2, "fsdp.yaml", ("training.profile_communication=true",), "zero3"),
+    "fsdp": (
+        2,
+        "fsdp.yaml",
+        (
+            "training.profile_communication=true",
+            "training.profile={wait: 2, warmup: 1, active: 2}",
+        ),
+        "zero3",
+    ),
     "zero2": (2, "zero2.yaml", ("training.mixed_precision=bf16",), "zero2"),
     "zero3": (2, "zero2.yaml", ("distributed.zero.zero_optimization.stage=3",), "zero3"),
     "pipeline_1f1b": (2, "pipeline_1f1b.yaml", (), "pipeline"),
@@ -569,3 +577,16 @@ def test_metrics_measure_each_rank_its_phases_and_its_communication():
     assert rs["calls"] == 3 and half <= rs["bytes"] <= half + 3 * 4, rs
     assert last["communication"]["all_gather"]["calls"] >= 3
     assert "step 24 communication (rank 0): all_gather" in (out / "console.log").read_text()
+
+
+def test_profile_writes_a_chrome_trace_per_rank_with_the_collectives_named():
+    """training.profile={wait: 2, warmup: 1, active: 2}: one Chrome trace per rank of steps 4-5,
+    valid JSON, holding the FSDP engine's collectives under the shardwise backend's names."""
+    out, _, _ = strategy_run("fsdp")
+    for rank in (0, 1):
+        traces = sorted((out / "profile").glob(f"rank{rank}-step*.json"))
+        assert len(traces) == 1, traces
+        names = {e.get("name") for e in json.loads(traces[0].read_text())["traceEvents"]}
+        assert {"shardwise:_allgather_base", "shardwise:_reduce_scatter_base"} <= names, sorted(
+            n for n in names if n and n.startswith("shardwise")
+        )

@@ -123,6 +123,7 @@ def run_spec(cfg: TrainConfig, resume: bool, memory_note: str) -> RunSpec:
         eval_every=t.checkpoint.every_steps if t.eval_every is None else t.eval_every,
         eval_batches=t.eval_batches,
         profile_communication=t.profile_communication,
+        profile=t.profile.model_dump() if t.profile else None,
         data=cfg.data,
         config_yaml=cfg.to_yaml(),
         effective_batch_size=cfg.effective_batch_size,

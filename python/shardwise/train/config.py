@@ -131,6 +131,15 @@ def _precision_word(value):
     return "no" if value is False else value
 
 
+class ProfileSection(_Section):
+    """torch.profiler's schedule: skip ``wait`` steps, warm up ``warmup``, record ``active``."""
+
+    wait: int = Field(1, ge=0)
+    warmup: int = Field(1, ge=0)
+    active: int = Field(3, gt=0)
+    record_shapes: bool = False
+
+
 class TrainingSection(_Section):
     micro_batch_size: int = Field(
         4, gt=0, validation_alias=AliasChoices("micro_batch_size", "batch_size")
@@ -160,6 +169,8 @@ class TrainingSection(_Section):
     # seed 000: every logged step, the shardwise backend's operations of the step (calls, bytes,
     # seconds per kind, on rank 0) in the metrics, TensorBoard and the console
     profile_communication: bool = False
+    # a Chrome trace per rank of the steps the schedule records, in <checkpoint.dir>/profile
+    profile: ProfileSection | None = None
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
 
     _precision = field_validator("mixed_precision", mode="before")(_precision_word)

@@ -99,6 +99,49 @@ def communication_line(step: int, delta: dict) -> str:
     return f"step {step} communication (rank 0): " + ("; ".join(parts) or "none")
 
 
+class StepProfiler:
+    """``training.profile``: torch.profiler over the steps its schedule picks (CPU, and CUDA
+    when training there), written as a Chrome trace ``profile/rank<r>-step<n>.json`` in the run
+    folder (open it in chrome://tracing or Perfetto); ``step()`` after every train step. The
+    shardwise backend's operations appear in it as ``shardwise:<op>``."""
+
+    def __init__(self, schedule: dict | None, directory: Path, rank: int, cuda: bool = False):
+        self.prof = None
+        if not schedule:
+            return
+        from torch.profiler import ProfilerActivity, profile
+        from torch.profiler import schedule as make_schedule
+
+        folder = directory / "profile"
+        folder.mkdir(parents=True, exist_ok=True)
+
+        def write(prof):
+            prof.export_chrome_trace(str(folder / f"rank{rank}-step{prof.step_num}.json"))
+
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+        self.prof = profile(
+            activities=activities,
+            schedule=make_schedule(
+                wait=schedule["wait"],
+                warmup=schedule["warmup"],
+                active=schedule["active"],
+                repeat=1,
+            ),
+            on_trace_ready=write,
+            record_shapes=schedule.get("record_shapes", False),
+        )
+        self.prof.start()
+
+    def step(self) -> None:
+        if self.prof is not None:
+            self.prof.step()
+
+    def close(self) -> None:
+        if self.prof is not None:
+            self.prof.stop()
+            self.prof = None
+
+
 def straggler(step_seconds: list[float], threshold: float = 1.25) -> int | None:
     """The rank whose compute time exceeds the median by ``threshold``×, or None."""
     if len(step_seconds) < 2:

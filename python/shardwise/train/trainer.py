@@ -61,6 +61,7 @@ class RunSpec:
     eval_every: int = 0  # steps between eval losses on the validation tokens (0: only at the end)
     eval_batches: int = 4
     profile_communication: bool = False  # log the backend's operations per step (seed 000)
+    profile: dict | None = None  # torch.profiler's schedule: wait, warmup, active steps
     data: object = None  # config.DataSection (None: the bundled corpus, byte tokens)
     sample_tokens: int = 200
     config_yaml: str = ""
@@ -204,9 +205,12 @@ class Trainer:
         stop = ckpt.install_sigterm_handler((signal.SIGTERM, signal.SIGINT))
         self._first_step = self.step + 1
         last = {}
+        cuda = self.device.type == "cuda"
+        profiler = metrics.StepProfiler(spec.profile, spec.output_dir, self.rank, cuda)
         try:
             while self.step < spec.max_steps and not stop.requested:
                 last = self._one_step(flops_token, peak)
+                profiler.step()
                 every = spec.eval_every
                 if (every and self.step % every == 0) or self.step == spec.max_steps:
                     last["val_loss"] = self.evaluate()
@@ -215,6 +219,7 @@ class Trainer:
                 if self.step % spec.checkpoint_every == 0 or stop.requested:
                     self.save()
         finally:
+            profiler.close()
             stop.close()
         if stop.requested:
             name = signal.Signals(stop.signum).name
