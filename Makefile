@@ -106,6 +106,8 @@ bench: build ## benchmarks (with OpenMPI as an anchor); results land in benchmar
 	$(PY) benchmarks/bench_fsdp.py --output benchmarks/results/$$(date +%Y-%m-%d)-fsdp-cpu.md
 	$(PY) benchmarks/bench_optim.py --output benchmarks/results/$$(date +%Y-%m-%d)-optim-cpu.md
 	$(PY) benchmarks/bench_zero.py --output benchmarks/results/$$(date +%Y-%m-%d)-zero-cpu.md
+	$(PY) benchmarks/bench_deepspeed.py \
+		--output benchmarks/results/$$(date +%Y-%m-%d)-deepspeed-cpu.md
 	$(PY) benchmarks/bench_planner.py --output benchmarks/results/$$(date +%Y-%m-%d)-planner-cpu.md
 	$(PY) benchmarks/bench_tensor_parallel.py \
 		--output benchmarks/results/$$(date +%Y-%m-%d)-tensor-parallel-cpu.md

@@ -10,6 +10,10 @@ ranks), tokens/s (all ranks), peak RSS per rank (``ru_maxrss``, includes the Pyt
 baseline, measured in fresh processes) and model-state bytes per rank counted from tensor
 storages (parameters + gradients + optimizer state), and the loss after the last step.
 
+``fsdp2-sw`` is torch FSDP2 over the shardwise backend: the two FSDP engines on the same
+transport. ``--hf`` trains a Hugging Face ``transformers`` GPT-2 sized like the preset (its
+``GPT2Block`` layers are the units of both FSDPs) instead of the bundled GPT.
+
 On ``--device cuda`` each rank trains on cuda:LOCAL_RANK (so --world is at most the number of
 GPUs); shardwise runs over its own backend (CUDA tensors through its NCCL communicator), torch
 over NCCL, and peak memory is the GPU's peak allocated bytes instead of RSS.
@@ -60,6 +64,18 @@ def state_bytes(model, optimizer) -> int:
     return total
 
 
+def hf_gpt2(cfg):
+    """A transformers GPT-2 with the preset's sizes, no dropout, behind the GPT's interface."""
+    from shardwise.models.causal_lm import CausalLM
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(
+        vocab_size=cfg.vocab_size, n_positions=cfg.seq_len, n_embd=cfg.dim, n_layer=cfg.layers,
+        n_head=cfg.heads, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    )  # fmt: skip
+    return CausalLM(GPT2LMHeadModel(config))
+
+
 def run_rank(framework: str, args) -> None:
     import shardwise
     import torch
@@ -69,7 +85,7 @@ def run_rank(framework: str, args) -> None:
 
     torch.set_num_threads(1)
     cuda = args.device == "cuda"
-    if framework.startswith("shardwise"):
+    if framework.startswith("shardwise") or framework.startswith("fsdp2-sw"):
         backend = "cpu:shardwise,cuda:shardwise" if cuda else "shardwise"
     else:
         backend = "nccl" if cuda else "gloo"
@@ -80,11 +96,12 @@ def run_rank(framework: str, args) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg = PRESETS[args.model]
     torch.manual_seed(0)
-    model = GPT(cfg).to(device)
+    model = (hf_gpt2(cfg) if args.hf else GPT(cfg)).to(device)
     mixed = framework.endswith("-mp")
     if framework.startswith("shardwise"):
         kwargs = {"param_dtype": torch.bfloat16, "reduce_dtype": torch.float32} if mixed else {}
-        names = [f"blocks.{i}" for i in range(cfg.layers)]
+        prefix = "inner.transformer.h" if args.hf else "blocks"
+        names = [f"{prefix}.{i}" for i in range(cfg.layers)]
         model = shardwise.FullyShardedDataParallel(model, wrap=names, **kwargs)
     elif framework.startswith("fsdp2"):
         from torch.distributed.device_mesh import init_device_mesh
@@ -185,15 +202,22 @@ def table(results: list[dict], args) -> list[str]:
         "",
         f"- machine: {where}, {os.cpu_count()} CPU cores; torch {torch.__version__}",
         f"- command: `python benchmarks/bench_fsdp.py {' '.join(sys.argv[1:])}`",
-        f"- model: GPT `{args.model}` ({PRESETS[args.model].num_parameters() / 1e6:.1f}M "
+        f"- model: {'transformers GPT2LMHeadModel sized like ' if args.hf else ''}GPT "
+        f"`{args.model}` ({PRESETS[args.model].num_parameters() / 1e6:.1f}M "
         f"parameters, sequence {PRESETS[args.model].seq_len}), batch {args.batch} per rank, "
-        f"world {args.world}, AdamW, {args.steps} timed steps after {args.warmup} warm-up",
+        f"world {args.world}, AdamW, {args.steps} timed steps after {args.warmup} warm-up"
+        + (
+            f", {args.repeats} interleaved rounds (the median round per row)"
+            if args.repeats > 1
+            else ""
+        ),
         "- rows without -mp: "
         + ("fp32 compute (no autocast)" if args.fp32 else "bf16 autocast, fp32 parameters")
         + "; -mp rows: the FSDP's own mixed precision (bf16 parameters, fp32 gradient "
         "reduction), no autocast",
         "- each on its default backend: shardwise over shardwise, torch over "
-        + ("NCCL" if cuda else "gloo"),
+        + ("NCCL" if cuda else "gloo")
+        + "; fsdp2-sw: torch FSDP2 over the shardwise backend (the engines alone)",
         "- peak RSS includes the ~0.4 GB Python/torch baseline of each process"
         if not cuda
         else "- peak GPU memory: torch.cuda.max_memory_allocated",
@@ -223,6 +247,8 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--frameworks", default=",".join(FRAMEWORKS))
     parser.add_argument("--fp32", action="store_true", help="no autocast: fp32 compute")
+    parser.add_argument("--hf", action="store_true", help="a transformers GPT-2 of that size")
+    parser.add_argument("--repeats", type=int, default=1, help="interleaved rounds (median)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--output", type=Path)
     parser.add_argument("--rank-of", help=argparse.SUPPRESS)
@@ -238,10 +264,12 @@ def main() -> int:
     if args.rank_of:
         run_rank(args.rank_of, args)
         return 0
-    results = []
-    for framework in args.frameworks.split(","):
-        results.append(launch(framework, args))
-        print(json.dumps(results[-1]), file=sys.stderr, flush=True)
+    runs: dict[str, list[dict]] = {}
+    for _ in range(args.repeats):  # interleaved rounds; each row is the median round's
+        for framework in args.frameworks.split(","):
+            runs.setdefault(framework, []).append(launch(framework, args))
+            print(json.dumps(runs[framework][-1]), file=sys.stderr, flush=True)
+    results = [sorted(r, key=lambda x: x["step_s"])[len(r) // 2] for r in runs.values()]
     emit(table(results, args), args.output)
     return 0
 
