@@ -10,6 +10,7 @@
 #include <chrono>
 #include <cstdlib>
 #include <iomanip>
+#include <limits>
 #include <numeric>
 #include <random>
 #include <sstream>
@@ -209,15 +210,15 @@ ShardwiseBackend::Work ShardwiseBackend::enqueue(Lane& lane,
                                                  Tensors outputs,
                                                  std::chrono::milliseconds timeout,
                                                  Body body,
-                                                 bool allow_inline) {
-  uint64_t bytes = 0;
+                                                 int64_t inline_up_to) {
+  int64_t bytes = 0;  // the outputs' payload: decides inlining, counted by op_log
   for (const auto& t : outputs) bytes += t.numel() * t.element_size();
   auto work = c10::make_intrusive<ShardwiseWork>(rank_, type, sequence, std::move(outputs), spin_);
   Job job{work, collectives::make_tag(kind, sequence), timeout_or_default(timeout), std::move(body),
-          bytes};
+          static_cast<uint64_t>(bytes)};
   {
     std::lock_guard<std::mutex> lock(lane.mutex);
-    if (!allow_inline || !lane.jobs.empty() || lane.busy) {  // keep issue order: queue it
+    if (bytes > inline_up_to || !lane.jobs.empty() || lane.busy) {  // keep issue order: queue
       lane.jobs.push_back(std::move(job));
       changed(lane);
       return work;
@@ -242,10 +243,10 @@ ShardwiseBackend::Work ShardwiseBackend::collective(c10d::OpType type,
                                                     std::chrono::milliseconds timeout,
                                                     bool async_op,
                                                     Body body) {
-  size_t bytes = 0;
-  for (const auto& t : outputs) bytes += t.numel() * t.element_size();
+  const int64_t inline_up_to =
+      async_op ? static_cast<int64_t>(options_.inline_bytes) : std::numeric_limits<int64_t>::max();
   return enqueue(collective_lane_, type, kind, sequence_++, std::move(outputs), timeout,
-                 std::move(body), !async_op || bytes <= options_.inline_bytes);
+                 std::move(body), inline_up_to);
 }
 
 ShardwiseBackend::Work ShardwiseBackend::nccl(c10d::OpType type,

@@ -138,7 +138,7 @@ class ShardwiseBackend : public c10d::Backend {
                Tensors outputs,
                std::chrono::milliseconds timeout,
                Body body,
-               bool allow_inline = false);
+               int64_t inline_up_to = -1);  // run in the caller's thread up to these bytes
   // A collective in issue order. It runs in the caller's thread when nothing is queued before it
   // and either the caller waits at once (async_op=False: torch sets opts.asyncOp) or its outputs
   // are at most options_.inline_bytes; else on the lane's thread.

@@ -1,5 +1,6 @@
 #include "backend/work.hpp"
 
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 
 #include "backend/op_log.hpp"
@@ -12,7 +13,12 @@ ShardwiseWork::ShardwiseWork(int rank,
                              uint64_t sequence,
                              std::vector<at::Tensor> outputs,
                              std::chrono::microseconds spin)
-    : c10d::Work(rank, type, profiling_title(type), outputs),
+    // A profiler event only while someone listens: otherwise no RecordFunction is made and the
+    // outputs are not copied for its input shapes (every collective passes here).
+    : c10d::Work(rank,
+                 type,
+                 at::hasCallbacks() ? profiling_title(type) : nullptr,
+                 at::hasCallbacks() ? std::optional(outputs) : std::nullopt),
       spin_(spin),
       sequence_(sequence),
       outputs_(std::move(outputs)) {}

@@ -148,8 +148,12 @@ def parse_args(argv):
     return parser.parse_intermixed_args(argv)  # overrides may follow the flags
 
 
-LAUNCH = (("MASTER_ADDR", "master_addr"), ("MASTER_PORT", "master_port"))
-LAUNCH += (("WORLD_SIZE", "world_size"), ("RANK", "rank"))
+LAUNCH = (
+    ("MASTER_ADDR", "master_addr"),
+    ("MASTER_PORT", "master_port"),
+    ("WORLD_SIZE", "world_size"),
+    ("RANK", "rank"),
+)  # the environment variable a process reads its place from, and the distributed key
 
 
 def check_launch(cfg: TrainConfig, env=os.environ) -> None:

@@ -31,6 +31,7 @@ import functools
 from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import torch
 
 from .. import _C
@@ -80,12 +81,15 @@ class JsonTokenizer:
     def encode_documents(self, documents: Sequence[str]) -> torch.Tensor:
         """Every document's ids, joined by the end-of-text token (or a blank line's ids)."""
         separator = [self.eos_id] if self.eos_id is not None else self.tokenizer.encode("\n\n").ids
-        ids: list[int] = []
+        separator = np.asarray(separator, np.int32)
+        parts = []  # int32 arrays: no Python list of the whole corpus's ids
         for k, encoding in enumerate(self.tokenizer.encode_batch(list(documents))):
             if k:
-                ids += separator
-            ids += encoding.ids
-        return torch.tensor(ids, dtype=torch.int32)
+                parts.append(separator)
+            parts.append(np.asarray(encoding.ids, np.int32))
+        return (
+            torch.from_numpy(np.concatenate(parts)) if parts else torch.empty(0, dtype=torch.int32)
+        )
 
     def decode(self, ids) -> str:
         if isinstance(ids, torch.Tensor):
@@ -171,7 +175,7 @@ def read_tokens(path, fmt: str, dtype: str, tokenizer, text_field: str, key: str
     else:
         documents, ids = _dataset_documents(path, fmt, text_field, key)
         if ids is not None:
-            return torch.tensor([i for row in ids for i in row], dtype=torch.int64)
+            return torch.from_numpy(np.concatenate([np.asarray(row, np.int64) for row in ids]))
     if isinstance(tokenizer, ByteTokenizer):
         return _byte_documents(tokenizer, documents)
     return tokenizer.encode_documents(documents)
@@ -179,12 +183,10 @@ def read_tokens(path, fmt: str, dtype: str, tokenizer, text_field: str, key: str
 
 def train_val_tokens(data, tokenizer) -> tuple[torch.Tensor, torch.Tensor]:
     """(train, validation) tokens of a ``DataSection`` with a ``path``."""
-    fmt = detect_format(data.path, data.format)
-    train = read_tokens(data.path, fmt, data.dtype, tokenizer, data.text_field, "data.path")
+    fields = (data.format, data.dtype, tokenizer, data.text_field)
+    train = read_tokens(data.path, *fields, "data.path")
     if data.val_path:
-        val_fmt = detect_format(data.val_path, data.format, "data.val_path")
-        val = read_tokens(data.val_path, val_fmt, data.dtype, tokenizer, data.text_field, "val")
-        return train, val
+        return train, read_tokens(data.val_path, *fields, "data.val_path")
     folder = Path(data.path).expanduser()
     if nanogpt_folder(folder) and (folder / "val.bin").is_file():
         return train, read_tokens(folder / "val.bin", "bin", data.dtype, None, "", "data.path")

@@ -254,12 +254,14 @@ class Trainer:
         seconds = time.perf_counter() - start
         comm, ops1 = _comm_seconds() - comm0, self._comm_stats()  # before the metrics' gathers
         gpu = device_mod.gpu_memory_mb(self.device)  # [] on the CPU
-        phases = {"data": data_s, **self.stepper.phase_seconds}
-        per_rank = metrics.gather_floats([seconds, comm, float(metrics.peak_rss_bytes()), *gpu])
-        step_s = max(r[0] for r in per_rank)
+        mine = {"step": seconds, "comm": comm, "rss": float(metrics.peak_rss_bytes())}
+        mine.update(data=data_s, **self.stepper.phase_seconds)
+        if gpu:  # allocated, reserved, peak
+            mine.update(zip(("gpu_allocated", "gpu_reserved", "gpu_peak"), gpu, strict=True))
+        per_rank = metrics.gather_dicts(mine)  # the step's one collective for the metrics
+        step_s = max(r["step"] for r in per_rank)
         tokens = spec.effective_batch_size * spec.gpt.seq_len
-        mine = self.stream_rows * spec.accumulation * spec.gpt.seq_len  # this rank's replica's
-        phase_rows = metrics.gather_dicts({**phases, "tokens": float(mine)})
+        replica = self.stream_rows * spec.accumulation * spec.gpt.seq_len  # the same on every rank
         record = {
             "step": self.step,
             "loss": out["loss"],
@@ -269,33 +271,31 @@ class Trainer:
             "step_s": step_s,
             "tokens_per_s": tokens / step_s,
             # each rank's own: the tokens its replica read over its own step time
-            "tokens_per_s_by_rank": [
-                round(p["tokens"] / r[0], 1) for p, r in zip(phase_rows, per_rank, strict=True)
-            ],  # fmt: skip
+            "tokens_per_s_by_rank": [round(replica / r["step"], 1) for r in per_rank],
             "mfu": flops_token * tokens / step_s / self.world / peak,
             # the shardwise backend's busy time (other backends do not report theirs)
-            "comm_share": max(r[1] / r[0] for r in per_rank)
+            "comm_share": max(r["comm"] / r["step"] for r in per_rank)
             if spec.backend == "shardwise"
             else None,
-            "peak_rss_mb_per_rank": [round(r[2] / 2**20, 1) for r in per_rank],
+            "peak_rss_mb_per_rank": [round(r["rss"] / 2**20, 1) for r in per_rank],
         }
-        record.update(metrics.phase_fields(phase_rows))
+        record.update(metrics.phase_fields(per_rank))
         if ops0 is not None:
             record["communication"] = metrics.communication_delta(ops0, ops1)
             self.sinks.note(metrics.communication_line(self.step, record["communication"]))
-        if gpu:
-            for i, key in enumerate(("allocated", "reserved", "peak")):
-                record[f"gpu_{key}_mb_per_rank"] = [round(r[3 + i], 1) for r in per_rank]
+        for key in ("allocated", "reserved", "peak") if gpu else ():
+            record[f"gpu_{key}_mb_per_rank"] = [round(r[f"gpu_{key}"], 1) for r in per_rank]
         if self.step == self._first_step:  # measured inside the step, gradients included
             state = metrics.gather_floats([float(self.stepper.state_bytes)])
             record["model_state_bytes_per_rank"] = [int(r[0]) for r in state]
-        slow = metrics.straggler([r[0] - r[1] for r in per_rank])
+        slow = metrics.straggler([r["step"] - r["comm"] for r in per_rank])
         self._slow_streak = self._slow_streak + 1 if slow is not None and slow == self._slow else 1
         self._slow = slow
         if slow is not None and self.world > 1 and self._slow_streak == 5:
             self.sinks.note(
                 f"step {self.step}: rank {slow} is a straggler: its compute took "
-                f"{per_rank[slow][0] - per_rank[slow][1]:.3f}s, > 1.25x the median, 5 steps running"
+                f"{per_rank[slow]['step'] - per_rank[slow]['comm']:.3f}s, > 1.25x the median, "
+                "5 steps running"
             )
         return record
 
