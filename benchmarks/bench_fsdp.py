@@ -11,7 +11,9 @@ baseline, measured in fresh processes) and model-state bytes per rank counted fr
 storages (parameters + gradients + optimizer state), and the loss after the last step.
 
 ``fsdp2-sw`` is torch FSDP2 over the shardwise backend: the two FSDP engines on the same
-transport. ``--hf`` trains a Hugging Face ``transformers`` GPT-2 sized like the preset (its
+transport. ``compute`` is the limit: one process training the unwrapped model on one rank's
+batch (the same per-rank batch, no communication, no sharding); "limit / step" is its step time
+over each row's. ``--hf`` trains a Hugging Face ``transformers`` GPT-2 sized like the preset (its
 ``GPT2Block`` layers are the units of both FSDPs) instead of the bundled GPT.
 
 On ``--device cuda`` each rank trains on cuda:LOCAL_RANK (so --world is at most the number of
@@ -37,7 +39,7 @@ from pathlib import Path
 
 from report import emit
 
-FRAMEWORKS = ("shardwise", "fsdp2", "ddp", "shardwise-mp", "fsdp2-mp")
+FRAMEWORKS = ("shardwise", "fsdp2", "ddp", "shardwise-mp", "fsdp2-mp", "compute")
 
 
 def free_port() -> int:
@@ -103,6 +105,8 @@ def run_rank(framework: str, args) -> None:
         prefix = "inner.transformer.h" if args.hf else "blocks"
         names = [f"{prefix}.{i}" for i in range(cfg.layers)]
         model = shardwise.FullyShardedDataParallel(model, wrap=names, **kwargs)
+    elif framework == "compute":
+        pass  # one process, the plain model: the compute-only limit
     elif framework.startswith("fsdp2"):
         from torch.distributed.device_mesh import init_device_mesh
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -122,7 +126,7 @@ def run_rank(framework: str, args) -> None:
     times, loss = [], None
     for step in range(args.warmup + args.steps):
         tokens = torch.randint(
-            0, cfg.vocab_size, (args.batch * world, cfg.seq_len + 1), generator=g
+            0, cfg.vocab_size, (args.batch * args.world, cfg.seq_len + 1), generator=g
         )
         tokens = tokens[rank * args.batch : (rank + 1) * args.batch].to(device)
         if cuda:
@@ -170,13 +174,14 @@ def launch(framework: str, args, script: str = __file__) -> dict:
     """Runs `script --rank-of framework` on args.world ranks; rank 0's last JSON line."""
     port = free_port()
     procs = []
-    for rank in range(args.world):
+    world = 1 if framework == "compute" else args.world
+    for rank in range(world):
         env = dict(
             os.environ,
             MASTER_ADDR="127.0.0.1",
             MASTER_PORT=str(port),
             RANK=str(rank),
-            WORLD_SIZE=str(args.world),
+            WORLD_SIZE=str(world),
             LOCAL_RANK=str(rank),
             OMP_NUM_THREADS="1",
         )
@@ -224,17 +229,26 @@ def table(results: list[dict], args) -> list[str]:
         "",
         "| framework | step s | tokens/s | tokens/s vs fsdp2 | tokens/s vs ddp | "
         + memory
-        + " | model state MB/rank | final loss |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|",
+        + " | model state MB/rank | final loss | limit / step |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
+    limit = base.get("compute")
     for r in results:
         anchor = base.get("fsdp2-mp" if r["framework"].endswith("-mp") else "fsdp2", r)
+        bound = f"{limit['step_s'] / r['step_s']:.2f}" if limit else "–"
         lines.append(
             f"| {r['framework']} | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | "
             f"{r['tokens_per_s'] / anchor['tokens_per_s']:.2f}x | "
             f"{r['tokens_per_s'] / base.get('ddp', r)['tokens_per_s']:.2f}x | "
-            f"{r['peak_rss'] / 2**20:.0f} | {r['state_bytes'] / 2**20:.1f} | {r['loss']:.4f} |"
+            f"{r['peak_rss'] / 2**20:.0f} | {r['state_bytes'] / 2**20:.1f} | {r['loss']:.4f} | "
+            f"{bound} |"
         )
+    if limit:
+        lines += [
+            "",
+            "compute: one process training the plain model on one rank's batch (no "
+            "communication, no sharding): the limit; its tokens/s are one process's.",
+        ]
     return lines
 
 

@@ -1,9 +1,10 @@
 """Your own model under ``shardwise-train`` (issue 17): Hugging Face GPT-2 and Llama built from
 their configs (small sizes, random init, nothing downloaded) and a factory's plain torch module,
 each trained by 2 processes under FSDP (with its activation checkpointing of the model's own
-layers) and ZeRO-3 against 1 process on the same global batches: the losses agree to 1e-5 (fp32).
-The export is a folder ``from_pretrained`` loads, whose loss on the validation batches is the
-run's last eval loss."""
+layers) and ZeRO-3, GPT-2 and Llama (and Qwen2 under tp) also under their tensor-parallel plans,
+cut into pipeline stages, and both at once on 4 processes, against 1 process on the same global
+batches: the losses agree to 1e-5 (fp32). The export is a folder ``from_pretrained`` loads,
+whose loss on the validation batches is the run's last eval loss."""
 
 from __future__ import annotations
 
@@ -31,7 +32,8 @@ FACTORY = (
     "model.factory_args={dim: 32, layers: 2}",
     "model.seq_len=64",
 )
-MODELS = {"gpt2": GPT2, "llama": LLAMA, "factory": FACTORY}
+QWEN2 = ("model.hf_config=qwen2", LLAMA[1])  # q/k/v biases, split with their heads
+MODELS = {"gpt2": GPT2, "llama": LLAMA, "factory": FACTORY, "qwen2": QWEN2}
 LAYOUTS = {
     # name: (processes, config, overrides); one process reads the same global batches
     "one": (1, "fsdp.yaml", ("training.micro_batch_size=8",)),
@@ -45,6 +47,29 @@ LAYOUTS = {
             "training.gradient_checkpointing=true",
         ),
     ),  # fmt: skip
+    # the model's tp plan over 2 ranks (no data axis)
+    "tp": (
+        2,
+        "ddp.yaml",
+        (
+            "training.micro_batch_size=8",
+            "training.gradient_accumulation_steps=1",
+            "training.lr_scaling=none",
+            "distributed.tensor_parallel_size=2",
+        ),
+    ),
+    # two stages cut from the decoder stack, 4 micro-batches of 2
+    "pipeline": (2, "pipeline_1f1b.yaml", ("distributed.pipeline.num_microbatches=4",)),
+    # 3-D at world 4: 2 stages of a tp-2 model, the interleaved schedule
+    "pp_tp": (
+        4,
+        "pipeline_1f1b.yaml",
+        (
+            "model.mesh_shape=[[2, 1, 2], [pp, dp, tp]]",
+            "distributed.world_size=4",
+            "distributed.pipeline.num_microbatches=4",
+        ),
+    ),
 }
 COMMON = ("training.max_steps=8", "training.eval_every=4", "data.seq_len=32")
 
@@ -59,13 +84,23 @@ def run(model: str, layout: str):
     return out, recs, log
 
 
-@pytest.mark.parametrize("layout", ["fsdp", "zero3"])
-@pytest.mark.parametrize("model", list(MODELS))
+CASES = [
+    *((m, lay) for m in ("gpt2", "llama", "factory") for lay in ("fsdp", "zero3")),
+    *((m, lay) for m in ("gpt2", "llama") for lay in ("tp", "pipeline", "pp_tp")),
+    ("qwen2", "tp"),
+]
+
+
+@pytest.mark.parametrize(("model", "layout"), CASES)
 def test_model_matches_one_process(model, layout):
     """Catches layers FSDP or ZeRO-3 does not find in a model that is not the GPT (its
     transformer blocks are found as the longest ModuleList of one class), a checkpointed layer
     called without the keyword arguments Hugging Face passes, tied embeddings (GPT-2's lm_head)
-    reduced twice or not at all, and the logits taken from the wrong output field."""
+    reduced twice or not at all, and the logits taken from the wrong output field. Under tp:
+    GPT-2's Conv1D weights cut on the wrong dimension, its fused QKV split by the full width,
+    k/v cut by the query heads (Llama's grouped heads), biases not split with their heads; under
+    the pipeline: a layer called without its causal mask or rotary embedding, the tied head's
+    copy not summed with the embedding."""
     _, ref, _ = run(model, "one")
     _, recs, log = run(model, layout)
     assert [r["step"] for r in recs] == list(range(1, 9)), log[-3000:]
@@ -75,16 +110,17 @@ def test_model_matches_one_process(model, layout):
     assert recs[-1]["loss"] < recs[0]["loss"]
 
 
+@pytest.mark.parametrize("layout", ["fsdp", "pp_tp"])
 @pytest.mark.parametrize("model", ["gpt2", "llama"])
-def test_export_loads_with_from_pretrained(model):
+def test_export_loads_with_from_pretrained(model, layout):
     """The exported folder (config.json + model.safetensors, Hugging Face names) loads with
     AutoModelForCausalLM.from_pretrained, nothing missing, and gives the run's last eval loss on
-    the same validation batches (names left with the trainer's prefix, or an FSDP full state
-    dict missing a tensor, fail here)."""
+    the same validation batches (names left with the trainer's prefix, an FSDP full state dict
+    missing a tensor, tp shards not gathered, or a pipeline's tied head left out, fail here)."""
     from shardwise.train import data
     from transformers import AutoModelForCausalLM
 
-    out, recs, _ = run(model, "fsdp")
+    out, recs, _ = run(model, layout)
     loaded, info = AutoModelForCausalLM.from_pretrained(
         out, local_files_only=True, output_loading_info=True
     )

@@ -39,6 +39,65 @@ def _full_grads(model, group):
     }
 
 
+def _hf_model(kind, seed=0):
+    from transformers import AutoConfig, AutoModelForCausalLM
+
+    sizes = {
+        "gpt2": dict(n_layer=2, n_embd=64, n_head=4, n_positions=32, vocab_size=256,
+                     resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0),
+        "llama": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=8, num_key_value_heads=4, vocab_size=256,
+                      max_position_embeddings=32),
+        "qwen2": dict(hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=8, num_key_value_heads=4, vocab_size=256,
+                      max_position_embeddings=32),
+    }[kind]  # fmt: skip
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(AutoConfig.for_model(kind, **sizes))
+
+
+def tp_hugging_face_models_match_single_process(rank, world, gloo):
+    """Catches, for transformers' GPT-2, Llama and Qwen2 under ``hf_plan``: GPT-2's Conv1D
+    weights cut on the wrong dimension or its fused QKV split by the full width (split_size not
+    made local), k/v cut by the query heads (grouped heads), q/k/v biases not split with their
+    heads, the tied GPT-2 head cut twice, the loss not the vocabulary-parallel one. Loss and
+    every gathered gradient against the unsplit model (fp32, 1e-5)."""
+    tokens, targets = _batch(5, 3)
+    for kind in ("gpt2", "llama", "qwen2"):
+        ref = _hf_model(kind)
+        logits = ref(input_ids=tokens).logits
+        ref_loss = F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+        ref_loss.backward()
+        ref_grads = {n: p.grad for n, p in ref.named_parameters()}
+        model = _hf_model(kind)
+        tp.parallelize(model, dist.group.WORLD, tp.hf_plan(model.config))
+        loss = model.cross_entropy(model(input_ids=tokens).logits, targets)
+        loss.backward()
+        assert _rel(loss, ref_loss) <= 1e-6, f"{kind}: loss {loss.item()} vs {ref_loss.item()}"
+        grads = _full_grads(model, dist.group.WORLD)
+        assert set(grads) == set(ref_grads), f"{kind}: {sorted(set(grads) ^ set(ref_grads))}"
+        for name, grad in grads.items():
+            err = _rel(grad, ref_grads[name])
+            assert err <= 1e-5, f"{kind}: {name} gradient relative error {err:.2e}"
+        shards = sum(p.numel() for p in model.parameters())
+        full = sum(p.numel() for p in ref.parameters())
+        assert shards < full * (0.6 if world == 2 else 0.4), f"{kind}: {shards} of {full}"
+
+
+def tp_hugging_face_plans_refuse_what_they_cannot_cut(rank, world, gloo):
+    """Catches a head count the tp size does not divide reaching the cut (GPT-2's attention
+    would split its QKV output mid-head) and a model type without a plan accepted silently."""
+    model = _hf_model("gpt2")
+    plan = tp.hf_plan(model.config)
+    plan["transformer.h.*.attn"] = tp.LocalCounts(("split_size", "no_such_count"))
+    before = [p.detach().clone() for p in model.parameters()]
+    _expect(lambda: tp.parallelize(model, dist.group.WORLD, plan), ["no_such_count"])
+    assert all(torch.equal(a, b) for a, b in zip(before, model.parameters(), strict=True))
+    from transformers import AutoConfig
+
+    _expect(lambda: tp.hf_plan(AutoConfig.for_model("gpt_neo")), ["gpt_neo", "gpt2, llama"])
+
+
 def tp_cross_entropy_matches_torch(rank, world, gloo):
     """Catches: a wrong max/target-logit/sum-exp reduction, a target on another rank's vocabulary
     slice, ignore_index counted in the mean, a wrong backward scale for mean/sum/none."""

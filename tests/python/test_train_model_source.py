@@ -15,6 +15,9 @@ ROOT = Path(__file__).resolve().parents[2]
 TINY_GPT2 = (
     "model.hf_overrides={n_layer: 2, n_embd: 64, n_head: 4, n_positions: 64, vocab_size: 256}"
 )
+PIPE = ("distributed.strategy=pipeline", "distributed.world_size=2")
+TP2 = ("distributed.world_size=2", "distributed.strategy=ddp", "distributed.tensor_parallel_size=2")
+TP8 = "distributed.tensor_parallel_size=8"
 FACTORY = f"model.factory={ROOT / 'tests' / 'data' / 'models' / 'tiny_lm.py'}:tiny_lm"
 
 
@@ -57,9 +60,21 @@ def test_a_hugging_face_shape_is_measured():
             r"json:dumps\(\*\*model.factory_args\) raised TypeError",
         ),
         (("model.pretrained=/nonexistent/folder",), "model.pretrained: .* is not a folder"),
+        ((FACTORY, "model.seq_len=8", *PIPE), "the pipeline strategy with model.factory"),
+        ((FACTORY, "model.seq_len=8", *TP2), "tensor parallelism with model.factory"),
+        (("model.hf_config=qwen2", *PIPE), "no split for model_type 'qwen2'"),
+        (("model.hf_config=gpt_neo", *TP2), "no tensor-parallel plan for model_type 'gpt_neo'"),
         (
-            ("model.hf_config=gpt2", TINY_GPT2, "distributed.strategy=pipeline"),
-            "the pipeline strategy with model.hf_config",
+            ("model.hf_config=gpt2", TINY_GPT2, *TP2, "distributed.world_size=8", TP8),
+            r"n_head = 4 is not divisible by the tensor-parallel size 8.*hf_overrides.n_head",
+        ),
+        (
+            ("model.hf_config=llama", "model.hf_overrides={pad_token_id: 0}", *TP2),
+            "set model.hf_overrides.pad_token_id to null",
+        ),
+        (
+            ("model.hf_config=gpt2", TINY_GPT2, *TP2, "distributed.sequence_parallel=true"),
+            "sequence_parallel with a Hugging Face model is not supported",
         ),
     ],
 )

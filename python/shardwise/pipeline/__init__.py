@@ -4,7 +4,7 @@ microbatches and hands nn.Modules and a loss function to the executor."""
 
 from __future__ import annotations
 
-import copy
+import copy as _copy
 import types
 from collections.abc import Callable, Sequence
 
@@ -133,6 +133,29 @@ class _Call(nn.Module):
         return self._fn(x)
 
 
+class Head(nn.Module):
+    """The last block: the final norm, then the output head; ``copy``: the head gets its own
+    copy of the weight (tied to the embedding, which the first stage holds; the Pipeline sums
+    the two gradients), keeping a tensor-parallel style's forward and shard."""
+
+    def __init__(self, norm: nn.Module, head: nn.Module, copy: bool = False):
+        super().__init__()
+        self.norm, self.head = norm, head
+        if not copy:
+            return
+        self.head = _copy.copy(head)
+        self.head._parameters = dict(head._parameters)
+        weight = nn.Parameter(head.weight.detach().clone())
+        if hasattr(head.weight, "tp_shard"):  # a tensor-parallel shard stays one
+            weight.tp_shard = head.weight.tp_shard
+        self.head.weight = weight
+        if "forward" in head.__dict__:  # a style's forward, bound to the original module
+            self.head.forward = types.MethodType(head.forward.__func__, self.head)
+
+    def forward(self, x):
+        return self.head(self.norm(x))
+
+
 def gpt_blocks(model, sublayers: bool = False) -> tuple[list[nn.Module], tuple[str, str] | None]:
     """The bundled GPT as a list of blocks (embedding, transformer blocks, norm + head) and, when
     the head is tied to the embedding, the names (in the first and last block) to keep tied: the
@@ -147,21 +170,6 @@ def gpt_blocks(model, sublayers: bool = False) -> tuple[list[nn.Module], tuple[s
         def forward(self, tokens):
             return self.embed(tokens) + self.pos(torch.arange(tokens.shape[1]))
 
-    class Head(nn.Module):
-        def __init__(self, norm, head):
-            super().__init__()
-            self.norm, self.head = norm, copy.copy(head)  # keeps a tensor-parallel forward
-            self.head._parameters = dict(head._parameters)
-            weight = nn.Parameter(head.weight.detach().clone())
-            if hasattr(head.weight, "tp_shard"):  # a tensor-parallel shard stays one
-                weight.tp_shard = head.weight.tp_shard
-            self.head.weight = weight
-            if "forward" in head.__dict__:  # a style's forward, bound to the original module
-                self.head.forward = types.MethodType(head.forward.__func__, self.head)
-
-        def forward(self, x):
-            return self.head(self.norm(x))
-
     tied = model.head.weight is model.embed.weight
     middle = list(model.blocks)
     if sublayers:
@@ -173,7 +181,7 @@ def gpt_blocks(model, sublayers: bool = False) -> tuple[list[nn.Module], tuple[s
                 _Call(b, "mlp", ("norm2", "up", "down")),
             )
         ]
-    blocks = [Embedding(model.embed, model.pos), *middle, Head(model.norm, model.head)]
+    blocks = [Embedding(model.embed, model.pos), *middle, Head(model.norm, model.head, copy=True)]
     return blocks, (("embed.weight", "head.weight") if tied else None)
 
 

@@ -5,7 +5,8 @@ vocabulary-parallel embedding and cross-entropy, and sequence parallelism, over 
 
 ``parallelize(model, tp_group, plan)`` applies a plan (module-name patterns -> styles) in place,
 in the spirit of DTensor's ``parallelize_module``; ``gpt_plan`` is the ready plan for the bundled
-GPT and ``llama_plan`` the documented one for Llama-style blocks."""
+GPT, ``llama_plan`` the documented one for Llama-style blocks and ``hf_plan`` the one for a
+Hugging Face GPT-2 or Llama-family model (``transformers``' own module names)."""
 
 from .functional import (
     column_parallel_linear,
@@ -19,6 +20,7 @@ from .functional import (
     scatter_along,
     vocab_parallel_embedding,
 )
+from .hf_plans import hf_plan
 from .parallelize import (
     clip_grad_norm_,
     full_tensor,
@@ -31,6 +33,7 @@ from .parallelize import (
 )
 from .styles import (
     ColwiseParallel,
+    LocalCounts,
     LossParallel,
     RowwiseParallel,
     ScatterSequence,
@@ -40,6 +43,7 @@ from .styles import (
 
 __all__ = [
     "ColwiseParallel",
+    "LocalCounts",
     "LossParallel",
     "RowwiseParallel",
     "ScatterSequence",
@@ -52,6 +56,7 @@ __all__ = [
     "full_tensor",
     "gather_along",
     "gpt_plan",
+    "hf_plan",
     "llama_plan",
     "parallel_self_attention",
     "parallelize",

@@ -69,18 +69,14 @@ def parameters_per_rank(model: nn.Module, plan: dict, tp_size: int) -> int:
 
 def _validate(style, module: nn.Module, name: str, tp: int) -> None:
     """The divisibility checks of ``style`` on ``module``, before any parameter is cut."""
-    dims = {
-        st.ColwiseParallel: ("weight", 0),
-        st.LossParallel: ("weight", 0),
-        st.RowwiseParallel: ("weight", 1),
-        st.VocabParallelEmbedding: ("weight", 0),
-    }
-    if type(style) in dims and hasattr(module, "weight"):
-        _, dim = dims[type(style)]
+    if hasattr(style, "validate"):
+        style.validate(module, name, tp)
+    if hasattr(style, "weight_dim") and hasattr(module, "weight"):
+        dim = style.weight_dim(module)
         size = module.weight.shape[dim] // getattr(style, "chunks", 1)
-        label = {0: "output features", 1: "input features"}[dim]
-        if isinstance(module, nn.Embedding):
-            label = "vocabulary size"
+        label = "vocabulary size" if isinstance(module, nn.Embedding) else "features"
+        if isinstance(style, st.ColwiseParallel | st.RowwiseParallel):
+            label = "output features" if isinstance(style, st.ColwiseParallel) else "input features"
         if size % tp:
             raise ValueError(
                 f"tensor parallel: module '{name}': {label} = {size} is not divisible by the "

@@ -60,6 +60,24 @@ def _expect(module: nn.Module, kinds, name: str, style: str):
         )
 
 
+def is_conv1d(module: nn.Module) -> bool:
+    """transformers' ``Conv1D`` (GPT-2's linear layers): ``weight`` stored [in, out]."""
+    return type(module).__name__ == "Conv1D" and hasattr(module, "nf")
+
+
+def _expect_linear(module: nn.Module, name: str, style: str) -> bool:
+    """Checks ``module`` is an ``nn.Linear`` or a transformers ``Conv1D``; True for a Conv1D."""
+    if is_conv1d(module):
+        return True
+    if not isinstance(module, nn.Linear):
+        raise TypeError(
+            f"tensor parallel: module '{name}' is {type(module).__name__}; {style} applies to "
+            f"nn.Linear and transformers' Conv1D; give '{name}' another style or leave it out "
+            "of the plan"
+        )
+    return False
+
+
 @dataclass(frozen=True)
 class ColwiseParallel:
     """``nn.Linear`` split on its output features: ``weight`` [out / tp, in], ``bias`` split too.
@@ -74,9 +92,13 @@ class ColwiseParallel:
     sequence_dim: int = 1
     save_gathered: bool = False
 
+    def weight_dim(self, module: nn.Module) -> int:
+        """The dimension of ``module.weight`` this style cuts (a Conv1D stores it [in, out])."""
+        return 1 if is_conv1d(module) else 0
+
     def apply(self, module: nn.Module, name: str, ctx: Context) -> None:
-        _expect(module, (nn.Linear,), name, "ColwiseParallel")
-        _shard(ctx, module, name, "weight", 0, self.chunks)
+        conv = _expect_linear(module, name, type(self).__name__)
+        _shard(ctx, module, name, "weight", self.weight_dim(module), self.chunks)
         _shard(ctx, module, name, "bias", 0, self.chunks)
         group, sp, dim, keep = (
             ctx.group,
@@ -86,9 +108,12 @@ class ColwiseParallel:
         )
 
         def forward(self_, x):
-            return tpf.column_parallel_linear(x, self_.weight, self_.bias, group, sp, dim, keep)
+            weight = self_.weight.t() if conv else self_.weight
+            return tpf.column_parallel_linear(x, weight, self_.bias, group, sp, dim, keep)
 
         module.forward = types.MethodType(forward, module)
+        if conv:
+            module.nf = module.weight.shape[1]
 
 
 @dataclass(frozen=True)
@@ -100,15 +125,21 @@ class RowwiseParallel:
     sequence_parallel: bool = False
     sequence_dim: int = 1
 
+    def weight_dim(self, module: nn.Module) -> int:
+        return 0 if is_conv1d(module) else 1
+
     def apply(self, module: nn.Module, name: str, ctx: Context) -> None:
-        _expect(module, (nn.Linear,), name, "RowwiseParallel")
-        _shard(ctx, module, name, "weight", 1)
+        conv = _expect_linear(module, name, "RowwiseParallel")
+        _shard(ctx, module, name, "weight", self.weight_dim(module))
         group, sp, dim = ctx.group, self.sequence_parallel, self.sequence_dim
 
         def forward(self_, x):
-            return tpf.row_parallel_linear(x, self_.weight, self_.bias, group, sp, dim)
+            weight = self_.weight.t() if conv else self_.weight
+            return tpf.row_parallel_linear(x, weight, self_.bias, group, sp, dim)
 
         module.forward = types.MethodType(forward, module)
+        if conv:
+            module.nx = module.weight.shape[0]
 
 
 @dataclass(frozen=True)
@@ -119,6 +150,9 @@ class VocabParallelEmbedding:
 
     sequence_parallel: bool = False
     sequence_dim: int = 1
+
+    def weight_dim(self, module: nn.Module) -> int:
+        return 0
 
     def apply(self, module: nn.Module, name: str, ctx: Context) -> None:
         _expect(module, (nn.Embedding,), name, "VocabParallelEmbedding")
@@ -148,7 +182,7 @@ class LossParallel(ColwiseParallel):
     ignore_index: int = -100
 
     def apply(self, module: nn.Module, name: str, ctx: Context) -> None:
-        vocab = module.weight.shape[0]
+        vocab = module.weight.shape[self.weight_dim(module)]
         super().apply(module, name, ctx)
         start = ctx.rank * (vocab // ctx.size)
         group, ignore = ctx.group, self.ignore_index
@@ -205,3 +239,32 @@ class ScatterSequence:
 
 def is_sharded(p: torch.Tensor) -> bool:
     return hasattr(p, "tp_shard")
+
+
+@dataclass(frozen=True)
+class LocalCounts:
+    """A module whose own forward reads integer attributes counting split features or heads
+    (GPT-2's attention splits its fused QKV output by ``split_size``): each attribute in
+    ``names`` is divided by the tp size, so the forward sees this rank's share. The module's
+    parameters are untouched (its linear layers get their own styles)."""
+
+    names: tuple[str, ...]
+
+    def validate(self, module: nn.Module, name: str, tp: int) -> None:
+        for attr in self.names:
+            value = getattr(module, attr, None)
+            if not isinstance(value, int):
+                raise TypeError(
+                    f"tensor parallel: module '{name}' has no integer attribute '{attr}'; "
+                    f"LocalCounts names the counts its forward reads"
+                )
+            if value % tp:
+                raise ValueError(
+                    f"tensor parallel: module '{name}': {attr} = {value} is not divisible by "
+                    f"the tensor-parallel size {tp}; choose a tp size that divides {value}"
+                )
+
+    def apply(self, module: nn.Module, name: str, ctx: Context) -> None:
+        self.validate(module, name, ctx.size)
+        for attr in self.names:
+            setattr(module, attr, getattr(module, attr) // ctx.size)

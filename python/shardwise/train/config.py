@@ -765,6 +765,8 @@ def _check_tensor_parallel(cfg: TrainConfig) -> None:
             f"{key}: ZeRO over a data axis of size 1 partitions nothing; use strategy ddp with "
             f"tp={tp}, or launch more processes for a dp axis > 1"
         )
+    if cfg.model._builder is not None:
+        return  # model_source.check_strategy checked the model's own sizes
     gpt = cfg.gpt_config()
     seq = cfg.data.seq_len or gpt.seq_len
     dims = [

@@ -59,13 +59,48 @@ def resolve(cfg) -> None:
 
 
 def check_strategy(cfg) -> None:
-    """Tensor parallelism and the pipeline split cover the bundled GPT only (so far)."""
-    if cfg.model._builder is None:
+    """Tensor parallelism and the pipeline split need a model whose structure shardwise knows:
+    the bundled GPT, or a Hugging Face model of a family with a plan (``hf_plans``, for tp) and
+    blocks (``hf_stages``, for the pipeline); every size the tp size must divide, named as the
+    model's config names it."""
+    m, d = cfg.model, cfg.distributed
+    if m._builder is None:
         return
-    d = cfg.distributed
-    if d.tensor_parallel_size > 1 or d.strategy == "pipeline":
-        what = "tensor parallelism" if d.tensor_parallel_size > 1 else "the pipeline strategy"
+    tp, pipeline = d.tensor_parallel_size > 1, d.strategy == "pipeline"
+    if not (tp or pipeline):
+        return
+    what = "tensor parallelism" if tp else "the pipeline strategy"
+    config = m._builder.config()
+    if config is None:
         raise ValueError(
-            f"{what} with model.hf_config/pretrained/factory is not supported yet (its plans "
-            f"cover the bundled GPT); use ddp, fsdp or zero for this model"
+            f"{what} with model.factory is not supported: shardwise cuts only models whose "
+            "structure it knows (the bundled GPT; Hugging Face gpt2 and llama models); use "
+            "ddp, fsdp or zero for this model"
         )
+    from ..pipeline import hf_stages
+    from ..tensor_parallel import hf_plans
+
+    kind = getattr(config, "model_type", None)
+    if pipeline and hf_stages.family(config) is None:
+        raise ValueError(
+            f"the pipeline strategy has no split for model_type {kind!r} (it covers "
+            f"{', '.join(sorted(hf_stages.FAMILIES))}); use ddp, fsdp or zero for this model"
+        )
+    if not tp:
+        return
+    if d.sequence_parallel:
+        raise ValueError(
+            "distributed.sequence_parallel with a Hugging Face model is not supported (its "
+            "norms and residuals run in its own forward); drop sequence_parallel"
+        )
+    try:
+        sizes = hf_plans.check(config, d.tensor_parallel_size)
+    except ValueError as error:
+        raise ValueError(f"{error}; or use ddp, fsdp or zero without a tp axis") from None
+    for field, value in sizes:
+        if value % d.tensor_parallel_size:
+            raise ValueError(
+                f"distributed.tensor_parallel_size: the model's {field} = {value} is not "
+                f"divisible by the tensor-parallel size {d.tensor_parallel_size}; choose a tp "
+                f"size that divides it or change model.hf_overrides.{field}"
+            )

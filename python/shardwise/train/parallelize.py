@@ -127,6 +127,7 @@ class Parallel:
     pipelined: bool = False  # cut into stages over the pp axis
     stage_blocks: list[list[int]] = field(default_factory=list)  # the cut: blocks per stage
     tied: tuple[str, str] | None = None  # gpt_blocks' tied embedding/head names
+    aliases: dict[str, str] = field(default_factory=dict)  # state-dict key -> tied param name
     pipe: object = None  # the pipeline.Pipeline over the wrapped stages
     engine: object = None  # zero.ZeroEngine
     head_copy: int | None = None  # id of the last stage's copy of a tied embedding
@@ -188,12 +189,33 @@ def build_model(options: StrategyOptions) -> GPT:
 
 
 def tensor_parallel(model: GPT, options: StrategyOptions, axes: Axes) -> None:
-    """1. The GPT plan over the tp axis (nothing without one)."""
+    """1. The GPT plan (a Hugging Face model: its family's plan) over the tp axis (nothing
+    without one)."""
     if axes.tp_group is not None:
         from .. import tensor_parallel as tp
+        from ..models.causal_lm import CausalLM
 
-        plan = tp.gpt_plan(model, options.sequence_parallel, save_gathered=options.save_gathered)
+        if isinstance(model, CausalLM):
+            from ..models.causal_lm import PREFIX
+
+            plan = tp.hf_plan(model.config, PREFIX)
+        else:
+            sp, keep = options.sequence_parallel, options.save_gathered
+            plan = tp.gpt_plan(model, sp, save_gathered=keep)
         tp.parallelize(model, axes.tp_group, plan)
+
+
+def model_blocks(model) -> tuple[list[nn.Module], tuple[str, str] | None]:
+    """The model as a chain of pipeline blocks and its tied (first, last) names: the GPT's
+    ``gpt_blocks``, a Hugging Face model's ``causal_lm_blocks``."""
+    from .. import pipeline as pp
+    from ..models.causal_lm import CausalLM
+
+    if isinstance(model, CausalLM):
+        from ..pipeline.hf_stages import causal_lm_blocks
+
+        return causal_lm_blocks(model)
+    return pp.gpt_blocks(model)
 
 
 def checkpoint_activations(model: GPT, options: StrategyOptions) -> None:
@@ -223,8 +245,15 @@ def split_pipeline(
     cfg = options.pipeline
     p, v = axes.pipeline_size, int(cfg.get("virtual_stages", 1))
     names = {id(t): n for n, t in model.named_parameters()}
-    blocks, tied = pp.gpt_blocks(model)
-    names[id(blocks[-1].head.weight)] = "embed.weight"  # the head's copy of the tie
+    par.aliases = {  # a tied head's key in the full state dict, as the embedding's name
+        k: names[id(t)]
+        for k, t in model.state_dict(keep_vars=True).items()
+        if id(t) in names and names[id(t)] != k
+    }
+    blocks, tied = model_blocks(model)
+    if tied:  # the last block's copy of the tied weight has the original's full name
+        copy = dict(blocks[-1].named_parameters())[tied[1]]
+        names[id(copy)] = names[id(dict(blocks[0].named_parameters())[tied[0]])]
     groups = _stage_groups(blocks, p * v, options, axes)
     par.stages = {}
     for s in range(axes.pipeline_rank, p * v, p):
@@ -233,7 +262,7 @@ def split_pipeline(
         par.stages[s] = _AutocastStage(body, options.bf16, options.fp16, options.device)
         if cfg.get("schedule", "1f1b") == "zb_h1":
             pp.defer_weight_gradients(par.stages[s])
-    par.head_copy = id(blocks[-1].head.weight) if tied else None
+    par.head_copy = id(copy) if tied else None
     par.pipelined, par.stage_blocks, par.tied = True, groups, tied
     return par
 
@@ -257,7 +286,7 @@ def _stage_groups(blocks, count: int, options: StrategyOptions, axes: Axes) -> l
             torch.set_rng_state(rng)
             fake = replace(axes, tp_group=shape_only_group(axes.tp_group.size()))
             tensor_parallel(model, options, fake)
-            blocks, loss = pp.gpt_blocks(model)[0], model.cross_entropy  # vocabulary-parallel
+            blocks, loss = model_blocks(model)[0], model.cross_entropy  # vocabulary-parallel
         g = torch.Generator().manual_seed(0)  # leaves the global RNG as other ranks'
         sample = torch.randint(0, options.gpt.vocab_size, (1, options.gpt.seq_len + 1), generator=g)
         sample = sample.to(options.device)

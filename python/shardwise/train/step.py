@@ -315,7 +315,8 @@ class TrainStep:
         gathered = [None] * dist.get_world_size()
         dist.all_gather_object(gathered, mine if self.axes.data_rank == 0 else {})
         merged = {k: v for part in gathered for k, v in part.items()}
-        merged["head.weight"] = merged["embed.weight"]
+        for alias, name in par.aliases.items():  # a tied head, held as the embedding
+            merged[alias] = merged[name]
         return merged
 
 
