@@ -1,0 +1,132 @@
+"""PyTorch's own distributed test suite against the shardwise backend and gloo (issue 18):
+gates the installed wheel's suite (``gate.py``), runs its CPU tests at ``--world`` ranks for
+each backend (``test_torch_suite.py``, one pytest per backend, results as JUnit XML), and
+compares: every test that passes on gloo must pass on shardwise, or be listed with its reason in
+``known_differences.txt``. Writes ``report.md`` to ``--out`` and exits 1 on an unexplained
+failure (or when nothing ran).
+
+Run: python tests/conformance/run.py --out build/conformance            # all CPU tests, world 2
+     python tests/conformance/run.py --out build/conformance --subset ci  # the CI sample
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import subprocess
+import sys
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+CLASS = "TestDistBackendWithSpawn"
+
+
+def listed(path: Path) -> dict[str, str]:
+    """name -> the rest of the line (a reason), from a file of ``name  # reason`` lines."""
+    entries = {}
+    for line in path.read_text().splitlines():
+        name, _, reason = line.partition("#")
+        if name.strip():
+            entries[name.strip()] = reason.strip()
+    return entries
+
+
+def outcomes(xml: Path) -> dict[str, str]:
+    """test name -> passed | failed | skipped, from a JUnit XML file."""
+    result = {}
+    for case in ET.parse(xml).getroot().iter("testcase"):
+        kinds = {child.tag for child in case}
+        state = "failed" if kinds & {"failure", "error"} else "passed"
+        result[case.get("name")] = "skipped" if "skipped" in kinds else state
+    return result
+
+
+def run_backend(backend: str, args, gated: Path) -> tuple[dict[str, str], float]:
+    xml = args.out / f"{backend}-world{args.world}.xml"
+    env = dict(
+        os.environ,
+        BACKEND=backend,
+        WORLD_SIZE=str(args.world),
+        SHARDWISE_GATED_DIR=str(gated),
+        OMP_NUM_THREADS="1",
+    )
+    command = [
+        sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x" if args.stop else "",
+        str(HERE / "test_torch_suite.py"), f"--junitxml={xml}", "-o", "junit_family=xunit1",
+    ]  # fmt: skip
+    command = [c for c in command if c]
+    if args.subset:
+        names = sorted(listed(HERE / f"{args.subset}_subset.txt"))
+        command += ["-k", " or ".join(names)]
+    elif args.k:
+        command += ["-k", args.k]
+    start = time.monotonic()
+    subprocess.run(command, env=env, cwd=HERE, check=False)
+    return outcomes(xml), time.monotonic() - start
+
+
+def compare(gloo: dict, ours: dict, known: dict) -> tuple[list, list, list]:
+    """(unexplained, explained, newly passing) test names."""
+    unexplained, explained = [], []
+    for name, state in sorted(gloo.items()):
+        if state == "passed" and ours.get(name) != "passed":
+            (explained if name in known else unexplained).append(name)
+    extra = [n for n, s in sorted(ours.items()) if s == "passed" and gloo.get(n) != "passed"]
+    return unexplained, explained, extra
+
+
+def report(args, gloo, ours, times, known) -> tuple[list[str], bool]:
+    unexplained, explained, extra = compare(gloo, ours, known)
+
+    def count(r, s):
+        return sum(v == s for v in r.values())
+
+    lines = [
+        f"# PyTorch's distributed suite on the shardwise backend vs gloo (world {args.world})",
+        "",
+        f"- command: `python tests/conformance/run.py {' '.join(sys.argv[1:])}`",
+        "",
+        "| backend | passed | failed | skipped | seconds |",
+        "|---|---:|---:|---:|---:|",
+    ]
+    for name, r in (("gloo", gloo), ("shardwise", ours)):
+        lines.append(
+            f"| {name} | {count(r, 'passed')} | {count(r, 'failed')} | {count(r, 'skipped')} | "
+            f"{times[name]:.0f} |"
+        )
+    lines += ["", f"Passing on gloo, not on shardwise: {len(unexplained) + len(explained)} "
+              f"({len(explained)} explained in known_differences.txt)", ""]  # fmt: skip
+    lines += [f"- UNEXPLAINED {n}: {ours.get(n, 'not run')}" for n in unexplained]
+    lines += [f"- {n}: {known[n]}" for n in explained]
+    if extra:
+        lines += ["", f"Passing on shardwise, not on gloo: {', '.join(extra)}"]
+    ran = count(gloo, "passed") > 0
+    return lines, ran and not unexplained
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", type=Path, required=True)
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--subset", help="a name: runs the tests listed in NAME_subset.txt")
+    parser.add_argument("-k", help="a pytest -k expression instead of a subset")
+    parser.add_argument("--stop", action="store_true", help="stop at the first failure")
+    args = parser.parse_args()
+    args.out.mkdir(parents=True, exist_ok=True)
+    gated = args.out / "gated"
+    subprocess.run([sys.executable, str(HERE / "gate.py"), str(gated)], check=True)
+    results, times = {}, {}
+    for backend in ("gloo", "shardwise"):
+        results[backend], times[backend] = run_backend(backend, args, gated)
+    known = listed(HERE / "known_differences.txt")
+    lines, ok = report(args, results["gloo"], results["shardwise"], times, known)
+    text = "\n".join(lines) + "\n"
+    (args.out / f"report-world{args.world}.md").write_text(text)
+    print(text)
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
