@@ -29,10 +29,11 @@ export PYTORCH_NVCC ?= ccache $(CUDA_HOME)/bin/nvcc
 endif
 
 .PHONY: demo demo-cpp test test-cpp test-python test-cpu-torch test-package build venv cpu-venv \
+	test-conformance test-conformance-ci \
 	system-deps bench test-gpu gpu-wheels \
 	format lint clean
 
-test: build test-cpp test-python test-cpu-torch test-package ## build, then run every test suite
+test: build lint test-cpp test-python test-cpu-torch test-package test-conformance-ci ## build, then run every test suite
 
 demo: build ## 2-process CPU training of the bundled GPT (FSDP, bf16), ~2 minutes: outputs/demo/
 	rm -rf outputs/demo
@@ -91,6 +92,17 @@ test-python: build ## pytest: ops, exhaustive casts, distributed (multi-process)
 	$(PY) -m pytest -ra tests/python $(wildcard tests/distributed) || { rc=$$?; \
 		[ $$rc -eq 5 ] && echo "pytest collected no tests: that is a failure here"; exit $$rc; }
 
+# PyTorch's own distributed suite (torch/testing/_internal/distributed/distributed_test.py from the
+# installed wheel, gated so shardwise counts as gloo) on shardwise and on gloo: every test that
+# passes on gloo passes on shardwise or is listed in tests/conformance/known_differences.txt.
+CONFORMANCE := build/conformance
+test-conformance: build ## torch's distributed suite, every CPU test at world 2 and a world-3 sample (~2 h)
+	$(PY) tests/conformance/run.py --out $(CONFORMANCE)
+	$(PY) tests/conformance/run.py --out $(CONFORMANCE) --world 3 --subset world3
+
+test-conformance-ci: build ## the CI sample of torch's distributed suite (tests/conformance/ci_subset.txt)
+	$(PY) tests/conformance/run.py --out $(CONFORMANCE)/ci --subset ci
+
 test-cpu-torch: system-deps cpu-venv ## the CPU-only build against the CPU torch, and its op tests
 	SHARDWISE_WITH_CUDA=0 $(CPU_PY) -m pip install -q --no-build-isolation --no-deps .
 	cd tests && $(CPU_PY) -m pytest -ra -m "not slow" python/test_cast_ops.py
@@ -126,12 +138,12 @@ gpu-wheels: venv ## where PyPI is reachable: .whl/ with what test-gpu needs beyo
 		-d .whl $(GPU_WHEELS)
 
 format: venv ## clang-format and ruff format, in place
-	$(VENV)/bin/clang-format -i $$(git ls-files 'csrc/*.h' 'csrc/*.cc' 'csrc/*.cpp' 'csrc/*.cu' 'tests/cpp/*.cc' 'examples/cpp/*.cc' 'examples/cpp/*.cpp' 'examples/cpp/*.h')
+	$(VENV)/bin/clang-format -i $$(git ls-files 'csrc/*.h' 'csrc/*.hpp' 'csrc/*.cc' 'csrc/*.cpp' 'csrc/*.cu' 'tests/cpp/*.h' 'tests/cpp/*.cc' 'examples/cpp/*.cc' 'examples/cpp/*.cpp' 'examples/cpp/*.h')
 	$(VENV)/bin/ruff format python tests benchmarks examples setup.py
 	$(VENV)/bin/ruff check --fix python tests benchmarks examples setup.py
 
 lint: venv ## the same checks, changing nothing
-	$(VENV)/bin/clang-format --dry-run -Werror $$(git ls-files 'csrc/*.h' 'csrc/*.cc' 'csrc/*.cpp' 'csrc/*.cu' 'tests/cpp/*.cc' 'examples/cpp/*.cc' 'examples/cpp/*.cpp' 'examples/cpp/*.h')
+	$(VENV)/bin/clang-format --dry-run -Werror $$(git ls-files 'csrc/*.h' 'csrc/*.hpp' 'csrc/*.cc' 'csrc/*.cpp' 'csrc/*.cu' 'tests/cpp/*.h' 'tests/cpp/*.cc' 'examples/cpp/*.cc' 'examples/cpp/*.cpp' 'examples/cpp/*.h')
 	$(VENV)/bin/ruff format --check python tests benchmarks examples setup.py
 	$(VENV)/bin/ruff check python tests benchmarks examples setup.py
 

@@ -64,10 +64,12 @@ set(SHARDWISE_CORE_TEST_SOURCES
 set(SHARDWISE_TORCH_SOURCES
   csrc/backend/functional_ops.cpp
   csrc/backend/host_staged_comm.cpp
+  csrc/backend/monitored_barrier.cpp
   csrc/backend/op_log.cpp
   csrc/backend/nccl_comm_stub.cpp
   csrc/backend/shardwise_backend.cpp
   csrc/backend/shardwise_backend_ops.cpp
+  csrc/backend/sparse_allreduce.cpp
   csrc/backend/tensor_args.cpp
   csrc/backend/work.cpp
   csrc/registration.cpp

@@ -1,5 +1,7 @@
-// The Python module shardwise._C: importing it loads the op registrations of this library;
-// the functions below expose the run-time CPU dispatch (common/cpu_features.h).
+// The Python module shardwise._C: importing it loads the op registrations of this library.
+// Below: the run-time CPU dispatch (common/cpu_features.h), the backend's factory, checkpoint
+// pieces, the data files, and the FSDP, ZeRO, pipeline and tensor-parallel classes the Python
+// package adapts.
 #include <pybind11/chrono.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
@@ -73,7 +75,9 @@ void bind_checkpoint_dir(py::module& m) {
 }  // namespace
 
 PYBIND11_MODULE(_C, m) {
-  m.doc() = "shardwise native library: torch.ops.shardwise.* and CPU dispatch control";
+  m.doc() =
+      "shardwise native library: torch.ops.shardwise.*, CPU dispatch, the backend, checkpoint "
+      "pieces, and the FSDP / ZeRO / pipeline / tensor-parallel classes";
   m.def(
       "detected_cpu_isa",
       [] { return std::string(shardwise::cpu_isa_name(shardwise::detected_cpu_isa())); },

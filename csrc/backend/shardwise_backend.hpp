@@ -110,6 +110,12 @@ class ShardwiseBackend : public c10d::Backend {
   Work send(Tensors& tensors, int dst_rank, int tag) override;
   Work recv(Tensors& tensors, int src_rank, int tag) override;
   Work barrier(const c10d::BarrierOptions& opts) override;
+  // Rank 0 names the ranks that did not arrive within opts.timeout (monitored_barrier.cpp).
+  void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
+  // Every rank's inputs, each into the output list of that rank (one gather of their bytes).
+  Work allgather_coalesced(std::vector<Tensors>& output_lists,
+                           Tensors& inputs,
+                           const c10d::AllgatherOptions& opts) override;
 
  private:
   using Body = std::function<void(collectives::Transport&, const collectives::CollectiveOptions&)>;
@@ -153,6 +159,8 @@ class ShardwiseBackend : public c10d::Backend {
                   std::chrono::milliseconds timeout,
                   bool async_op,
                   Body body);
+  // all_reduce of sparse COO tensors (SUM; sparse_allreduce.cpp).
+  Work sparse_allreduce(Tensors& tensors, const c10d::AllreduceOptions& opts);
   void run_lane(Lane& lane);
   static void changed(Lane& lane);  // with lane.mutex held
   void run_job(Lane& lane, Job& job);
@@ -173,6 +181,7 @@ class ShardwiseBackend : public c10d::Backend {
   std::unique_ptr<collectives::Transport> transport_;      // collectives
   std::unique_ptr<collectives::Transport> p2p_transport_;  // send/recv
   std::atomic<uint64_t> sequence_{0};
+  uint64_t monitored_barriers_ = 0;                 // names each monitored barrier's store keys
   std::vector<uint64_t> sends_to_, receives_from_;  // per-peer p2p sequence numbers
   std::mutex p2p_mutex_;
   std::mutex failure_mutex_;

@@ -4,6 +4,7 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <cstring>
 #include <numeric>
 
 #include "backend/shardwise_backend.hpp"
@@ -43,6 +44,7 @@ void check_same_shape(const at::Tensor& expected,
 
 ShardwiseBackend::Work ShardwiseBackend::allreduce(Tensors& tensors,
                                                    const c10d::AllreduceOptions& opts) {
+  if (!tensors.empty() && tensors[0].is_sparse()) return sparse_allreduce(tensors, opts);
   if (is_cuda_call(tensors, "all_reduce", "tensors")) {
     return nccl(c10d::OpType::ALLREDUCE, tensors[0], tensors, [&](NcclComm& comm) {
       for (auto& t : tensors) {
@@ -171,6 +173,47 @@ ShardwiseBackend::Work ShardwiseBackend::allgather(std::vector<Tensors>& outputs
         collectives::all_gather(t, in.data_ptr(), flat.data_ptr(), in.numel(), with(base, dtype));
         for (int r = 0; r < size_; ++r) {
           list[r].copy_(flat.narrow(0, r * in.numel(), in.numel()).view(in.sizes()));
+        }
+      });
+}
+
+// all_gather_coalesced: the inputs' bytes joined into one buffer (copied now: the caller may
+// reuse its inputs), gathered once, and cut back into output_lists[r][i], rank r's input i: any
+// mix of dtypes and shapes, the same on every rank.
+ShardwiseBackend::Work ShardwiseBackend::allgather_coalesced(std::vector<Tensors>& output_lists,
+                                                             Tensors& inputs,
+                                                             const c10d::AllgatherOptions& opts) {
+  const char* op = "all_gather_coalesced";
+  TORCH_CHECK_VALUE(output_lists.size() == static_cast<size_t>(size_), "shardwise backend: ", op,
+                    ": output_tensor_lists has ", output_lists.size(),
+                    " lists; pass one per rank (", size_, ")");
+  check_cpu(inputs, op, "input_tensor_list");
+  Tensors outputs, pieces;
+  for (size_t r = 0; r < output_lists.size(); ++r) {
+    TORCH_CHECK_VALUE(output_lists[r].size() == inputs.size(), "shardwise backend: ", op,
+                      ": output_tensor_lists[", r, "] has ", output_lists[r].size(),
+                      " tensors for ", inputs.size(), " inputs");
+    check_cpu(output_lists[r], op, "output_tensor_lists");
+    for (size_t i = 0; i < inputs.size(); ++i) {
+      check_same_shape(inputs[i], output_lists[r][i], op, "output_tensor_lists[r]", i);
+      outputs.push_back(output_lists[r][i]);
+    }
+  }
+  for (const auto& t : inputs) pieces.push_back(t.contiguous().reshape({-1}).view(at::kByte));
+  const at::Tensor joined = pieces.empty() ? at::empty({0}, at::kByte) : at::cat(pieces);  // a copy
+  return collective(
+      c10d::OpType::ALLGATHER_COALESCED, Kind::kAllGather, outputs, opts,
+      [joined, outputs, this](Transport& t, const CollectiveOptions& base) mutable {
+        at::Tensor gathered = at::empty({size_ * joined.numel()}, joined.options());
+        collectives::all_gather(t, joined.data_ptr(), gathered.data_ptr(), joined.numel(),
+                                with(base, collectives::Datatype::kUInt8));
+        const auto* bytes = static_cast<const uint8_t*>(gathered.data_ptr());
+        size_t offset = 0;
+        for (auto& out : outputs) {  // rank-major, input order within a rank: as joined
+          with_contiguous(out, [&](at::Tensor& c) {
+            std::memcpy(c.data_ptr(), bytes + offset, bytes_of(c));
+            offset += bytes_of(c);
+          });
         }
       });
 }

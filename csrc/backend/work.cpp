@@ -47,8 +47,8 @@ bool ShardwiseWork::wait(std::chrono::milliseconds timeout) {
   if (timeout == kNoTimeout) {
     done_.wait(lock, [this] { return completed_.load(); });
   } else if (!done_.wait_for(lock, timeout, [this] { return completed_.load(); })) {
-    TORCH_CHECK(false, "shardwise: rank ", rank_, ": operation #", sequence_,
-                " did not complete within ", timeout.count(), " ms of wait()");
+    TORCH_CHECK(false, "shardwise: rank ", rank_, ": Timed out after ", timeout.count(),
+                " ms of wait(): operation #", sequence_, " did not complete");
   }
   if (error_) std::rethrow_exception(error_);
   return true;

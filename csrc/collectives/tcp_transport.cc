@@ -179,7 +179,7 @@ void TcpTransport::connect_mesh(const TcpTransportOptions& options, const Rendez
           std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
       if (left.count() <= 0 || ::poll(&waiting, 1, static_cast<int>(left.count())) <= 0) {
         throw TransportError("rank " + std::to_string(rank_) +
-                             ": timed out waiting for higher ranks to connect");
+                             ": Timed out waiting for higher ranks to connect");
       }
       const int fd = ::accept(listener, nullptr, nullptr);
       if (fd < 0) throw TransportError(system_error("accept"));

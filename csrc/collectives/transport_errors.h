@@ -14,7 +14,7 @@ inline std::string tag_text(Tag tag) {
 }
 
 inline std::string timeout_message(int rank, int peer, size_t bytes, Tag tag) {
-  return "rank " + std::to_string(rank) + ": timed out waiting for rank " + std::to_string(peer) +
+  return "rank " + std::to_string(rank) + ": Timed out waiting for rank " + std::to_string(peer) +
          " in " + tag_text(tag) + " (" + std::to_string(bytes) + " bytes)";
 }
 

@@ -18,7 +18,8 @@ GLOO_LIKE = '("gloo", "shardwise")'
 GATES = [
     (r'BACKEND == "gloo"', f"BACKEND in {GLOO_LIKE}"),
     (r'BACKEND != "gloo"', f"BACKEND not in {GLOO_LIKE}"),
-    (r'require_backend_is_available\(\{"gloo"\}\)', 'require_backend_is_available({"gloo", "shardwise"})'),
+    (r'require_backend_is_available\(\{"gloo"\}\)', "require_backend_is_available("
+     '{"gloo", "shardwise"})'),
 ]  # fmt: skip
 NAME = "shardwise_distributed_test.py"
 

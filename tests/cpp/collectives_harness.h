@@ -1,5 +1,6 @@
 // Threads as ranks: runs one function per rank on its own thread, each with its own transport
-// (in-process queues or a real shared-memory segment), and collects every rank's exception.
+// (in-process queues, a real shared-memory segment, TCP on loopback, or the hybrid of the two),
+// and collects every rank's exception.
 #pragma once
 
 #include <unistd.h>
@@ -77,11 +78,8 @@ inline std::unique_ptr<Transport> make_tcp(int rank, int world, MemoryRendezvous
   return std::make_unique<TcpTransport>(options, rendezvous.view());
 }
 
-inline std::unique_ptr<Transport> make_shm(const std::string& name,
-                                           int rank,
-                                           int world,
-                                           size_t ring_bytes,
-                                           size_t single_copy_bytes) {
+inline std::unique_ptr<Transport> make_shm(
+    const std::string& name, int rank, int world, size_t ring_bytes, size_t single_copy_bytes) {
   ShmTransportOptions options;
   options.name = name;
   options.rank = rank;
@@ -117,10 +115,9 @@ inline std::vector<std::exception_ptr> run_ranks(TransportKind kind,
           std::vector<int> host_of(world);
           for (int r = 0; r < world; ++r) host_of[r] = r < (world + 1) / 2 ? 0 : 1;
           const int host = host_of[rank];
-          auto local = make_shm(name + "-host" + std::to_string(host),
-                                HybridTransport::local_rank_of(host_of, rank),
-                                HybridTransport::local_size_of(host_of, rank), ring_bytes,
-                                kTestSingleCopyBytes);
+          auto local = make_shm(
+              name + "-host" + std::to_string(host), HybridTransport::local_rank_of(host_of, rank),
+              HybridTransport::local_size_of(host_of, rank), ring_bytes, kTestSingleCopyBytes);
           transport = std::make_unique<HybridTransport>(HybridTransportOptions{rank, host_of},
                                                         std::move(local),
                                                         make_tcp(rank, world, rendezvous));

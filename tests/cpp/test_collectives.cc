@@ -1,7 +1,8 @@
-// The collective algorithms with threads as ranks, over in-process queues and over a real
-// shared-memory segment (4 KiB rings, 256-byte segments, so small inputs wrap the rings and span
-// many slabs): world 1..8 x counts {0, 1, 7, 1001 (not divisible), 5000 (many segments)}.
-// Integer-valued float data makes every sum exact, so results are compared bit for bit.
+// The collective algorithms with threads as ranks, over in-process queues, a real shared-memory
+// segment, TCP on loopback and the hybrid of the two (4 KiB rings, 256-byte segments, so small
+// inputs wrap the rings and span many slabs): world 1..8 x counts {0, 1, 7, 1001 (not divisible),
+// 5000 (many segments)}. Integer-valued float data makes every sum exact, so results are compared
+// bit for bit.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -325,13 +326,13 @@ TEST_P(CollectivesFailures, AMissingPeerTimesOutNamingIt) {
   });
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
   // Rank 0 receives from rank 2 in the ring; rank 1 then waits on rank 0.
-  EXPECT_NE(error_text(errors[0]).find("timed out waiting for rank 2"), std::string::npos)
+  EXPECT_NE(error_text(errors[0]).find("Timed out waiting for rank 2"), std::string::npos)
       << error_text(errors[0]);
   // Rank 1 either times out on rank 0, learns that rank 0 failed (TCP: its sockets closed), or
   // (single copy, where a send ends only once the receiver has read it) times out on rank 2.
   const std::string second = error_text(errors[1]);
   EXPECT_TRUE(second.find("rank 0") != std::string::npos ||
-              second.find("timed out waiting for rank 2") != std::string::npos)
+              second.find("Timed out waiting for rank 2") != std::string::npos)
       << second;
 }
 

@@ -1,5 +1,6 @@
 """One rank of a distributed test world (started by launcher.py). Runs every check of a scenario
-against the `shardwise` backend, comparing with gloo on the same inputs, and writes
+over the `shardwise` backend, comparing with gloo on the same inputs (the ops, faults and debug
+scenarios) or with single-process training (fsdp, zero, pipeline, tensor_parallel), and writes
 {check: "ok" | error text} to OUT/rank<R>.json."""
 
 import datetime
@@ -11,6 +12,7 @@ import time
 import traceback
 from pathlib import Path
 
+import conformance_checks
 import debug_checks
 import fsdp_checks
 import pipeline_checks
@@ -342,7 +344,7 @@ def fault_timeout(rank, world, gloo):
     try:
         dist.all_reduce(torch.ones(10), group=g)
     except RuntimeError as e:
-        assert "timed out waiting for rank 1" in str(e), str(e)
+        assert "Timed out waiting for rank 1" in str(e), str(e)
     else:
         raise AssertionError("no error")
     assert time.monotonic() - start < 15
@@ -390,7 +392,8 @@ def cuda_ops_match_cpu(rank, world, gloo):
 
 
 SCENARIOS = {
-    "ops": [f for n, f in sorted(globals().items()) if n.startswith("check_")],
+    "ops": [f for n, f in sorted(globals().items()) if n.startswith("check_")]
+    + conformance_checks.CHECKS,
     "faults": [fault_mismatch, fault_timeout, fault_dead_peer],
     "cuda": [cuda_ops_match_cpu],
     "fsdp": fsdp_checks.CHECKS,

@@ -1,6 +1,9 @@
 """Pipeline parallelism (C++: ``csrc/pipeline/``): schedules generated and validated in C++, and
-the C++ executor running this rank's stages. This module only adapts: it cuts a batch into
-microbatches and hands nn.Modules and a loss function to the executor."""
+the C++ executor running this rank's stages. This module cuts a batch into microbatches and
+hands nn.Modules and a loss function to the C++ ``Pipeline`` (which also averages replicated
+stages and sums tied parameters' gradients); it also holds what only Python models need: the GPT
+as a chain of blocks (``hf_stages``: a Hugging Face model's), the timing for the cut by measured
+time, and ZB-H1's deferred weight gradients on nn.Linear layers."""
 
 from __future__ import annotations
 
