@@ -121,6 +121,7 @@ def main() -> int:
     parser.add_argument("--stop", action="store_true", help="stop at the first failure")
     parser.add_argument("--reuse", default="", help="backends whose XML in --out is kept")
     args = parser.parse_args()
+    args.out = args.out.resolve()  # pytest runs in this folder: paths given to it are absolute
     args.out.mkdir(parents=True, exist_ok=True)
     gated = args.out / "gated"
     subprocess.run([sys.executable, str(HERE / "gate.py"), str(gated)], check=True)
