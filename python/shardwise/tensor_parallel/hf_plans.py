@@ -24,8 +24,8 @@ def family(config) -> str | None:
     return FAMILIES.get(getattr(config, "model_type", None))
 
 
-def check(config, tp: int) -> list[tuple[str, int]]:
-    """The (config field, value) pairs the tp size must divide, for ``config``'s family; raises
+def divisible_sizes(config) -> list[tuple[str, int]]:
+    """The (config field, value) pairs a tp size must divide, for ``config``'s family; raises
     ValueError for what the plans do not cover (cross-attention, a padding index in a
     vocabulary-parallel embedding)."""
     kind = family(config)
@@ -60,9 +60,10 @@ def check(config, tp: int) -> list[tuple[str, int]]:
 
 def hf_plan(config, prefix: str = "") -> dict:
     """The plan for the transformers causal LM ``config`` describes, its modules named under
-    ``prefix``; ValueError for a model no plan covers (``check``). After ``parallelize`` the
-    model's ``cross_entropy(logits, targets)`` is the vocabulary-parallel loss."""
-    check(config, 1)
+    ``prefix``; ValueError for a model no plan covers (``divisible_sizes``). After
+    ``parallelize`` the model's ``cross_entropy(logits, targets)`` is the vocabulary-parallel
+    loss."""
+    divisible_sizes(config)  # refuses what no plan covers
     return {prefix + k: v for k, v in _plan(config).items()}
 
 

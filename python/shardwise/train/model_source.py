@@ -94,7 +94,7 @@ def check_strategy(cfg) -> None:
             "norms and residuals run in its own forward); drop sequence_parallel"
         )
     try:
-        sizes = hf_plans.check(config, d.tensor_parallel_size)
+        sizes = hf_plans.divisible_sizes(config)
     except ValueError as error:
         raise ValueError(f"{error}; or use ddp, fsdp or zero without a tp axis") from None
     for field, value in sizes:
