@@ -29,11 +29,11 @@ export PYTORCH_NVCC ?= ccache $(CUDA_HOME)/bin/nvcc
 endif
 
 .PHONY: demo demo-cpp test test-cpp test-python test-cpu-torch test-package build venv cpu-venv \
-	test-conformance test-conformance-ci \
+	test-conformance test-conformance-ci test-sanitize test-sanitize-core fuzz fuzz-build fuzz-ci soak \
 	system-deps bench test-gpu gpu-wheels \
 	format lint clean
 
-test: build lint test-cpp test-python test-cpu-torch test-package test-conformance-ci ## build, then run every test suite
+test: build lint test-cpp test-python test-cpu-torch test-package test-conformance-ci test-sanitize-core fuzz-ci ## build, then run every test suite
 
 demo: build ## 2-process CPU training of the bundled GPT (FSDP, bf16), ~2 minutes: outputs/demo/
 	rm -rf outputs/demo
@@ -53,7 +53,7 @@ demo-cpp: build ## the C++ GPT trainer (examples/cpp/train_gpt) against the inst
 	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --no-python --standalone --nproc_per_node=2 \
 		$(TRAIN_GPT_BUILD)/train_gpt --data outputs/corpus.txt --steps 200 --log-every 20
 
-system-deps: ## compilers' companions from Debian: GoogleTest, ccache, CMake, Ninja
+system-deps: ## compilers' companions from Debian: GoogleTest, ccache, CMake, Ninja, clang (fuzzing)
 	@bash scripts/install_system_deps.sh
 
 venv: $(VENV)/.complete
@@ -67,7 +67,13 @@ $(CACHE)/venv-%/.complete:
 	$(@D)/bin/pip install -q -r $(if $(findstring venv-cpu-,$(@D)),requirements/libtorch-cpu.txt,requirements/dev.txt)
 	touch $@
 
-build: system-deps venv ## the Python extension, editable, CUDA sources included when possible
+# Test-only packages, installed into the dev venv under their own stamp (keyed by their file).
+EXTRAS := $(VENV)/.extras-$(call key,requirements/test-extras.txt)
+$(EXTRAS): $(VENV)/.complete
+	$(PY) -m pip install -q -r requirements/test-extras.txt
+	touch $@
+
+build: system-deps venv $(EXTRAS) ## the Python extension, editable, CUDA sources included when possible
 	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
 	$(PY) -c "import shardwise; print('shardwise', shardwise.__version__, 'CPU ISA', shardwise.detected_cpu_isa())"
 
@@ -96,12 +102,64 @@ test-python: build ## pytest: ops, exhaustive casts, distributed (multi-process)
 # installed wheel, gated so shardwise counts as gloo) on shardwise and on gloo: every test that
 # passes on gloo passes on shardwise or is listed in tests/conformance/known_differences.txt.
 CONFORMANCE := build/conformance
-test-conformance: build ## torch's distributed suite, every CPU test at world 2 and a world-3 sample (~2 h)
+test-conformance: build ## torch's distributed suite: every CPU test at world 2, samples at 3 and 4 (~1 h)
 	$(PY) tests/conformance/run.py --out $(CONFORMANCE)
 	$(PY) tests/conformance/run.py --out $(CONFORMANCE) --world 3 --subset world3
+	$(PY) tests/conformance/run.py --out $(CONFORMANCE) --world 4 --subset world4
 
 test-conformance-ci: build ## the CI sample of torch's distributed suite (tests/conformance/ci_subset.txt)
 	$(PY) tests/conformance/run.py --out $(CONFORMANCE)/ci --subset ci
+
+# Sanitizers (GCC): the torch-free core and its tests under AddressSanitizer + UndefinedBehavior-
+# Sanitizer, and the transports and collectives under ThreadSanitizer (in make test); the
+# LibTorch-linked library and its tests under ASan + UBSan too (test-sanitize; LibTorch itself is
+# not instrumented). Every report is fatal (-fno-sanitize-recover), so a report fails the run.
+SANITIZE_BUILD := build/sanitize
+SANITIZE_CMAKE = cmake -S . -G Ninja -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_BUILD_TYPE=RelWithDebInfo
+export ASAN_OPTIONS ?= detect_leaks=1:abort_on_error=1:strict_string_checks=1
+export UBSAN_OPTIONS ?= print_stacktrace=1
+export TSAN_OPTIONS ?= halt_on_error=1:second_deadlock_stack=1
+TSAN_TESTS := Collectives|ShmTransport|TcpTransport|StreamOrder
+# The exhaustive casts (every float, ~16 minutes under ASan): in test-sanitize, not in make test.
+SANITIZE_SLOW := OnAllFloats|MatchesCompilerConversion
+test-sanitize-core: system-deps ## ASan+UBSan on the torch-free core's tests, TSan on its transports/collectives
+	$(SANITIZE_CMAKE) -B $(SANITIZE_BUILD)/address -DSHARDWISE_WITH_TORCH=OFF -DSHARDWISE_SANITIZE=address,undefined
+	cmake --build $(SANITIZE_BUILD)/address -j $(JOBS)
+	ctest --test-dir $(SANITIZE_BUILD)/address --output-on-failure -j $(JOBS) -E '$(SANITIZE_SLOW)'
+	$(SANITIZE_CMAKE) -B $(SANITIZE_BUILD)/thread -DSHARDWISE_WITH_TORCH=OFF -DSHARDWISE_SANITIZE=thread
+	cmake --build $(SANITIZE_BUILD)/thread -j $(JOBS)
+	ctest --test-dir $(SANITIZE_BUILD)/thread --output-on-failure -j $(JOBS) -R '$(TSAN_TESTS)'
+
+test-sanitize: test-sanitize-core cpu-venv ## the above, the exhaustive casts, and the LibTorch library and its tests under ASan+UBSan (~45 min)
+	$(SANITIZE_CMAKE) -B $(SANITIZE_BUILD)/torch -DSHARDWISE_SANITIZE=address,undefined \
+		-DCMAKE_PREFIX_PATH="$$($(CPU_PY) -c 'import torch; print(torch.utils.cmake_prefix_path)')"
+	ctest --test-dir $(SANITIZE_BUILD)/address --output-on-failure -j $(JOBS) -R '$(SANITIZE_SLOW)'
+	cmake --build $(SANITIZE_BUILD)/torch -j $(JOBS)
+	ASAN_OPTIONS=$(ASAN_OPTIONS):detect_leaks=0 ctest --test-dir $(SANITIZE_BUILD)/torch --output-on-failure -j $(JOBS) -E 'Sweep/'
+
+# libFuzzer (clang): tests/fuzz/fuzz_*.cc, built with ASan + UBSan. fuzz-ci (in make test) runs
+# each target for seconds, fuzz for FUZZ_SECONDS (default 10 minutes) each.
+FUZZ_BUILD := build/fuzz
+FUZZ_SECONDS ?= 600
+fuzz-build: system-deps
+	cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_CXX_COMPILER=clang++-14 \
+		-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+		-DSHARDWISE_WITH_TORCH=OFF -DSHARDWISE_BUILD_TESTS=OFF -DSHARDWISE_FUZZ=ON \
+		-DSHARDWISE_SANITIZE=address,undefined
+	cmake --build $(FUZZ_BUILD) -j $(JOBS)
+
+fuzz: fuzz-build ## every fuzz target for FUZZ_SECONDS (600) each, after its regression inputs
+	scripts/run_fuzzers.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
+
+fuzz-ci: fuzz-build ## every fuzz target for 20 s, after its regression inputs
+	scripts/run_fuzzers.sh $(FUZZ_BUILD) 20
+
+# Fault soak (outside CI): SOAK_TRIALS runs of shardwise-train at 2-4 ranks, a random rank
+# SIGKILLed at a random moment; the table lands in $(SOAK)/soak.md (tests/soak/soak.py).
+SOAK := build/soak
+SOAK_TRIALS ?= 100
+soak: build ## SIGKILL trials: hangs, leaks, lost checkpoints, detection time (~1-2 h)
+	$(PY) tests/soak/soak.py --trials $(SOAK_TRIALS) --out $(SOAK)
 
 test-cpu-torch: system-deps cpu-venv ## the CPU-only build against the CPU torch, and its op tests
 	SHARDWISE_WITH_CUDA=0 $(CPU_PY) -m pip install -q --no-build-isolation --no-deps .
@@ -138,12 +196,12 @@ gpu-wheels: venv ## where PyPI is reachable: .whl/ with what test-gpu needs beyo
 		-d .whl $(GPU_WHEELS)
 
 format: venv ## clang-format and ruff format, in place
-	$(VENV)/bin/clang-format -i $$(git ls-files 'csrc/*.h' 'csrc/*.hpp' 'csrc/*.cc' 'csrc/*.cpp' 'csrc/*.cu' 'tests/cpp/*.h' 'tests/cpp/*.cc' 'examples/cpp/*.cc' 'examples/cpp/*.cpp' 'examples/cpp/*.h')
+	$(VENV)/bin/clang-format -i $$(git ls-files 'csrc/*.h' 'csrc/*.hpp' 'csrc/*.cc' 'csrc/*.cpp' 'csrc/*.cu' 'tests/cpp/*.h' 'tests/cpp/*.cc' 'tests/fuzz/*.cc' 'examples/cpp/*.cc' 'examples/cpp/*.cpp' 'examples/cpp/*.h')
 	$(VENV)/bin/ruff format python tests benchmarks examples setup.py
 	$(VENV)/bin/ruff check --fix python tests benchmarks examples setup.py
 
 lint: venv ## the same checks, changing nothing
-	$(VENV)/bin/clang-format --dry-run -Werror $$(git ls-files 'csrc/*.h' 'csrc/*.hpp' 'csrc/*.cc' 'csrc/*.cpp' 'csrc/*.cu' 'tests/cpp/*.h' 'tests/cpp/*.cc' 'examples/cpp/*.cc' 'examples/cpp/*.cpp' 'examples/cpp/*.h')
+	$(VENV)/bin/clang-format --dry-run -Werror $$(git ls-files 'csrc/*.h' 'csrc/*.hpp' 'csrc/*.cc' 'csrc/*.cpp' 'csrc/*.cu' 'tests/cpp/*.h' 'tests/cpp/*.cc' 'tests/fuzz/*.cc' 'examples/cpp/*.cc' 'examples/cpp/*.cpp' 'examples/cpp/*.h')
 	$(VENV)/bin/ruff format --check python tests benchmarks examples setup.py
 	$(VENV)/bin/ruff check python tests benchmarks examples setup.py
 

@@ -12,6 +12,7 @@ set(SHARDWISE_CORE_SOURCES
   csrc/collectives/hybrid_transport.cc
   csrc/collectives/inprocess_transport.cc
   csrc/collectives/reduce.cc
+  csrc/collectives/recv_any.cc
   csrc/collectives/reduce_scatter.cc
   csrc/collectives/shm_transport.cc
   csrc/collectives/tcp_transport.cc
@@ -45,6 +46,7 @@ set(SHARDWISE_CORE_SOURCES
 set(SHARDWISE_CORE_TEST_SOURCES
   tests/cpp/test_collectives.cc
   tests/cpp/test_shm_transport.cc
+  tests/cpp/test_tcp_transport.cc
   tests/cpp/test_cast_math.cc
   tests/cpp/test_cast_cpu.cc
   tests/cpp/test_sharding.cc

@@ -68,6 +68,8 @@ void bind_checkpoint_dir(py::module& m) {
         return std::make_pair(path, skipped);
       },
       py::arg("directory"), "(the newest intact step folder or None, the skipped with reasons)");
+  m.def("checkpoint_remove_temporary_files", &ckpt::remove_temporary_files, py::arg("directory"),
+        py::call_guard<py::gil_scoped_release>());
   m.def("checkpoint_prune", &ckpt::prune, py::arg("directory"), py::arg("keep_last"),
         py::arg("newest_step"), py::call_guard<py::gil_scoped_release>());
 }

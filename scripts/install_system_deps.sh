@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Installs the Debian packages the build needs, only those missing: GoogleTest (the C++ test
-# framework), ccache, CMake and Ninja. Needs root (or sudo) on Debian/Ubuntu.
+# framework), ccache, CMake, Ninja, and clang with its sanitizer runtimes (libFuzzer). Needs root (or sudo) on Debian/Ubuntu.
 set -euo pipefail
-packages=(libgtest-dev ccache cmake ninja-build)
+packages=(libgtest-dev ccache cmake ninja-build clang-14 libclang-rt-14-dev)
 missing=()
 for p in "${packages[@]}"; do
   dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")

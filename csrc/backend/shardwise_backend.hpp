@@ -109,6 +109,8 @@ class ShardwiseBackend : public c10d::Backend {
   Work alltoall(Tensors& outputs, Tensors& inputs, const c10d::AllToAllOptions& opts) override;
   Work send(Tensors& tensors, int dst_rank, int tag) override;
   Work recv(Tensors& tensors, int src_rank, int tag) override;
+  // The first message from any other rank (gloo's contract; the Work's sourceRank() names it).
+  Work recvAnysource(Tensors& tensors, int tag) override;
   Work barrier(const c10d::BarrierOptions& opts) override;
   // Rank 0 names the ranks that did not arrive within opts.timeout (monitored_barrier.cpp).
   void monitoredBarrier(const c10d::BarrierOptions& opts, bool wait_all_ranks) override;
@@ -118,6 +120,11 @@ class ShardwiseBackend : public c10d::Backend {
                            const c10d::AllgatherOptions& opts) override;
 
  private:
+  // The next message of `peer` into `tensors`, its sequence number taken as it runs (recv lane).
+  void receive_from(collectives::Transport& t,
+                    int peer,
+                    Tensors& tensors,
+                    const collectives::CollectiveOptions& base);
   using Body = std::function<void(collectives::Transport&, const collectives::CollectiveOptions&)>;
   struct Job {
     c10::intrusive_ptr<ShardwiseWork> work;
@@ -181,8 +188,11 @@ class ShardwiseBackend : public c10d::Backend {
   std::unique_ptr<collectives::Transport> transport_;      // collectives
   std::unique_ptr<collectives::Transport> p2p_transport_;  // send/recv
   std::atomic<uint64_t> sequence_{0};
-  uint64_t monitored_barriers_ = 0;                 // names each monitored barrier's store keys
-  std::vector<uint64_t> sends_to_, receives_from_;  // per-peer p2p sequence numbers
+  uint64_t monitored_barriers_ = 0;  // names each monitored barrier's store keys
+  // Per-peer p2p sequence numbers. receives_from_ is read and advanced by the receive lane as it
+  // runs each receive, so a receive from any source takes the next number of whichever peer
+  // it hears from, in issue order with the receives from named peers.
+  std::vector<uint64_t> sends_to_, receives_from_;
   std::mutex p2p_mutex_;
   std::mutex failure_mutex_;
   std::exception_ptr failure_;

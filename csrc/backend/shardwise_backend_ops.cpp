@@ -438,20 +438,48 @@ ShardwiseBackend::Work ShardwiseBackend::recv(Tensors& tensors, int src_rank, in
       }
     });
   }
-  uint64_t sequence;
+  return enqueue(recv_lane_, c10d::OpType::RECV, Kind::kSendRecv, 0, tensors, c10d::kUnsetTimeout,
+                 [this, tensors, src_rank](Transport& t, const CollectiveOptions& base) mutable {
+                   receive_from(t, src_rank, tensors, base);
+                 });
+}
+
+// Runs on the receive lane: the next message of `peer`, its sequence number taken now.
+void ShardwiseBackend::receive_from(Transport& t,
+                                    int peer,
+                                    Tensors& tensors,
+                                    const CollectiveOptions& base) {
+  CollectiveOptions options = base;
   {
     std::lock_guard<std::mutex> lock(p2p_mutex_);
-    sequence = receives_from_[src_rank]++;
+    options.tag.sequence = receives_from_[peer]++;
   }
-  return enqueue(recv_lane_, c10d::OpType::RECV, Kind::kSendRecv, sequence, tensors,
-                 c10d::kUnsetTimeout,
-                 [tensors, src_rank](Transport& t, const CollectiveOptions& base) mutable {
-                   for (auto& tensor : tensors) {
-                     with_contiguous(tensor, [&](at::Tensor& c) {
-                       collectives::recv(t, src_rank, c.data_ptr(), bytes_of(c), base);
-                     });
-                   }
-                 });
+  for (auto& tensor : tensors) {
+    with_contiguous(tensor, [&](at::Tensor& c) {
+      collectives::recv(t, peer, c.data_ptr(), bytes_of(c), options);
+    });
+  }
+}
+
+ShardwiseBackend::Work ShardwiseBackend::recvAnysource(Tensors& tensors, int /*tag*/) {
+  const bool cuda = is_cuda_call(tensors, "recv (any source)", "tensors");
+  TORCH_CHECK_VALUE(!cuda,
+                    "shardwise backend: recv from any source needs CPU tensors (NCCL has no "
+                    "receive from any source); name the source rank, or receive into a CPU tensor");
+  TORCH_CHECK_VALUE(size_ > 1, "shardwise backend: recv from any source in a group of 1");
+  std::vector<int> peers;
+  for (int r = 0; r < size_; ++r)
+    if (r != rank_) peers.push_back(r);
+  auto source = std::make_shared<std::atomic<int>>(-1);
+  Work work = enqueue(
+      recv_lane_, c10d::OpType::RECVANYSOURCE, Kind::kSendRecv, 0, tensors, c10d::kUnsetTimeout,
+      [this, tensors, peers, source](Transport& t, const CollectiveOptions& base) mutable {
+        const int peer = collectives::wait_for_any(t, peers, base.deadline);
+        source->store(peer);
+        receive_from(t, peer, tensors, base);
+      });
+  static_cast<ShardwiseWork*>(work.get())->set_source(std::move(source));
+  return work;
 }
 
 }  // namespace shardwise::backend

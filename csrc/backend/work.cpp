@@ -28,6 +28,14 @@ bool ShardwiseWork::isCompleted() {
   return completed_;
 }
 
+int ShardwiseWork::sourceRank() const {
+  if (!source_) return c10d::Work::sourceRank();  // throws: not a receive from any source
+  const int rank = source_->load();
+  TORCH_CHECK(rank >= 0, "shardwise backend: sourceRank() of a receive from any source that has ",
+              "not completed; wait() for it first");
+  return rank;
+}
+
 bool ShardwiseWork::isSuccess() const {
   std::lock_guard<std::mutex> lock(mutex_);
   return completed_ && !error_;

@@ -33,6 +33,10 @@ class ShardwiseWork : public c10d::Work {
   bool wait(std::chrono::milliseconds timeout = kNoTimeout) override;
   c10::intrusive_ptr<c10::ivalue::Future> getFuture() override;
   uint64_t getSequencenumber() const override { return sequence_; }
+  // A receive from any source: the rank it received from (set by the worker before it
+  // finishes). Other operations throw, as c10d::Work does.
+  int sourceRank() const override;
+  void set_source(std::shared_ptr<std::atomic<int>> source) { source_ = std::move(source); }
 
   // Called once by the worker thread.
   void finish(std::exception_ptr error);
@@ -46,6 +50,7 @@ class ShardwiseWork : public c10d::Work {
   std::chrono::microseconds spin_;
   std::exception_ptr error_;
   uint64_t sequence_;
+  std::shared_ptr<std::atomic<int>> source_;
   std::vector<at::Tensor> outputs_;
   c10::intrusive_ptr<c10::ivalue::Future> future_;
 };

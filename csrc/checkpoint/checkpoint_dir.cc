@@ -77,18 +77,34 @@ Manifest parse_manifest(const std::string& text, const std::string& where) {
   Manifest m;
   m.format = root.at("format", where).as_integer(where + " format");
   m.step = root.at("step", where).as_integer(where + " step");
-  m.world_size = static_cast<int>(root.at("world_size", where).as_integer(where + " world_size"));
   if (root.object.count("config_yaml")) {
     m.config_yaml = root.at("config_yaml", where).as_string(where + " config_yaml");
   }
+  if (m.format != 1) {
+    throw std::invalid_argument(where + ": format " + std::to_string(m.format) +
+                                " is not 1, the only one this version reads");
+  }
+  if (m.step < 0) throw std::invalid_argument(where + ": step " + std::to_string(m.step) + " < 0");
   const json::Value& files = root.at("files", where);
   if (files.kind != json::Value::Kind::kObject) {
     throw std::invalid_argument(where + ": files is not an object");
   }
+  // Checked before anything loops over the ranks: a hostile world_size must not cost memory.
+  const int64_t world_size = root.at("world_size", where).as_integer(where + " world_size");
+  if (world_size < 1 || static_cast<size_t>(world_size) != files.object.size()) {
+    throw std::invalid_argument(where + ": world_size " + std::to_string(world_size) + " but " +
+                                std::to_string(files.object.size()) +
+                                " files listed; expected one file per rank, at least one");
+  }
+  m.world_size = static_cast<int>(world_size);
   for (const auto& [name, entry] : files.object) {
     const std::string field = where + " files." + name;
-    m.files[name] = {entry.at("size", field).as_integer(field + ".size"),
-                     entry.at("sha256", field).as_string(field + ".sha256")};
+    FileRecord record{entry.at("size", field).as_integer(field + ".size"),
+                      entry.at("sha256", field).as_string(field + ".sha256")};
+    if (record.size < 0 || record.sha256.size() != 64) {
+      throw std::invalid_argument(field + ": size must be >= 0 and sha256 64 hex digits");
+    }
+    m.files[name] = record;
   }
   return m;
 }
@@ -126,6 +142,11 @@ std::string verify(const std::string& step_dir) {
     m = parse_manifest(read_text(manifest_path), manifest_path.string());
   } catch (const std::exception& e) {
     return manifest_path.string() + " unreadable: " + e.what();
+  }
+  const std::string folder = fs::path(step_dir).filename().string();
+  if (folder.rfind("step-", 0) == 0 && folder != step_dir_name(m.step)) {
+    return manifest_path.string() + " is for step " + std::to_string(m.step) +
+           ", not the folder's (moved or tampered with)";
   }
   std::vector<std::string> expected, listed;
   for (int r = 0; r < m.world_size; ++r) expected.push_back(rank_file_name(r));
@@ -169,6 +190,24 @@ std::optional<LatestCheckpoint> latest(const std::string& directory,
   }
   if (skipped) *skipped = reasons;
   return std::nullopt;
+}
+
+std::vector<std::string> remove_temporary_files(const std::string& directory) {
+  static const std::regex temporary(R"(^\..+\.tmp$|^.+\.tmp\.\d+$)");
+  std::vector<fs::path> folders{directory};
+  for (const auto& [step, path] : step_dirs(directory)) folders.push_back(path);
+  std::vector<std::string> removed;
+  std::error_code error;
+  for (const fs::path& folder : folders) {
+    for (const auto& entry : fs::directory_iterator(folder, error)) {
+      if (entry.is_regular_file(error) &&
+          std::regex_match(entry.path().filename().string(), temporary) &&
+          fs::remove(entry.path(), error)) {
+        removed.push_back(entry.path().string());
+      }
+    }
+  }
+  return removed;
 }
 
 std::vector<std::string> prune(const std::string& directory, int keep_last, int64_t newest_step) {

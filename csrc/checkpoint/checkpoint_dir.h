@@ -61,6 +61,12 @@ struct LatestCheckpoint {
 std::optional<LatestCheckpoint> latest(const std::string& directory,
                                        std::vector<std::string>* skipped = nullptr);
 
+// Deletes the temporary files of writes that never finished under `directory` and its step
+// folders (".<name>.<random>.tmp" from Python, "<name>.tmp.<pid>" from C++: a writer killed
+// mid-write cannot remove its own); returns what it deleted. Call it only when no rank is
+// writing (at start-up, before any save).
+std::vector<std::string> remove_temporary_files(const std::string& directory);
+
 // Deletes step folders older than `newest_step` beyond the `keep_last` newest complete ones
 // (incomplete leftovers included); returns what it deleted. keep_last >= 1.
 std::vector<std::string> prune(const std::string& directory, int keep_last, int64_t newest_step);

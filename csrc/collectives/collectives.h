@@ -12,6 +12,7 @@
 #pragma once
 
 #include <cstddef>
+#include <vector>
 
 #include "collectives/transport.h"
 #include "collectives/types.h"
@@ -63,6 +64,11 @@ void send(Transport& transport,
           const CollectiveOptions& options);
 void recv(
     Transport& transport, int peer, void* data, size_t bytes, const CollectiveOptions& options);
+
+// Receive from any source (recv_any.cc): the first of `peers` whose next message has begun to
+// arrive (Transport::message_waiting); the caller then receives it with that peer's tag. Throws
+// TransportError naming this rank and the peers at `deadline`.
+int wait_for_any(Transport& transport, const std::vector<int>& peers, Clock::time_point deadline);
 
 namespace detail {
 // The algorithms behind allreduce, on a buffer of its accumulation type (no AVG division).

@@ -134,6 +134,10 @@ void HybridTransport::sendrecv(int send_peer,
   wait_for_helper();
 }
 
+bool HybridTransport::message_waiting(int peer) {
+  return (is_local(peer) ? *local_ : *remote_).message_waiting(link_rank(peer));
+}
+
 void HybridTransport::abort(const std::string& reason) {
   local_->abort(reason);
   remote_->abort(reason);

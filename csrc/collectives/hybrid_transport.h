@@ -50,6 +50,7 @@ class HybridTransport : public Transport {
                 Tag tag,
                 Clock::time_point deadline) override;
   void abort(const std::string& reason) override;
+  bool message_waiting(int peer) override;
 
   // Whether `peer` shares this rank's host (and so is reached through `local`).
   bool is_local(int peer) const { return host_of_[peer] == host_of_[rank_]; }

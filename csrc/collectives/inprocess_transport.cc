@@ -54,6 +54,11 @@ void InProcessTransport::sendrecv(int send_peer,
   }
 }
 
+bool InProcessTransport::message_waiting(int peer) {
+  std::lock_guard<std::mutex> lock(hub_->mutex_);
+  return !hub_->channel(peer, rank_).empty() || !hub_->failure_.empty();
+}
+
 void InProcessTransport::abort(const std::string& reason) {
   std::lock_guard<std::mutex> lock(hub_->mutex_);
   if (hub_->failure_.empty()) {

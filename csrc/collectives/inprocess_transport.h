@@ -51,6 +51,7 @@ class InProcessTransport : public Transport {
                 Tag tag,
                 Clock::time_point deadline) override;
   void abort(const std::string& reason) override;
+  bool message_waiting(int peer) override;
 
  private:
   std::shared_ptr<InProcessHub> hub_;

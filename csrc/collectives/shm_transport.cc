@@ -414,6 +414,16 @@ class ShmTransport::Progress {
   uint64_t copied_target_ = 0;
 };
 
+bool ShmTransport::message_waiting(int peer) {
+  if (peer < 0 || peer >= size_ || peer == rank_) {
+    throw std::invalid_argument("ShmTransport::message_waiting: peer " + std::to_string(peer) +
+                                " is not another rank of this group of " + std::to_string(size_));
+  }
+  check_peers(peer, -1, Tag{}, false);  // a failed group (abort) is an error, not a wait
+  RingCounters& ring = layout_->counter(peer, rank_);
+  return ring.head.load(std::memory_order_acquire) != ring.tail.load(std::memory_order_relaxed);
+}
+
 void ShmTransport::read_single_copy(
     int peer, uint64_t address, size_t bytes, const RecvConsumer& consume, char* into, Tag tag) {
   const int32_t pid = layout_->slots[peer].pid.load();

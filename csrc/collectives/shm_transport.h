@@ -71,6 +71,7 @@ class ShmTransport : public Transport {
                 Tag tag,
                 Clock::time_point deadline) override;
   void abort(const std::string& reason) override;
+  bool message_waiting(int peer) override;
 
   // Whether messages of single_copy_bytes or more go by a single copy in this group.
   bool single_copy() const { return single_copy_; }

@@ -52,16 +52,6 @@ void write_all(int fd, const void* data, size_t bytes) {
   }
 }
 
-void read_all(int fd, void* data, size_t bytes) {
-  char* p = static_cast<char*>(data);
-  while (bytes > 0) {
-    const ssize_t n = ::recv(fd, p, bytes, 0);
-    if (n < 0 && errno == EINTR) continue;
-    if (n <= 0) throw TransportError(system_error("tcp handshake recv"));
-    p += n, bytes -= static_cast<size_t>(n);
-  }
-}
-
 void tune(int fd) {
   const int one = 1;
   ::setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &one, sizeof(one));
@@ -138,6 +128,51 @@ TcpTransport::~TcpTransport() {
     if (fd >= 0) ::close(fd);
 }
 
+// Accepts until every higher rank has connected and named itself. A connection that sends no
+// rank within `handshake_timeout`, or one that is not a missing higher rank, is closed and
+// counted in `dropped`, which the timeout error reports.
+void TcpTransport::accept_higher_ranks(int listener,
+                                       Clock::time_point deadline,
+                                       std::chrono::milliseconds handshake_timeout) {
+  int missing = size_ - rank_ - 1;
+  std::string dropped;
+  while (missing > 0) {
+    pollfd waiting{listener, POLLIN, 0};
+    const auto left =
+        std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
+    if (left.count() <= 0 || ::poll(&waiting, 1, static_cast<int>(left.count())) <= 0) {
+      throw TransportError("rank " + std::to_string(rank_) + ": Timed out waiting for " +
+                           std::to_string(missing) + " higher rank(s) to connect" +
+                           (dropped.empty() ? "" : "; dropped connections:" + dropped));
+    }
+    const int fd = ::accept(listener, nullptr, nullptr);
+    if (fd < 0) continue;  // e.g. the connection was reset before it was accepted
+    const auto wait = std::max<int64_t>(1, std::min(left, handshake_timeout).count());
+    const timeval limit{static_cast<time_t>(wait / 1000),
+                        static_cast<suseconds_t>(wait % 1000 * 1000)};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &limit, sizeof(limit));
+    int32_t peer = -1;
+    size_t got = 0;
+    while (got < sizeof(peer)) {
+      const ssize_t n = ::recv(fd, reinterpret_cast<char*>(&peer) + got, sizeof(peer) - got, 0);
+      if (n < 0 && errno == EINTR) continue;
+      if (n <= 0) break;
+      got += static_cast<size_t>(n);
+    }
+    if (got < sizeof(peer) || peer <= rank_ || peer >= size_ || sockets_[peer] >= 0) {
+      ::close(fd);
+      if (dropped.size() < 400)
+        dropped += got < sizeof(peer) ? " one that did not name its rank in time"
+                                      : " one claiming rank " + std::to_string(peer);
+      continue;
+    }
+    const timeval none{0, 0};
+    ::setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &none, sizeof(none));
+    sockets_[peer] = fd;
+    --missing;
+  }
+}
+
 void TcpTransport::connect_mesh(const TcpTransportOptions& options, const Rendezvous& rendezvous) {
   const Clock::time_point deadline = Clock::now() + options.connect_timeout;
   const int listener = ::socket(AF_INET, SOCK_STREAM, 0);
@@ -173,25 +208,7 @@ void TcpTransport::connect_mesh(const TcpTransportOptions& options, const Rendez
       write_all(fd, &me, sizeof(me));
       sockets_[peer] = fd;
     }
-    for (int accepted = rank_ + 1; accepted < size_; ++accepted) {  // accept from above
-      pollfd waiting{listener, POLLIN, 0};
-      const auto left =
-          std::chrono::duration_cast<std::chrono::milliseconds>(deadline - Clock::now());
-      if (left.count() <= 0 || ::poll(&waiting, 1, static_cast<int>(left.count())) <= 0) {
-        throw TransportError("rank " + std::to_string(rank_) +
-                             ": Timed out waiting for higher ranks to connect");
-      }
-      const int fd = ::accept(listener, nullptr, nullptr);
-      if (fd < 0) throw TransportError(system_error("accept"));
-      int32_t peer = -1;
-      read_all(fd, &peer, sizeof(peer));
-      if (peer <= rank_ || peer >= size_ || sockets_[peer] >= 0) {
-        ::close(fd);
-        throw TransportError("rank " + std::to_string(rank_) +
-                             ": unexpected connection claiming rank " + std::to_string(peer));
-      }
-      sockets_[peer] = fd;
-    }
+    accept_higher_ranks(listener, deadline, options.handshake_timeout);
   } catch (...) {
     ::close(listener);
     throw;
@@ -286,6 +303,11 @@ void TcpTransport::sendrecv(int send_peer,
       }
     }
   }
+}
+
+bool TcpTransport::message_waiting(int peer) {
+  char byte;  // a byte to peek at: readable end-of-file (the peer closed) is no message
+  return ::recv(sockets_.at(peer), &byte, 1, MSG_PEEK | MSG_DONTWAIT) == 1;
 }
 
 void TcpTransport::abort(const std::string& /*reason*/) {

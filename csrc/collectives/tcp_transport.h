@@ -3,7 +3,8 @@
 //
 // Set-up: every rank listens on `bind_address` (port chosen by the kernel), publishes
 // "address:port" under "tcp/<rank>", connects to every lower rank (sending its own rank as the
-// first 4 bytes) and accepts one connection from every higher rank. Sockets use TCP_NODELAY.
+// first 4 bytes) and accepts one connection from every higher rank; a connection that does not
+// name a missing higher rank in time is dropped, not fatal. Sockets use TCP_NODELAY.
 //
 // Messages are a 24-byte header (sequence, kind, payload bytes) and the payload. sendrecv polls
 // the send socket for writability and the receive socket for readability together, so both
@@ -34,6 +35,9 @@ struct TcpTransportOptions {
   std::string bind_address = "127.0.0.1";  // an IPv4 address of this host's chosen interface
   std::string key_prefix = "tcp";
   std::chrono::milliseconds connect_timeout = std::chrono::minutes(5);
+  // How long an accepted connection has to name its rank; one that does not, or names no
+  // missing rank (a port scanner, another job), is closed and the wait goes on.
+  std::chrono::milliseconds handshake_timeout = std::chrono::seconds(10);
 };
 
 class TcpTransport : public Transport {
@@ -54,9 +58,13 @@ class TcpTransport : public Transport {
                 Tag tag,
                 Clock::time_point deadline) override;
   void abort(const std::string& reason) override;
+  bool message_waiting(int peer) override;
 
  private:
   void connect_mesh(const TcpTransportOptions& options, const Rendezvous& rendezvous);
+  void accept_higher_ranks(int listener,
+                           Clock::time_point deadline,
+                           std::chrono::milliseconds handshake_timeout);
 
   int rank_;
   int size_;

@@ -98,6 +98,12 @@ class Transport {
   // blocked on this rank fail fast instead of waiting for their deadline.
   virtual void abort(const std::string& reason) = 0;
 
+  // Whether the next message from `peer` has begun to arrive (nothing is consumed; a peer that
+  // has closed its end after its last message has none, so one rank leaving does not fail a
+  // receive from the others). What a receive from any source (recv_any.cc) polls. The default,
+  // for transports that cannot tell, throws std::logic_error.
+  virtual bool message_waiting(int peer);
+
   // Receives into a buffer. The default hands `consume` a copy into it; a transport that can
   // place a message there directly (a single copy) overrides this.
   virtual void sendrecv(int send_peer,

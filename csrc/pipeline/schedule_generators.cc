@@ -189,8 +189,9 @@ Schedule lower_communication(Schedule s) {
 
 std::string action_name(const Action& a) {
   static const char* names[] = {"F", "B", "I", "W", "SEND_F", "RECV_F", "SEND_B", "RECV_B"};
-  return std::string(names[static_cast<int>(a.kind)]) + std::to_string(a.stage) + "." +
-         std::to_string(a.microbatch);
+  const int kind = static_cast<int>(a.kind);
+  const std::string name = kind < 8 ? names[kind] : "kind" + std::to_string(kind) + ":";
+  return name + std::to_string(a.stage) + "." + std::to_string(a.microbatch);
 }
 
 std::string to_string(const Schedule& s) {

@@ -97,8 +97,6 @@ double Simulator::cost(const Action& a) const {
 // Every rank runs only its own stages; every (stage, microbatch) has one forward and one
 // backward (B, or I and W), or none in a forward-only schedule.
 std::string Simulator::check_structure() {
-  if (static_cast<int>(s_.ranks.size()) != s_.num_ranks)
-    return "the schedule has a wrong rank count";
   std::map<Key, int> count;
   for (int r = 0; r < s_.num_ranks; ++r) {
     for (const Action& a : s_.ranks[r]) {
@@ -242,7 +240,32 @@ bool Simulator::try_group(int r) {
   return true;
 }
 
+// The counts every later check indexes by; a schedule given by a user may have any.
+std::string check_counts(const Schedule& s) {
+  if (s.num_ranks < 1 || s.num_stages < 1 || s.num_microbatches < 1) {
+    return "num_ranks, num_stages and num_microbatches must be at least 1 (got " +
+           std::to_string(s.num_ranks) + ", " + std::to_string(s.num_stages) + ", " +
+           std::to_string(s.num_microbatches) + ")";
+  }
+  if (static_cast<int64_t>(s.ranks.size()) != s.num_ranks) {
+    return "the schedule has " + std::to_string(s.ranks.size()) + " action lists for " +
+           std::to_string(s.num_ranks) + " ranks";
+  }
+  for (const auto& actions : s.ranks) {
+    for (const Action& a : actions) {
+      if (static_cast<int>(a.kind) > static_cast<int>(ActionKind::kRecvBackward)) {
+        return "an action has the unknown kind " + std::to_string(static_cast<int>(a.kind));
+      }
+    }
+  }
+  return "";
+}
+
 ValidationReport Simulator::run() {
+  if (std::string error = check_counts(s_); !error.empty()) {
+    report_.error = error;
+    return report_;
+  }
   const int p = s_.num_ranks;
   report_.peak_in_flight.assign(p, 0);
   report_.times.assign(p, {});

@@ -135,6 +135,33 @@ TEST_F(CheckpointDir, LatestSkipsTornAndCorruptCheckpointsWithTheirReasons) {
   EXPECT_THROW(write_manifest((root_ / "step-00000009").string(), 9, 1, ""), std::runtime_error);
 }
 
+// Hostile manifests (tests/fuzz/fuzz_checkpoint_manifest; its regressions/ hold the inputs): a
+// world size of 0 made a folder with no rank file "complete", and a huge one looped billions of
+// times before any file was looked at. A manifest moved to another step's folder is refused.
+TEST_F(CheckpointDir, HostileManifestsAreRefusedBeforeAnyFileIsRead) {
+  auto refused = [](const std::string& text, const std::string& reason) {
+    try {
+      parse_manifest(text, "manifest.json");
+      ADD_FAILURE() << "accepted: " << text;
+    } catch (const std::invalid_argument& e) {
+      EXPECT_NE(std::string(e.what()).find(reason), std::string::npos) << e.what();
+    }
+  };
+  const std::string file = R"("rank-00000.pt": {"size": 1, "sha256": ")" + hash("x") + "\"}";
+  refused(R"({"files": {}, "format": 1, "step": 1, "world_size": 0})", "world_size 0 but 0");
+  refused(R"({"files": {}, "format": 1, "step": 1, "world_size": 2000000000})",
+          "world_size 2000000000 but 0 files");
+  refused(R"({"files": {)" + file + R"(}, "format": 2, "step": 1, "world_size": 1})", "format 2");
+  refused(R"({"files": {)" + file + R"(}, "format": 1, "step": -4, "world_size": 1})", "step -4");
+  refused(R"({"files": {"rank-00000.pt": {"size": -1, "sha256": "00"}}, "format": 1, "step": 1,
+             "world_size": 1})",
+          "size must be >= 0 and sha256 64 hex digits");
+  const std::string dir = save(7, 1);
+  fs::rename(dir, root_ / step_dir_name(8));
+  EXPECT_NE(verify((root_ / step_dir_name(8)).string()).find("is for step 7, not the folder's"),
+            std::string::npos);
+}
+
 TEST_F(CheckpointDir, PruneKeepsTheNewestCompleteOnesAndNothingNewerIsTouched) {
   for (int step : {1, 2, 3, 4}) save(step, 1);
   fs::create_directories(root_ / step_dir_name(5));  // newer than the one just saved: untouched

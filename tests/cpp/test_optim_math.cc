@@ -54,7 +54,8 @@ std::vector<uint8_t> encode(const std::vector<float>& values, sp::Format format)
 }
 
 bool same_bits(const std::vector<float>& a, const std::vector<float>& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 // The state of one AdamW run: three steps from random values, all in one struct.

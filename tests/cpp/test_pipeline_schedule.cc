@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <tuple>
 
 #include "pipeline/schedule.h"
 #include "pipeline/schedule_validator.h"
@@ -123,6 +124,24 @@ TEST(PipelineValidator, RejectsAMissingRecv) {
   auto& rank1 = s.ranks[1];
   rank1.erase(std::find(rank1.begin(), rank1.end(), Action{ActionKind::kRecvForward, 1, 2}));
   expect_rejected(s, "missing recv");
+}
+
+// Found by tests/fuzz/fuzz_schedule_validator (its regressions/ hold the inputs): a schedule
+// whose counts disagree with its lists was indexed past its end, and an action of an unknown
+// kind read past the table of names.
+TEST(PipelineValidator, RejectsCountsThatDisagreeWithTheListsBeforeIndexingThem) {
+  Schedule s = make(ScheduleKind::k1F1B, 2, 2);
+  s.ranks.pop_back();
+  expect_rejected(s, "1 action lists for 2 ranks");
+  for (auto [p, stages, m] : {std::tuple{0, 2, 2}, {-3, 2, 2}, {2, 0, 2}, {2, 2, -1}}) {
+    Schedule bad = make(ScheduleKind::k1F1B, 2, 2);
+    bad.num_ranks = p, bad.num_stages = stages, bad.num_microbatches = m;
+    expect_rejected(bad, "must be at least 1");
+  }
+  Schedule unknown = make(ScheduleKind::k1F1B, 2, 2);
+  unknown.ranks[0][0].kind = static_cast<ActionKind>(8);
+  expect_rejected(unknown, "unknown kind 8");
+  EXPECT_EQ(action_name(unknown.ranks[0][0]), "kind8:0.0");
 }
 
 TEST(PipelineValidator, RejectsAReorderedSend) {

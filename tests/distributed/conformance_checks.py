@@ -1,9 +1,10 @@
 """What PyTorch's own distributed suite asks of a CPU backend beyond the common collectives
 (issue 18), checked inside the "ops" worlds of worker.py against gloo: all_gather_coalesced,
-the sparse all_reduce, monitored_barrier naming the ranks that did not arrive, and the words
-"Timed out" in a timeout."""
+the sparse all_reduce, monitored_barrier naming the ranks that did not arrive, the receive from
+any source, and the words "Timed out" in a timeout."""
 
 import datetime
+import time
 
 import torch
 import torch.distributed as dist
@@ -96,6 +97,44 @@ def check_monitored_barrier_names_missing_ranks(rank, world, gloo):
     t = torch.ones(3)
     dist.all_reduce(t)  # the transport is untouched by the failed barriers
     assert torch.equal(t, torch.full((3,), float(world)))
+
+
+def check_recv_from_any_source_names_the_sender(rank, world, gloo):
+    """Catches: recv(src=None) unsupported, the source rank not reported (or reported as
+    another), messages of one sender taken out of order, a receive from any source stealing
+    the sequence number of a later named receive, and sends that arrive late never found."""
+    for name, group in (("shardwise", None), ("gloo", gloo)):
+        if rank == 0:
+            got = {}
+            for _ in range(2 * (world - 1)):
+                t = torch.empty(4)
+                source = dist.recv(t, group=group)  # any source
+                got.setdefault(source, []).append(t[0].item())
+            # each sender's two messages in the order sent
+            assert got == {r: [r * 10.0, r * 10.0 + 1] for r in range(1, world)}, (name, got)
+        elif rank == 1:
+            time.sleep(0.2)  # the other senders' messages arrive first
+        if rank > 0:
+            for k in range(2):
+                dist.send(torch.full((4,), rank * 10.0 + k), 0, group=group)
+        dist.barrier(group=group)
+        if rank == 0:  # a named receive, then one from any source: the next of the same sender
+            named, anyone = torch.empty(2), torch.empty(2)
+            dist.recv(named, src=world - 1, group=group)
+            source = dist.recv(anyone, group=group)
+            assert named.tolist() == [1.0, 1.0] and anyone.tolist() == [2.0, 2.0], (name, named)
+            assert source == world - 1, (name, source)
+        elif rank == world - 1:
+            dist.send(torch.full((2,), 1.0), 0, group=group)
+            dist.send(torch.full((2,), 2.0), 0, group=group)
+        dist.barrier(group=group)
+    if rank == 0:  # a wait with nothing sent ends with the words of a timeout
+        lonely = dist.new_group(timeout=datetime.timedelta(seconds=0.5))
+        work = lonely.recv_anysource([torch.empty(1)], 0)
+        _expect(work.wait, "Timed out waiting for a message from any of ranks")
+    else:
+        dist.new_group(timeout=datetime.timedelta(seconds=0.5))
+    dist.barrier()
 
 
 CHECKS = [f for n, f in sorted(globals().items()) if n.startswith("check_")]

@@ -138,6 +138,25 @@ def test_crash_while_writing_leaves_previous_intact_and_no_temp_files(tmp_path, 
     assert _latest_quietly(tmp_path) == tmp_path / "step-00000001"
 
 
+def test_temporary_files_of_killed_writers_are_removed_and_nothing_else(tmp_path):
+    """Catches (found by the fault soak): a rank SIGKILLed inside an atomic write leaves its
+    temporary file, which no one removed; the next run's clean-up must delete exactly those (the
+    Python and the C++ writers' names) and leave the checkpoints and other files alone."""
+    step_dir = _save_all(tmp_path, 4)
+    left = [
+        step_dir / ".rank-00000.pt.k2j3h4.tmp",  # atomic_write_path (Python)
+        step_dir / "manifest.json.tmp.4242",  # atomic_write (C++)
+        tmp_path / ".step-00000008.x.tmp",
+    ]
+    kept = [step_dir / "notes.tmp.txt", tmp_path / "tmp", step_dir / "manifest.json.tmp.pid"]
+    for path in left + kept:
+        path.write_text("partial")
+    removed = ckpt.remove_temporary_files(tmp_path)
+    assert sorted(removed) == sorted(left)
+    assert all(p.exists() for p in kept) and not any(p.exists() for p in left)
+    assert ckpt.verify(step_dir) is None
+
+
 def test_safetensors_export_with_tied_weight(tmp_path):
     emb = torch.randn(16, 8)
     state = {

@@ -178,6 +178,15 @@ def prune(directory: str | Path, keep_last: int, newest_step: int) -> list[Path]
     return [Path(p) for p in _C.checkpoint_prune(str(directory), keep_last, newest_step)]
 
 
+def remove_temporary_files(directory: str | Path) -> list[Path]:
+    """Deletes what writes killed mid-way left under ``directory`` and its step folders (their
+    temporary files; the checkpoints themselves are untouched); returns what it deleted. Only
+    while no rank writes: ``shardwise-train`` calls it on rank 0 before it resumes (C++)."""
+    from .. import _C
+
+    return [Path(p) for p in _C.checkpoint_remove_temporary_files(str(directory))]
+
+
 def verify(step_dir: str | Path) -> str | None:
     """None if ``step_dir`` is a complete, intact checkpoint, else the reason it is not (C++
     verify: the manifest, one file per rank, sizes and SHA-256)."""

@@ -34,6 +34,7 @@ from dataclasses import fields, replace
 from pathlib import Path
 from typing import Any, Literal
 
+import yaml
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import (
@@ -351,7 +352,7 @@ def load_config(
     overrides = [_preset_shorthand(o) for o in overrides]
     try:
         base = OmegaConf.load(path) if path else OmegaConf.create({})
-    except (OSError, OmegaConfBaseException) as error:
+    except (OSError, OmegaConfBaseException, yaml.YAMLError) as error:
         raise ValueError(f"cannot read the config file {path!r}: {error}") from error
     if not isinstance(OmegaConf.to_container(base), dict):
         raise ValueError(f"{path}: the config must be a mapping of sections (model, data, ...)")
@@ -363,7 +364,7 @@ def load_config(
             )
         try:
             merged = OmegaConf.merge(base, OmegaConf.from_dotlist([item]))
-        except OmegaConfBaseException as error:
+        except (OmegaConfBaseException, yaml.YAMLError) as error:
             raise ValueError(
                 f"override {item!r}: {error}; write overrides as dotted.key=value, "
                 f"e.g. training.micro_batch_size=8"
@@ -847,8 +848,8 @@ def _check_sub_blocks(cfg: TrainConfig, lifted: Sequence[str]) -> None:
                     f"distributed.zero.{key}={d.zero[key]!r} differs from training.{ours}="
                     f"{getattr(t, ours)!r}; set it once, under training.{ours}"
                 )
+        _delegate("distributed.zero", cfg.zero_config)  # types first: the check below compares
         _check_zero_against_training(cfg)
-        _delegate("distributed.zero", cfg.zero_config)
     if d.strategy == "pipeline":
         _check_pipeline(cfg)
 

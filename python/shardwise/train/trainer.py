@@ -153,18 +153,38 @@ class Trainer:
             self.spec.keep_last,
         )
 
-    def resume(self) -> bool:
+    def _agreed_checkpoint(self) -> Path | None:
+        """The checkpoint every rank resumes from: rank 0 picks the newest intact one and
+        broadcasts its step. Ranks choosing on their own could disagree (found by the fault
+        soak): a fast rank resuming at the last step saves at once, rewriting its rank file
+        while a slower rank is still verifying the folder, which then skips that checkpoint."""
         import warnings
 
-        with warnings.catch_warnings(record=True) as caught:
-            warnings.simplefilter("always", ckpt.CheckpointWarning)
-            path = ckpt.latest(self.spec.output_dir / "checkpoints")
-        for w in caught:  # a corrupt or incomplete newer checkpoint: say so, use the one before
-            self.sinks.note(f"warning: {w.message}")
+        directory = self.spec.output_dir / "checkpoints"
+        path = None
+        if self.rank == 0:
+            for leftover in ckpt.remove_temporary_files(directory):  # from a killed run's saves
+                self.sinks.note(f"removed {leftover}: a write that never finished")
+            with warnings.catch_warnings(record=True) as caught:
+                warnings.simplefilter("always", ckpt.CheckpointWarning)
+                path = ckpt.latest(directory)
+            for w in caught:  # a corrupt or incomplete newer checkpoint: say so, use the one before
+                self.sinks.note(f"warning: {w.message}")
+        step = -1 if path is None else int(path.name.split("-")[1])
+        chosen = torch.tensor([step], dtype=torch.int64, device=self.device)
+        if self.world > 1:
+            dist.broadcast(chosen, src=0)
+        step = int(chosen.item())
+        return None if step < 0 else directory / ckpt.step_dir_name(step)
+
+    def resume(self) -> bool:
+        path = self._agreed_checkpoint()
         if path is None:
             return False
         saved_world = ckpt.read_manifest(path)["world_size"]
         payloads = [ckpt.load(path, r) for r in range(saved_world)]
+        if self.world > 1:  # no rank saves into the folder while another still reads it
+            dist.barrier()
         s = self.stepper
         if s.engine is not None:
             if "zero" not in payloads[0]:

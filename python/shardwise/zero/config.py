@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 import json
+import math
 import warnings
 from collections.abc import Mapping
 from pathlib import Path
@@ -49,6 +50,49 @@ def _check_keys(section: str, given: Mapping, valid, ignored: Mapping, lost: lis
             )
 
 
+# The kind of the keys whose default is None (any other None default is checked where used).
+_KIND_OF_NONE_DEFAULTS = {
+    "scheduler": {},
+    "offload_optimizer": {},
+    "offload_param": {},
+    "cpu_offload": False,
+    "cpu_offload_param": False,
+    "cpu_offload_params": False,
+    "fused": False,
+    "foreach": False,
+    "warmup_max_lr": 0.0,
+    "total_num_steps": 0,
+}
+
+
+def _check_types(section: str, given: Mapping, defaults: Mapping) -> None:
+    """Each given value has its default's kind: a bool, a finite number, a string, a mapping, or
+    a list of numbers as long as the default's (None stands for the default where it is one)."""
+    for key, value in given.items():
+        if key not in defaults or value is None and defaults[key] is None:
+            continue
+        default, where = defaults[key], f"{section}.{key}" if section else key
+        if default is None:
+            if key not in _KIND_OF_NONE_DEFAULTS:
+                continue
+            default = _KIND_OF_NONE_DEFAULTS[key]
+        number = isinstance(value, int | float) and not isinstance(value, bool)
+        if isinstance(default, bool):
+            ok, kind = isinstance(value, bool), "true or false"
+        elif isinstance(default, int | float):
+            ok, kind = number and math.isfinite(value), "a finite number"
+        elif isinstance(default, str):
+            ok, kind = isinstance(value, str), "a string"
+        elif isinstance(default, Mapping):
+            ok, kind = value is None or isinstance(value, Mapping), "a mapping"
+        else:  # a tuple of numbers (betas)
+            ok = isinstance(value, list | tuple) and len(value) == len(default)
+            ok = ok and all(isinstance(v, int | float) and not isinstance(v, bool) for v in value)
+            kind = f"a list of {len(default)} numbers"
+        if not ok:
+            raise ConfigError(f"{where} must be {kind}, got {value!r}")
+
+
 def _section(section, given, defaults: Mapping, lost: list, ignored: Mapping = None) -> dict:
     if given is None:
         return dict(defaults)
@@ -56,6 +100,7 @@ def _section(section, given, defaults: Mapping, lost: list, ignored: Mapping = N
         raise ConfigError(f"{section} must be a mapping, got {type(given).__name__}")
     ignored = ignored or {}
     _check_keys(section, given, defaults, ignored, lost)
+    _check_types(section, given, defaults)
     return {**defaults, **{k: v for k, v in given.items() if k not in ignored}}
 
 
@@ -254,6 +299,7 @@ def load(config: Mapping | str | Path, world_size: int, auto: Mapping | None = N
         config = {**config, **{k: auto[k] for k in batch_keys[1:] if auto.get(k) is not None}}
     lost: list[str] = []
     _check_keys("", config, K.TOP, K.IGNORED_TOP, lost)
+    _check_types("", config, K.TOP)
     zero = _section(
         "zero_optimization", config.get("zero_optimization"), K.ZERO, lost, K.IGNORED_ZERO
     )
