@@ -155,11 +155,13 @@ fuzz-ci: fuzz-build ## every fuzz target for 20 s, after its regression inputs
 	scripts/run_fuzzers.sh $(FUZZ_BUILD) 20
 
 # Fault soak (outside CI): SOAK_TRIALS runs of shardwise-train at 2-4 ranks, a random rank
-# SIGKILLed at a random moment; the table lands in $(SOAK)/soak.md (tests/soak/soak.py).
+# SIGKILLed at a random moment, then SOAK_LINK_CUTS runs over TCP between two network namespaces
+# whose link is cut mid-training; the table lands in $(SOAK)/soak.md (tests/soak/soak.py).
 SOAK := build/soak
 SOAK_TRIALS ?= 100
-soak: build ## SIGKILL trials: hangs, leaks, lost checkpoints, detection time (~1-2 h)
-	$(PY) tests/soak/soak.py --trials $(SOAK_TRIALS) --out $(SOAK)
+SOAK_LINK_CUTS ?= 10
+soak: build ## SIGKILL and link-cut trials: hangs, leaks, lost checkpoints, detection (~1-2 h)
+	$(PY) tests/soak/soak.py --trials $(SOAK_TRIALS) --link-cuts $(SOAK_LINK_CUTS) --out $(SOAK)
 
 test-cpu-torch: system-deps cpu-venv ## the CPU-only build against the CPU torch, and its op tests
 	SHARDWISE_WITH_CUDA=0 $(CPU_PY) -m pip install -q --no-build-isolation --no-deps .

@@ -39,6 +39,7 @@ set(SHARDWISE_CORE_SOURCES
   csrc/checkpoint/sha256.cc
   csrc/checkpoint/atomic_file.cc
   csrc/checkpoint/checkpoint_dir.cc
+  csrc/checkpoint/resume_agreement.cc
   csrc/common/json.cc
   csrc/fsdp/stream_order.cc
   csrc/data/token_file.cc

@@ -3,10 +3,12 @@
 // pieces, the data files, and the FSDP, ZeRO, pipeline and tensor-parallel classes the Python
 // package adapts.
 #include <pybind11/chrono.h>
+#include <pybind11/functional.h>
 #include <pybind11/pybind11.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
+#include <functional>
 #include <map>
 #include <optional>
 #include <stdexcept>
@@ -17,6 +19,7 @@
 #include "backend/op_log.hpp"
 #include "backend/shardwise_backend.hpp"
 #include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/resume_agreement.h"
 #include "checkpoint/safetensors.h"
 #include "common/cpu_features.h"
 #include "data/token_file_tensor.h"
@@ -68,6 +71,21 @@ void bind_checkpoint_dir(py::module& m) {
         return std::make_pair(path, skipped);
       },
       py::arg("directory"), "(the newest intact step folder or None, the skipped with reasons)");
+  m.def(
+      "checkpoint_agree",
+      [](const std::string& directory, int rank, int world_size,
+         std::function<int64_t(int64_t)> broadcast_step) {
+        ckpt::AgreeOptions options;
+        options.directory = directory;
+        options.rank = rank;
+        options.world_size = world_size;
+        options.broadcast_step = std::move(broadcast_step);
+        ckpt::AgreedCheckpoint agreed = ckpt::agree_on_checkpoint(options);
+        return std::make_tuple(agreed.path, agreed.removed, agreed.skipped);
+      },
+      py::arg("directory"), py::arg("rank"), py::arg("world_size"), py::arg("broadcast_step"),
+      py::call_guard<py::gil_scoped_release>(),
+      "Collective: (the step folder rank 0 chose or None, temporary files removed, skipped).");
   m.def("checkpoint_remove_temporary_files", &ckpt::remove_temporary_files, py::arg("directory"),
         py::call_guard<py::gil_scoped_release>());
   m.def("checkpoint_prune", &ckpt::prune, py::arg("directory"), py::arg("keep_last"),

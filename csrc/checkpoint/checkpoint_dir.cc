@@ -170,6 +170,11 @@ std::string verify(const std::string& step_dir) {
   return "";
 }
 
+Manifest read_manifest(const std::string& step_dir) {
+  const fs::path path = fs::path(step_dir) / kManifest;
+  return parse_manifest(read_text(path), path.string());
+}
+
 std::optional<LatestCheckpoint> latest(const std::string& directory,
                                        std::vector<std::string>* skipped) {
   std::vector<std::string> reasons;

@@ -39,6 +39,8 @@ struct Manifest {
 std::string manifest_json(const Manifest& manifest);
 // Throws std::invalid_argument naming `where` and the missing or malformed field.
 Manifest parse_manifest(const std::string& text, const std::string& where);
+// `step_dir`'s manifest, parsed (throws naming the file when it is missing or malformed).
+Manifest read_manifest(const std::string& step_dir);
 
 // Hashes the rank files of `step_dir` (every rank's must exist: an error names the rank that did
 // not save) and writes the manifest atomically. Returns it.

@@ -145,23 +145,37 @@ std::string save_training_checkpoint(const TrainingState& state, const SaveOptio
   return step_dir.string();
 }
 
-std::optional<LoadedCheckpoint> load_latest_training_checkpoint(const std::string& directory) {
-  std::vector<std::string> skipped;
-  auto found = latest(directory, &skipped);
-  if (!found) return std::nullopt;
+std::optional<LoadedCheckpoint> load_latest_training_checkpoint(const LoadOptions& options) {
+  TORCH_CHECK_VALUE(options.world_size == 1 || options.barrier,
+                    "checkpoint: a barrier is needed with ", options.world_size, " ranks");
+  AgreeOptions agree;
+  agree.directory = options.directory;
+  agree.rank = options.rank;
+  agree.world_size = options.world_size;
+  agree.broadcast_step = options.broadcast_step;
+  AgreedCheckpoint agreed = agree_on_checkpoint(agree);
+  if (!agreed.path) return std::nullopt;
   LoadedCheckpoint out;
-  out.path = found->path;
-  out.manifest = found->manifest;
-  out.skipped = skipped;
-  for (int r = 0; r < found->manifest.world_size; ++r) {
-    const std::string file = (fs::path(found->path) / rank_file_name(r)).string();
+  out.path = *agreed.path;
+  out.skipped = std::move(agreed.skipped);
+  out.removed = std::move(agreed.removed);
+  out.manifest = read_manifest(out.path);
+  for (int r = 0; r < out.manifest.world_size; ++r) {
+    const std::string file = (fs::path(out.path) / rank_file_name(r)).string();
     std::ifstream in(file, std::ios::binary);
     TORCH_CHECK(in, file, ": cannot be read");
     const std::vector<char> bytes((std::istreambuf_iterator<char>(in)),
                                   std::istreambuf_iterator<char>());
     out.ranks.push_back(from_payload(torch::pickle_load(bytes), file));
   }
+  if (options.barrier) options.barrier();  // every rank has read before any saves again
   return out;
+}
+
+std::optional<LoadedCheckpoint> load_latest_training_checkpoint(const std::string& directory) {
+  LoadOptions options;
+  options.directory = directory;
+  return load_latest_training_checkpoint(options);
 }
 
 }  // namespace shardwise::checkpoint

@@ -21,6 +21,7 @@
 #include <vector>
 
 #include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/resume_agreement.h"
 #include "sharding/checkpoint_pieces.h"
 #include "zero/zero_optimizer.h"
 
@@ -59,15 +60,28 @@ struct SaveOptions {
 // prunes, then a second barrier. Returns the step folder.
 std::string save_training_checkpoint(const TrainingState& state, const SaveOptions& options);
 
+struct LoadOptions {
+  std::string directory;  // the checkpoints folder (step-NNNNNNNN/ inside)
+  int rank = 0;
+  int world_size = 1;
+  std::function<int64_t(int64_t)> broadcast_step;  // rank 0's step to all (resume_agreement.h)
+  std::function<void()> barrier;                   // over every rank; may be empty with one rank
+};
+
 struct LoadedCheckpoint {
   std::string path;
   Manifest manifest;
   std::vector<TrainingState> ranks;  // every saved rank's state, by rank
-  std::vector<std::string> skipped;  // newer checkpoints passed over, with the reasons
+  std::vector<std::string> skipped;  // rank 0: newer checkpoints passed over, with the reasons
+  std::vector<std::string> removed;  // rank 0: temporary files of killed writes, deleted
 };
 
-// The newest intact checkpoint under `directory`, every saved rank's payload read; nullopt when
-// there is none.
+// Collective: the checkpoint rank 0 chose (agree_on_checkpoint: the newest intact one, after
+// removing killed writes' temporary files), every saved rank's payload read, then a barrier so
+// that no rank saves into a folder another still reads. nullopt when there is none. Call it
+// before any rank saves.
+std::optional<LoadedCheckpoint> load_latest_training_checkpoint(const LoadOptions& options);
+// One process: the same with world_size 1.
 std::optional<LoadedCheckpoint> load_latest_training_checkpoint(const std::string& directory);
 
 }  // namespace shardwise::checkpoint

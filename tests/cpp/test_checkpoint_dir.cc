@@ -7,11 +7,15 @@
 
 #include <filesystem>
 #include <fstream>
+#include <future>
 #include <stdexcept>
 #include <string>
+#include <thread>
+#include <vector>
 
 #include "checkpoint/atomic_file.h"
 #include "checkpoint/checkpoint_dir.h"
+#include "checkpoint/resume_agreement.h"
 #include "checkpoint/sha256.h"
 #include "common/json.h"
 
@@ -174,6 +178,69 @@ TEST_F(CheckpointDir, PruneKeepsTheNewestCompleteOnesAndNothingNewerIsTouched) {
   EXPECT_FALSE(fs::exists(root_ / step_dir_name(1)));
   EXPECT_FALSE(fs::exists(root_ / step_dir_name(3)));
   EXPECT_THROW(prune(root_.string(), 0, 4), std::invalid_argument);
+}
+
+// The resume race the fault soak found: a fast rank that resumed at the newest step saved again
+// at once, rewriting its rank file while a slower rank still verified that folder; the slower
+// rank skipped it and resumed from an older one. Here rank 0 chooses, then (as the fast rank did)
+// rewrites a rank file of the newest checkpoint before the others start, so a rank that looked
+// for itself would choose step 10; each must still take rank 0's step 20.
+TEST_F(CheckpointDir, EveryRankResumesFromTheCheckpointRankZeroChose) {
+  save(10, 3);
+  const std::string newest = save(20, 3);
+  std::ofstream(fs::path(newest) / ".rank-00001.pt.x1y2.tmp") << "a killed write";
+  std::promise<int64_t> chosen;
+  std::shared_future<int64_t> from_rank0 = chosen.get_future().share();
+  std::vector<AgreedCheckpoint> agreed(3);
+  const auto run_rank = [&](int rank) {
+    AgreeOptions options;
+    options.directory = root_.string();
+    options.rank = rank;
+    options.world_size = 3;
+    options.broadcast_step = [&, rank](int64_t step) {
+      if (rank == 0) {
+        std::ofstream(fs::path(newest) / rank_file_name(1)) << "rewritten mid-resume";
+        chosen.set_value(step);
+      }
+      return from_rank0.get();
+    };
+    agreed[rank] = agree_on_checkpoint(options);
+  };
+  std::thread rank0(run_rank, 0);
+  from_rank0.wait();  // the others start only once the newest checkpoint looks torn
+  std::thread rank1(run_rank, 1), rank2(run_rank, 2);
+  for (std::thread* thread : {&rank0, &rank1, &rank2}) thread->join();
+  for (int rank = 0; rank < 3; ++rank) {
+    ASSERT_TRUE(agreed[rank].path.has_value()) << "rank " << rank;
+    EXPECT_EQ(*agreed[rank].path, newest) << "rank " << rank;
+  }
+  ASSERT_EQ(agreed[0].removed.size(), 1u);  // rank 0 cleaned up the killed write, alone
+  EXPECT_FALSE(fs::exists(fs::path(newest) / ".rank-00001.pt.x1y2.tmp"));
+  EXPECT_TRUE(agreed[1].removed.empty() && agreed[2].removed.empty());
+  EXPECT_NE(verify(newest), "");  // what a rank looking for itself would have seen
+}
+
+TEST_F(CheckpointDir, ResumeAgreementStartsAfreshOrRefusesToGuess) {
+  AgreeOptions options;
+  options.directory = root_.string();
+  EXPECT_FALSE(agree_on_checkpoint(options).path.has_value());  // nothing saved yet
+  save(3, 1);
+  const std::string torn = save(4, 1);
+  fs::remove(fs::path(torn) / kManifest);
+  const AgreedCheckpoint one = agree_on_checkpoint(options);
+  ASSERT_TRUE(one.path.has_value());
+  EXPECT_EQ(*one.path, (root_ / step_dir_name(3)).string());
+  ASSERT_EQ(one.skipped.size(), 1u);
+  EXPECT_NE(one.skipped[0].find("step-00000004"), std::string::npos) << one.skipped[0];
+  options.world_size = 2;  // several ranks and no way to agree: refused, naming the option
+  try {
+    agree_on_checkpoint(options);
+    FAIL() << "agree_on_checkpoint chose alone at world size 2";
+  } catch (const std::invalid_argument& error) {
+    EXPECT_NE(std::string(error.what()).find("broadcast_step"), std::string::npos) << error.what();
+  }
+  options.rank = 2;
+  EXPECT_THROW(agree_on_checkpoint(options), std::invalid_argument);
 }
 
 }  // namespace

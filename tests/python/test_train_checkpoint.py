@@ -147,6 +147,7 @@ def test_temporary_files_of_killed_writers_are_removed_and_nothing_else(tmp_path
         step_dir / ".rank-00000.pt.k2j3h4.tmp",  # atomic_write_path (Python)
         step_dir / "manifest.json.tmp.4242",  # atomic_write (C++)
         tmp_path / ".step-00000008.x.tmp",
+        tmp_path / ".zero_rank1.pt.q9w8e7.tmp",  # ZeroEngine.save_optimizer_checkpoint
     ]
     kept = [step_dir / "notes.tmp.txt", tmp_path / "tmp", step_dir / "manifest.json.tmp.pid"]
     for path in left + kept:

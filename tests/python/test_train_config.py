@@ -264,6 +264,7 @@ def test_seed_001_mesh_shape_with_axis_names():
             ["distributed.zero", "stage must be 0, 1, 2 or 3", "5"],
         ),
         ("training.checkpoint.keep_last=0", ["training.checkpoint.keep_last", "0"]),
+        ("distributed.timeout_s=0", ["distributed.timeout_s", "0", "greater than 0"]),
     ],
 )
 def test_bad_values_name_key_value_and_fix(override, expected):
@@ -315,6 +316,15 @@ def test_seed_002_batch_size_and_micro_batch_size_are_one_setting():
     assert load("training.batch_size=3").training.micro_batch_size == 3
     message = error_of("training.batch_size=3", "training.micro_batch_size=4")
     assert "training.batch_size is given twice" in message
+
+
+def test_the_collective_timeout_reaches_the_run():
+    """distributed.timeout_s is what init_process_group gets (a cut link is noticed only by it:
+    the fault soak's link-cut trials); unset, torch's default stays."""
+    from shardwise.train.cli import run_spec
+
+    assert run_spec(load("distributed.timeout_s=12.5"), True, "").timeout_s == 12.5
+    assert run_spec(load(), True, "").timeout_s is None
 
 
 def test_mixed_precision_must_be_set_consistently():

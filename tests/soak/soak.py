@@ -11,6 +11,12 @@ a checkpoint save begins), checking what a user relies on after a crash:
 The ranks are started directly (``RANK``/``WORLD_SIZE`` set per process, no torchrun): torchrun's
 agent would kill the survivors itself and hide whether the backend notices a dead peer.
 
+``--link-cuts N`` adds N trials over TCP between two hosts (network namespaces joined by a veth
+pair, ``tests/distributed/two_hosts.py``; ranks split evenly between them): mid-training the link
+is cut (``ip link set ... down``), which sends no FIN, so every rank must notice it through its
+collective timeout (``distributed.timeout_s``, LINK_TIMEOUT_S here) and exit non-zero naming a
+rank on the other host; the same leak, checkpoint and resume checks follow.
+
 Writes ``soak.md`` (the table and one row per trial) and ``trials.jsonl`` to ``--out``.
 Run: python tests/soak/soak.py --trials 100 --out build/soak
 """
@@ -31,6 +37,11 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
+sys.path.insert(0, str(ROOT / "python"))  # this checkout's shardwise, not another install's
+sys.path.insert(0, str(ROOT / "tests" / "distributed"))
+from shardwise.train import checkpoint  # noqa: E402
+from two_hosts import can_make_namespaces, two_hosts  # noqa: E402
+
 CONFIGS = ROOT / "examples" / "configs"
 STEPS = 24
 EVERY = 6
@@ -47,6 +58,7 @@ OVERRIDES = [
     "training.checkpoint.keep_last=2",
 ]
 STRATEGIES = {"ddp": "ddp.yaml", "fsdp": "fsdp.yaml", "zero": "zero2.yaml"}
+LINK_TIMEOUT_S = 10.0  # link-cut trials' distributed.timeout_s: the only way to notice a cut
 # Words an error uses for the operation a rank was in (the backend's and the trainer's).
 OPERATIONS = re.compile(
     r"all_reduce|all_gather|reduce_scatter|broadcast|barrier|send/recv|all_to_all|reduce|gather"
@@ -58,8 +70,8 @@ class Trial:
     index: int
     world: int
     strategy: str
-    victim: int
-    moment: str  # "training" or "saving"
+    victim: int  # -1: no rank killed (a link cut)
+    moment: str  # "training", "saving" or "link_cut"
     kill_at_step: int = 0  # "training": killed once rank 0 has logged this step
     kill_after_s: float = 0.0  # ... and this long after
     hang: bool = False
@@ -83,13 +95,23 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def launch(world: int, strategy: str, out: Path, label: str) -> list[subprocess.Popen]:
-    """Starts the ranks; rank r's output goes to <out>-<label>-rank<r>.log beside <out>."""
+def host_of(rank: int, world: int) -> int:
+    """Link-cut trials: ranks [0, world/2) on host 0, the rest on host 1."""
+    return rank // (world // 2)
+
+
+def launch(
+    world: int, strategy: str, out: Path, label: str, hosts: list | None = None
+) -> list[subprocess.Popen]:
+    """Starts the ranks; rank r's output goes to <out>-<label>-rank<r>.log beside <out>. With
+    ``hosts`` (two_hosts()), rank r runs in host_of(r)'s namespace under that host's name."""
     port = free_port()
     command = [
         sys.executable, "-m", "shardwise.train", "--config", str(CONFIGS / STRATEGIES[strategy]),
         *OVERRIDES, f"training.checkpoint.dir={out}",
     ]  # fmt: skip
+    if hosts:
+        command.append(f"distributed.timeout_s={LINK_TIMEOUT_S}")
     procs = []
     for rank in range(world):
         env = dict(
@@ -104,8 +126,20 @@ def launch(world: int, strategy: str, out: Path, label: str) -> list[subprocess.
             MASTER_PORT=str(port),
             SHARDWISE_SOAK_RUN=str(out),  # marks the trial's processes (leak check)
         )
+        argv = command
+        if hosts:
+            host, per_host = host_of(rank, world), world // 2
+            namespace, _, interface = hosts[host]
+            shell = f'hostname host{host} && exec "$0" "$@"'
+            argv = ["ip", "netns", "exec", namespace, "unshare", "--uts", "sh", "-c", shell, *argv]
+            env.update(
+                SHARDWISE_SOCKET_IFNAME=interface,
+                MASTER_ADDR=hosts[0][1],
+                LOCAL_RANK=str(rank % per_host),
+                LOCAL_WORLD_SIZE=str(per_host),
+            )
         log = open(log_path(out, label, rank), "w")  # noqa: SIM115
-        procs.append(subprocess.Popen(command, env=env, stdout=log, stderr=subprocess.STDOUT))
+        procs.append(subprocess.Popen(argv, env=env, stdout=log, stderr=subprocess.STDOUT))
     return procs
 
 
@@ -156,8 +190,11 @@ def temporary_files(out: Path) -> list[str]:
     return sorted(str(p) for p in out.rglob("*") if re.search(r"\.tmp$|\.tmp\.\d+$", p.name))
 
 
-def kill_moment(trial: Trial, out: Path, procs, rng: random.Random, timeout: float) -> bool:
-    """Waits for the chosen moment and SIGKILLs the victim; False if the run ended first."""
+def kill_moment(
+    trial: Trial, out: Path, procs, rng: random.Random, timeout: float, hosts: list | None
+) -> bool:
+    """Waits for the chosen moment and SIGKILLs the victim (a link cut: brings host 0's end of
+    the veth pair down); False if the run ended first."""
     deadline = time.monotonic() + timeout
     if trial.moment == "saving":  # the first save after step 1: kill as its folder appears
         target = rng.choice(range(EVERY, STEPS, EVERY))
@@ -171,15 +208,41 @@ def kill_moment(trial: Trial, out: Path, procs, rng: random.Random, timeout: flo
         time.sleep(trial.kill_after_s)
     if any(p.poll() is not None for p in procs):
         return False
-    procs[trial.victim].send_signal(signal.SIGKILL)
+    if hosts:
+        namespace, _, interface = hosts[0]
+        subprocess.run(["ip", "-n", namespace, "link", "set", interface, "down"], check=True)
+    else:
+        procs[trial.victim].send_signal(signal.SIGKILL)
     return True
 
 
+def names_the_fault(log: str, rank: int, trial: Trial) -> bool:
+    """The survivor's log names the dead rank, or (a link cut) a rank on the other host."""
+    if trial.moment != "link_cut":
+        return f"rank {trial.victim}" in log
+    other = [r for r in range(trial.world) if host_of(r, trial.world) != host_of(rank, trial.world)]
+    return any(re.search(rf"\brank {r}\b", log) for r in other)
+
+
 def run_trial(trial: Trial, base: Path, reference: dict, rng: random.Random, timeout: float):
+    if trial.moment == "link_cut":
+        with two_hosts() as hosts:
+            strike(trial, base, rng, timeout, hosts)
+    else:
+        strike(trial, base, rng, timeout, None)
+    out = base / f"trial-{trial.index:03d}"
+    check_resume(trial, out, reference, timeout)
+    trial.leaked_temp_files = temporary_files(out)
+    if not trial.note and all(code == 0 for code in trial.survivor_exit_codes):
+        trial.note = "killed after its last collective (the survivors finished): not counted"
+
+
+def strike(trial: Trial, base: Path, rng: random.Random, timeout: float, hosts: list | None):
+    """Runs the trial up to the fault and its aftermath: exits, errors, leaks."""
     out = base / f"trial-{trial.index:03d}"
     before = shm_segments()
-    procs = launch(trial.world, trial.strategy, out, "killed")
-    if not kill_moment(trial, out, procs, rng, timeout):
+    procs = launch(trial.world, trial.strategy, out, "killed", hosts)
+    if not kill_moment(trial, out, procs, rng, timeout, hosts):
         trial.note = "the run ended before the kill: not counted"
     killed_at = time.monotonic()
     survivors = [p for r, p in enumerate(procs) if r != trial.victim]
@@ -196,23 +259,16 @@ def run_trial(trial: Trial, base: Path, reference: dict, rng: random.Random, tim
         if rank == trial.victim:
             continue
         log = log_path(out, "killed", rank).read_text(errors="replace")
-        trial.survivors_named_victim &= f"rank {trial.victim}" in log
+        trial.survivors_named_victim &= names_the_fault(log, rank, trial)
         trial.survivors_named_operation &= bool(OPERATIONS.search(log))
     time.sleep(0.5)  # let the kernel reap what the survivors started
     trial.leaked_processes = len(trial_processes(out))
     trial.leaked_shm = sorted(shm_segments() - before)
     trial.killed_writes = temporary_files(out)
-    check_resume(trial, out, reference, timeout)
-    trial.leaked_temp_files = temporary_files(out)
-    if not trial.note and all(code == 0 for code in trial.survivor_exit_codes):
-        trial.note = "killed after its last collective (the survivors finished): not counted"
 
 
 def check_resume(trial: Trial, out: Path, reference: dict, timeout: float) -> None:
     """The newest complete checkpoint loads, and the resumed run matches the reference."""
-    sys.path.insert(0, str(ROOT / "python"))
-    from shardwise.train import checkpoint
-
     saved_before = sorted((out / "checkpoints").glob("step-*/manifest.json"))
     newest = checkpoint.latest(out / "checkpoints") if saved_before else None
     if saved_before and newest is None:
@@ -242,11 +298,21 @@ def passed(t: Trial) -> bool:
 
 def table(trials: list[Trial], command: str) -> str:
     ok_exit = sum(all(c not in (0, None) for c in t.survivor_exit_codes) for t in trials)
+    killed = [t for t in trials if t.moment != "link_cut"]
+    cut = [t for t in trials if t.moment == "link_cut"]
+
+    def worst(group: list[Trial]) -> str:
+        return f"{max(t.detection_s for t in group):.2f}" if group else "-"
+
     rows = [
-        ("trials (a rank killed)", sum(not t.note for t in trials)),
+        ("trials (a rank killed)", sum(not t.note for t in killed)),
+        ("trials (the TCP link between two hosts cut)", sum(not t.note for t in cut)),
         ("hangs (a survivor alive after the timeout)", sum(t.hang for t in trials)),
         ("survivors exiting non-zero", f"{ok_exit} / {len(trials)}"),
-        ("survivors naming the dead rank", sum(t.survivors_named_victim for t in trials)),
+        (
+            "survivors naming the dead rank (a cut: a rank across the link)",
+            sum(t.survivors_named_victim for t in trials),
+        ),
         ("survivors naming the operation", sum(t.survivors_named_operation for t in trials)),
         ("leaked processes", sum(t.leaked_processes for t in trials)),
         ("leaked /dev/shm segments", sum(len(t.leaked_shm) for t in trials)),
@@ -254,55 +320,65 @@ def table(trials: list[Trial], command: str) -> str:
         ("... still there after resuming (leaked)", sum(len(t.leaked_temp_files) for t in trials)),
         ("lost or unloadable checkpoints", sum(t.checkpoint_lost for t in trials)),
         ("resumed runs matching the reference losses", sum(t.losses_match for t in trials)),
-        (
-            "worst detection time (kill to last exit), s",
-            f"{max(t.detection_s for t in trials):.2f}",
-        ),
+        ("worst detection time (kill to last exit), s", worst(killed)),
+        (f"worst detection time (cut to last exit; timeout {LINK_TIMEOUT_S:g} s), s", worst(cut)),
     ]
-    lines = ["# Fault soak: SIGKILL of a random rank", "", f"- command: `{command}`", ""]
-    lines += ["| what | result |", "|---|---:|"] + [f"| {k} | {v} |" for k, v in rows]
+    lines = ["# Fault soak: SIGKILL of a random rank; TCP link cuts", "", f"- command: `{command}`"]
+    lines += ["", "| what | result |", "|---|---:|"] + [f"| {k} | {v} |" for k, v in rows]
     lines += ["", "| # | world | strategy | victim | moment | detect s | resumed from | ok |"]
     lines += ["|---:|---:|---|---:|---|---:|---:|---|"]
     for t in trials:
         good = passed(t)
+        victim = "-" if t.victim < 0 else t.victim
         lines.append(
-            f"| {t.index} | {t.world} | {t.strategy} | {t.victim} | {t.moment} | "
+            f"| {t.index} | {t.world} | {t.strategy} | {victim} | {t.moment} | "
             f"{t.detection_s:.2f} | {t.resumed_from} | {'yes' if good else 'NO ' + t.note} |"
         )
     return "\n".join(lines) + "\n"
 
 
+def next_trial(index: int, rng: random.Random, worlds: list[int], moments: list[str]) -> Trial:
+    """The next trial from ``rng`` (the draws in the order the committed tables were made with)."""
+    world, strategy = rng.choice(worlds), rng.choice(sorted(STRATEGIES))
+    victim, moment = rng.randrange(world), rng.choice(moments)
+    trial = Trial(index, world, strategy, -1 if moment == "link_cut" else victim, moment)
+    trial.kill_at_step = rng.randrange(1, STEPS - 1)
+    trial.kill_after_s = rng.uniform(0.0, 0.05)
+    return trial
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--trials", type=int, default=100)
+    parser.add_argument("--trials", type=int, default=100, help="trials killing a rank")
+    parser.add_argument("--link-cuts", type=int, default=0, help="trials cutting a TCP link")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds to detect a death")
     args = parser.parse_args()
+    if args.link_cuts and (reason := can_make_namespaces()):
+        parser.error(f"--link-cuts: cannot make network namespaces here: {reason}")
     args.out = args.out.resolve()
     args.out.mkdir(parents=True, exist_ok=True)
     rng = random.Random(args.seed)
     references: dict[tuple[int, str], dict] = {}
     trials = []
-    for index in range(args.trials):
-        world, strategy = rng.choice([2, 3, 4]), rng.choice(sorted(STRATEGIES))
-        key = (world, strategy)
+    for index in range(args.trials + args.link_cuts):
+        if index < args.trials:
+            trial = next_trial(index, rng, [2, 3, 4], ["training", "saving"])
+        else:
+            trial = next_trial(index, rng, [2, 4], ["link_cut"])
+        key = (trial.world, trial.strategy)
         if key not in references:
             references[key] = run_to_end(
-                world, strategy, args.out / f"reference-{world}-{strategy}", args.timeout * 4
+                *key, args.out / f"reference-{trial.world}-{trial.strategy}", args.timeout * 4
             )
-        trial = Trial(
-            index, world, strategy, rng.randrange(world), rng.choice(["training", "saving"])
-        )
-        trial.kill_at_step = rng.randrange(1, STEPS - 1)
-        trial.kill_after_s = rng.uniform(0.0, 0.05)
         run_trial(trial, args.out, references[key], rng, args.timeout)
         trials.append(trial)
         with open(args.out / "trials.jsonl", "a") as f:
             f.write(json.dumps(asdict(trial)) + "\n")
         print(json.dumps(asdict(trial)), flush=True)
-    text = table(trials, "python tests/soak/soak.py " + " ".join(sys.argv[1:]))
-    (args.out / "soak.md").write_text(text)
+        text = table(trials, "python tests/soak/soak.py " + " ".join(sys.argv[1:]))
+        (args.out / "soak.md").write_text(text)  # after every trial: a cut-short soak has its table
     print(text)
     return 1 if any(not passed(t) for t in trials) else 0
 

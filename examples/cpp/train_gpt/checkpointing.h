@@ -124,15 +124,29 @@ inline CheckpointHooks zero_checkpoint(
   return hooks;
 }
 
-// The step the newest intact checkpoint under `directory` was saved at (0 when there is none),
+// The step of the checkpoint rank 0 chose under `directory` (the newest intact one; 0 when there
+// is none: checkpoint::load_latest_training_checkpoint),
 // after loading it: the strategy's pieces from every saved rank (CheckpointHooks), the data
 // position and (at the same world size) this rank's generator state.
 inline int64_t resume_from(const std::string& directory,
                            const CheckpointHooks& hooks,
                            shardwise::data::TokenStream& stream,
                            const shardwise::distributed::World& world) {
-  auto loaded = shardwise::checkpoint::load_latest_training_checkpoint(directory);
+  shardwise::checkpoint::LoadOptions options;  // rank 0 chooses; every rank loads its choice
+  options.directory = directory;
+  options.rank = world.rank();
+  options.world_size = world.size();
+  auto group = world.group;
+  options.broadcast_step = [group](int64_t step) {
+    std::vector<at::Tensor> chosen{at::full({1}, step, at::kLong)};
+    group->broadcast(chosen)->wait();
+    return chosen[0].item<int64_t>();
+  };
+  options.barrier = [group] { group->barrier()->wait(); };
+  auto loaded = shardwise::checkpoint::load_latest_training_checkpoint(options);
   if (world.rank() == 0 && loaded) {
+    for (const auto& path : loaded->removed)
+      std::printf("removed %s: a write that never finished\n", path.c_str());
     for (const auto& reason : loaded->skipped) std::printf("warning: %s\n", reason.c_str());
   }
   if (!loaded) return 0;

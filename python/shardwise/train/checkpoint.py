@@ -187,6 +187,20 @@ def remove_temporary_files(directory: str | Path) -> list[Path]:
     return [Path(p) for p in _C.checkpoint_remove_temporary_files(str(directory))]
 
 
+def agree(
+    directory: str | Path, rank: int, world_size: int, broadcast_step
+) -> tuple[Path | None, list[Path], list[str]]:
+    """The checkpoint every rank resumes from (collective; C++ ``agree_on_checkpoint``): rank 0
+    removes killed writes' temporary files, picks the newest intact checkpoint and hands its
+    step to ``broadcast_step(step) -> rank 0's step`` (-1: none); ranks choosing alone could
+    disagree. Returns (the step folder or None, the files removed, the newer checkpoints skipped
+    with reasons); the last two only on rank 0. ``broadcast_step`` may be None at world size 1."""
+    from .. import _C
+
+    path, removed, skipped = _C.checkpoint_agree(str(directory), rank, world_size, broadcast_step)
+    return (Path(path) if path is not None else None), [Path(p) for p in removed], skipped
+
+
 def verify(step_dir: str | Path) -> str | None:
     """None if ``step_dir`` is a complete, intact checkpoint, else the reason it is not (C++
     verify: the manifest, one file per rank, sizes and SHA-256)."""

@@ -115,6 +115,7 @@ def run_spec(cfg: TrainConfig, resume: bool, memory_note: str) -> RunSpec:
             "MASTER_ADDR": d.master_addr,
             "MASTER_PORT": d.master_port,
         },
+        timeout_s=d.timeout_s,
         output_dir=Path(t.checkpoint.dir),
         checkpoint_every=t.checkpoint.every_steps,
         keep_last=t.checkpoint.keep_last,

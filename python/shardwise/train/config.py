@@ -198,6 +198,9 @@ class DistributedSection(_Section):
     num_processes_per_node: int | None = Field(None, gt=0)
     master_addr: str | None = None
     master_port: int | None = Field(None, gt=0, lt=65536)
+    # seconds a collective may wait for a peer before every rank raises "Timed out" naming it
+    # (a link cut sends no FIN, so only this notices it); None: torch's default (30 minutes)
+    timeout_s: float | None = Field(None, gt=0)
     tensor_parallel_size: int | None = Field(None, gt=0)
     sequence_parallel: bool = False  # with tp > 1: norms and residuals split along the sequence
     # with sequence_parallel: column-parallel layers keep their gathered input for backward

@@ -13,6 +13,7 @@ optimizer step, this rank's RNG state and the data position; the manifest holds 
 
 from __future__ import annotations
 
+import datetime
 import math
 import os
 import signal
@@ -53,6 +54,7 @@ class RunSpec:
     # the job's place from the config (torchrun's variables win): WORLD_SIZE, RANK, LOCAL_RANK,
     # LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT; None: not given
     layout: dict = field(default_factory=dict)
+    timeout_s: float | None = None  # a collective's limit (distributed.timeout_s); None: torch's
     output_dir: Path = Path("outputs/run")
     checkpoint_every: int = 50
     keep_last: int = 3
@@ -70,11 +72,13 @@ class RunSpec:
     extra: dict = field(default_factory=dict)
 
 
-def init_distributed(backend: str, layout: dict | None = None) -> tuple[int, int]:
+def init_distributed(
+    backend: str, layout: dict | None = None, timeout_s: float | None = None
+) -> tuple[int, int]:
     """The process group from torchrun's environment, completed by the config's ``layout``
     (seed 001: processes launched by hand with distributed.rank, world_size, master_addr and
-    master_port), or a one-rank group for a single process (FSDP and ZeRO need one). Returns
-    (rank, world)."""
+    master_port), or a one-rank group for a single process (FSDP and ZeRO need one); its
+    collectives time out after ``timeout_s`` (None: torch's default). Returns (rank, world)."""
     for var, value in (layout or {}).items():
         if value is not None:
             os.environ.setdefault(var, str(value))
@@ -89,7 +93,8 @@ def init_distributed(backend: str, layout: dict | None = None) -> tuple[int, int
                     os.environ["MASTER_PORT"] = str(s.getsockname()[1])
         if "shardwise" in backend:
             import shardwise  # noqa: F401  (registers the backend)
-        dist.init_process_group(backend)
+        timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
+        dist.init_process_group(backend, timeout=timeout)
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -106,7 +111,7 @@ class Trainer:
     def __init__(self, spec: RunSpec):
         self.spec = spec
         self.device = device_mod.local_device(spec.device, spec.local_rank)  # before NCCL starts
-        self.rank, self.world = init_distributed(spec.backend, spec.layout)
+        self.rank, self.world = init_distributed(spec.backend, spec.layout, spec.timeout_s)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // _local_world(self.world)))
         self.stepper = step_mod.build(spec.strategy, spec.options, self.world)
         group = self.stepper.data_group
@@ -154,28 +159,26 @@ class Trainer:
         )
 
     def _agreed_checkpoint(self) -> Path | None:
-        """The checkpoint every rank resumes from: rank 0 picks the newest intact one and
-        broadcasts its step. Ranks choosing on their own could disagree (found by the fault
-        soak): a fast rank resuming at the last step saves at once, rewriting its rank file
-        while a slower rank is still verifying the folder, which then skips that checkpoint."""
-        import warnings
+        """The checkpoint every rank resumes from: rank 0 chooses, after removing killed writes'
+        temporary files, and broadcasts its step (C++ ``agree_on_checkpoint``: ranks choosing
+        alone could disagree, as the fault soak found)."""
 
-        directory = self.spec.output_dir / "checkpoints"
-        path = None
-        if self.rank == 0:
-            for leftover in ckpt.remove_temporary_files(directory):  # from a killed run's saves
-                self.sinks.note(f"removed {leftover}: a write that never finished")
-            with warnings.catch_warnings(record=True) as caught:
-                warnings.simplefilter("always", ckpt.CheckpointWarning)
-                path = ckpt.latest(directory)
-            for w in caught:  # a corrupt or incomplete newer checkpoint: say so, use the one before
-                self.sinks.note(f"warning: {w.message}")
-        step = -1 if path is None else int(path.name.split("-")[1])
-        chosen = torch.tensor([step], dtype=torch.int64, device=self.device)
-        if self.world > 1:
+        def broadcast_step(step: int) -> int:
+            chosen = torch.tensor([step], dtype=torch.int64, device=self.device)
             dist.broadcast(chosen, src=0)
-        step = int(chosen.item())
-        return None if step < 0 else directory / ckpt.step_dir_name(step)
+            return int(chosen.item())
+
+        path, removed, skipped = ckpt.agree(
+            self.spec.output_dir / "checkpoints",
+            self.rank,
+            self.world,
+            broadcast_step if self.world > 1 else None,
+        )
+        for leftover in removed:
+            self.sinks.note(f"removed {leftover}: a write that never finished")
+        for reason in skipped:  # a corrupt or incomplete newer one: say so, use the one before
+            self.sinks.note(f"warning: {reason}")
+        return path
 
     def resume(self) -> bool:
         path = self._agreed_checkpoint()

@@ -4,8 +4,6 @@ micro-steps, and saves/loads the optimizer's world-size-independent pieces."""
 
 from __future__ import annotations
 
-import os
-import tempfile
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -190,17 +188,16 @@ class ZeroEngine(nn.Module):
             self.lr_scheduler.load_state_dict(states[0]["scheduler"])
 
     def save_optimizer_checkpoint(self, directory: str | Path) -> None:
-        """Each rank writes its pieces to ``directory/zero_rank{r}.pt`` atomically."""
+        """Each rank writes its pieces to ``directory/zero_rank{r}.pt`` atomically (a temporary
+        ``.zero_rank{r}.pt.<x>.tmp``, removed if the write fails; one a killed write left is
+        what ``shardwise.train.checkpoint.remove_temporary_files`` deletes)."""
+        from ..train.checkpoint import atomic_write
+
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         rank = dist.get_rank() if dist.is_initialized() else 0
-        target = directory / f"zero_rank{rank}.pt"
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=f".zero_rank{rank}.")
-        with os.fdopen(fd, "wb") as f:
-            torch.save(self.optimizer_state(), f)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, target)
+        state = self.optimizer_state()
+        atomic_write(directory / f"zero_rank{rank}.pt", lambda f: torch.save(state, f))
 
     def load_optimizer_checkpoint(self, directory: str | Path) -> None:
         """Loads the pieces every saving rank wrote (any number of them)."""

@@ -73,6 +73,17 @@ TEST(TrainingCheckpointLibTorch, AResumedCopyTakesTheSameNextStep) {
   EXPECT_EQ(saved.data_epoch, 1);
   EXPECT_EQ(saved.data_index, 7);
   EXPECT_TRUE(torch::equal(saved.rng, state.rng));
+  shardwise::checkpoint::LoadOptions two;  // several ranks: rank 0's choice, a barrier after
+  two.directory = dir.string();
+  two.world_size = 2;
+  two.broadcast_step = [](int64_t step) { return step; };  // rank 0's side of the broadcast
+  EXPECT_THROW(shardwise::checkpoint::load_latest_training_checkpoint(two), c10::ValueError);
+  int barriers = 0;
+  two.barrier = [&barriers] { ++barriers; };
+  const auto agreed = shardwise::checkpoint::load_latest_training_checkpoint(two);
+  ASSERT_TRUE(agreed.has_value());
+  EXPECT_EQ(agreed->path, loaded->path);
+  EXPECT_EQ(barriers, 1);
 
   Trainee resumed(2);  // other weights, no optimizer state yet
   {
