@@ -186,6 +186,15 @@ def tp_bf16_autocast_within_torch_error(rank, world, gloo):
         assert ours <= 2 * torch_err + 1e-3, f"{name}: {ours:.2e} vs torch's {torch_err:.2e}"
 
 
+# AdamW's eps for the mesh parity runs. With the default 1e-8, an element whose gradient is
+# rounding noise (~1e-9) still moves by a full +-lr, its sign set by the noise: any change of
+# summation order (TP's split matmuls, another CPU's kernels) then moves such elements by 2 lr,
+# and the parameters' error says which order the fp64 run happened to share (on an AVX-512 CPU,
+# fp32 torch's error was 1.5e-6 and every other order's, torch's own avx2 kernels included,
+# 1e-5 to 4e-5). 1e-5 keeps updates of real gradients as they were and noise as noise.
+ADAM_EPS = 1e-5
+
+
 def _train_mesh(rank, world, kind):
     """3 AdamW steps of the GPT on a 2 x 2 mesh [[2, 2], [kind, "tp"]]; returns the losses and
     the full parameters."""
@@ -200,7 +209,7 @@ def _train_mesh(rank, world, kind):
         )
     else:
         wrapped = nn.parallel.DistributedDataParallel(model, process_group=data_group)
-    opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-2, weight_decay=0.1)
+    opt = torch.optim.AdamW(wrapped.parameters(), lr=1e-2, weight_decay=0.1, eps=ADAM_EPS)
     losses = []
     d = mesh.coordinate(kind)
     for step in range(3):
@@ -219,7 +228,7 @@ def _train_mesh(rank, world, kind):
 
 def _reference_training(dtype=torch.float32):
     model = _gpt().to(dtype)
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1, eps=ADAM_EPS)
     losses = []
     for step in range(3):
         loss = model.loss(*_batch(100 + step, 4))
