@@ -29,7 +29,7 @@ export PYTORCH_NVCC ?= ccache $(CUDA_HOME)/bin/nvcc
 endif
 
 .PHONY: demo demo-cpp test test-cpp test-python test-cpu-torch test-package build venv cpu-venv \
-	test-conformance test-conformance-ci test-sanitize test-sanitize-core fuzz fuzz-build fuzz-ci soak \
+	test-conformance test-conformance-world8 test-conformance-ci test-sanitize test-sanitize-core fuzz fuzz-build fuzz-ci soak \
 	system-deps bench test-gpu gpu-wheels \
 	format lint clean
 
@@ -102,10 +102,14 @@ test-python: build ## pytest: ops, exhaustive casts, distributed (multi-process)
 # installed wheel, gated so shardwise counts as gloo) on shardwise and on gloo: every test that
 # passes on gloo passes on shardwise or is listed in tests/conformance/known_differences.txt.
 CONFORMANCE := build/conformance
-test-conformance: build ## torch's distributed suite: every CPU test at world 2, samples at 3 and 4 (~1 h)
+test-conformance: build ## torch's distributed suite: every CPU test at world 2, samples at 3 and 4, the 8-rank tests (~1.5 h)
 	$(PY) tests/conformance/run.py --out $(CONFORMANCE)
 	$(PY) tests/conformance/run.py --out $(CONFORMANCE) --world 3 --subset world3
 	$(PY) tests/conformance/run.py --out $(CONFORMANCE) --world 4 --subset world4
+	$(MAKE) test-conformance-world8
+
+test-conformance-world8: build ## torch's tests that need 8 ranks (skip_if_small_worldsize), both backends
+	$(PY) tests/conformance/run.py --out $(CONFORMANCE) --world 8 --decorated skip_if_small_worldsize
 
 test-conformance-ci: build ## the CI sample of torch's distributed suite (tests/conformance/ci_subset.txt)
 	$(PY) tests/conformance/run.py --out $(CONFORMANCE)/ci --subset ci

@@ -17,6 +17,7 @@ set(SHARDWISE_CORE_SOURCES
   csrc/collectives/shm_transport.cc
   csrc/collectives/tcp_transport.cc
   csrc/collectives/transport.cc
+  csrc/collectives/wait_chain.cc
   csrc/common/cpu_features.cc
   csrc/common/stream_copy.cc
   csrc/optim/fused_optim.cc
@@ -48,6 +49,7 @@ set(SHARDWISE_CORE_TEST_SOURCES
   tests/cpp/test_collectives.cc
   tests/cpp/test_shm_transport.cc
   tests/cpp/test_tcp_transport.cc
+  tests/cpp/test_wait_chain.cc
   tests/cpp/test_cast_math.cc
   tests/cpp/test_cast_cpu.cc
   tests/cpp/test_sharding.cc

@@ -108,7 +108,8 @@ std::unique_ptr<collectives::Transport> connect_shm(const c10::intrusive_ptr<c10
                                                     int size,
                                                     const ShardwiseOptions& shardwise,
                                                     size_t ring_bytes,
-                                                    const std::string& purpose) {
+                                                    const std::string& purpose,
+                                                    std::vector<int> group_ranks = {}) {
   const std::string key = "shardwise/shm/" + purpose;
   std::string name;
   if (rank == 0) {  // unique and unguessable; unlinked again once every rank has attached
@@ -125,6 +126,11 @@ std::unique_ptr<collectives::Transport> connect_shm(const c10::intrusive_ptr<c10
   options.connect_timeout = shardwise.timeout;
   options.spin = shardwise.spin;
   options.single_copy_bytes = shardwise.single_copy_bytes;
+  options.group_ranks = std::move(group_ranks);
+  // A fifth of the timeout, at most 5 s: time for a rank blocked across the network to say so.
+  options.abort_grace = std::min<std::chrono::milliseconds>(
+      std::chrono::seconds(5),
+      std::chrono::duration_cast<std::chrono::milliseconds>(shardwise.timeout) / 5);
   return std::make_unique<collectives::ShmTransport>(options);
 }
 
@@ -143,8 +149,12 @@ std::unique_ptr<collectives::Transport> connect(const c10::intrusive_ptr<c10d::S
   auto remote = connect_tcp(store, rank, size, shardwise.timeout, purpose);
   if (local_size == 1) return remote;
   const int host = host_of[rank];
-  auto local = connect_shm(store, HybridTransport::local_rank_of(host_of, rank), local_size,
-                           shardwise, ring_bytes, purpose + "/host" + std::to_string(host));
+  std::vector<int> host_ranks;  // this host's ranks: the group's numbers of the local ranks
+  for (int r = 0; r < size; ++r)
+    if (host_of[r] == host) host_ranks.push_back(r);
+  auto local =
+      connect_shm(store, HybridTransport::local_rank_of(host_of, rank), local_size, shardwise,
+                  ring_bytes, purpose + "/host" + std::to_string(host), std::move(host_ranks));
   return std::make_unique<HybridTransport>(collectives::HybridTransportOptions{rank, host_of},
                                            std::move(local), std::move(remote));
 }

@@ -18,6 +18,7 @@
 #include <vector>
 
 #include "collectives/transport_errors.h"
+#include "collectives/wait_chain.h"
 #include "common/spin_wait.h"
 
 namespace shardwise::collectives {
@@ -43,8 +44,9 @@ struct alignas(kLine) RankSlot {
   std::atomic<int32_t> pid;
   std::atomic<uint32_t> doorbell;
   std::atomic<uint32_t> sleepers;
-  std::atomic<int32_t> single_copy;     // 0 not probed yet, 1 reads every peer, 2 cannot
-  std::atomic<uint64_t> probe_address;  // where this rank's probe token lives
+  std::atomic<int32_t> single_copy;            // 0 not probed yet, 1 reads every peer, 2 cannot
+  std::atomic<uint64_t> probe_address;         // where this rank's probe token lives
+  std::atomic<int32_t> timed_out_waiting_for;  // set by fail_timed_out; 0 in a new segment
 };
 
 struct alignas(kLine) RingCounters {
@@ -129,11 +131,18 @@ ShmTransport::ShmTransport(const ShmTransportOptions& options)
       ring_bytes_(options.ring_bytes),
       spin_(options.spin.count() < 0 ? shardwise::default_spin(options.size) : options.spin),
       single_copy_bytes_(options.single_copy_bytes),
+      group_ranks_(options.group_ranks),
+      abort_grace_(options.abort_grace),
       name_(options.name) {
   for (int word = 0; word < 8; ++word) probe_[word] = probe_token(rank_, word);
   if (size_ < 1 || rank_ < 0 || rank_ >= size_) {
     throw std::invalid_argument("ShmTransport: rank " + std::to_string(rank_) + " is outside [0, " +
                                 std::to_string(size_) + ")");
+  }
+  if (!group_ranks_.empty() && static_cast<int>(group_ranks_.size()) != size_) {
+    throw std::invalid_argument("ShmTransport: group_ranks names " +
+                                std::to_string(group_ranks_.size()) + " ranks for a group of " +
+                                std::to_string(size_) + "; give one per rank, or none");
   }
   if (ring_bytes_ < kPage || ring_bytes_ % kPage != 0) {
     throw std::invalid_argument(
@@ -177,7 +186,7 @@ void ShmTransport::attach(const ShmTransportOptions& options) {
            (::fstat(fd, &info) == 0 && static_cast<size_t>(info.st_size) < mapped_bytes_)) {
       if (fd >= 0) ::close(fd);
       if (Clock::now() > deadline) {
-        throw TransportError("rank " + std::to_string(rank_) + ": shared-memory segment " + name_ +
+        throw TransportError(named(rank_) + ": shared-memory segment " + name_ +
                              " of rank 0 did not appear (with the expected size " +
                              std::to_string(mapped_bytes_) + ") before the connect timeout");
       }
@@ -210,11 +219,11 @@ void ShmTransport::attach(const ShmTransportOptions& options) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     if (header.size != size_ || header.ring_bytes != ring_bytes_) {
-      throw TransportError("rank " + std::to_string(rank_) + " joined with world size " +
-                           std::to_string(size_) + " and ring_bytes " +
-                           std::to_string(ring_bytes_) + ", but rank 0 created the group with " +
-                           std::to_string(header.size) + " and " +
-                           std::to_string(header.ring_bytes) + "; start every rank alike");
+      throw TransportError(named(rank_) + " joined with world size " + std::to_string(size_) +
+                           " and ring_bytes " + std::to_string(ring_bytes_) +
+                           ", but rank 0 created the group with " + std::to_string(header.size) +
+                           " and " + std::to_string(header.ring_bytes) +
+                           "; start every rank alike");
     }
   }
   layout_->slots[rank_].pid.store(static_cast<int32_t>(::getpid()));
@@ -227,10 +236,10 @@ void ShmTransport::wait_for_attach(Clock::time_point deadline) {
     if (Clock::now() > deadline) {
       std::string missing;
       for (int r = 0; r < size_; ++r) {
-        if (layout_->slots[r].pid.load() == 0) missing += " " + std::to_string(r);
+        if (layout_->slots[r].pid.load() == 0) missing += (missing.empty() ? " " : ", ") + named(r);
       }
       throw TransportError(
-          "rank " + std::to_string(rank_) +
+          named(rank_) +
           ": ranks never attached to shared memory before the connect timeout:" + missing);
     }
     std::this_thread::sleep_for(std::chrono::milliseconds(1));
@@ -257,7 +266,7 @@ void ShmTransport::probe_single_copy(Clock::time_point deadline) {
     int32_t verdict;
     while ((verdict = layout_->slots[peer].single_copy.load()) == 0) {
       if (Clock::now() > deadline) {
-        throw TransportError("rank " + std::to_string(rank_) + ": rank " + std::to_string(peer) +
+        throw TransportError(named(rank_) + ": " + named(peer) +
                              " never finished set-up before the connect timeout");
       }
       std::this_thread::sleep_for(std::chrono::microseconds(100));
@@ -296,15 +305,15 @@ void ShmTransport::check_peers(int peer_a, int peer_b, Tag tag, bool liveness) {
   const int failed = header.failed_rank.load();
   if (failed >= 0) {
     throw TransportError(
-        "rank " + std::to_string(rank_) + ": group failed in " + tag_text(tag) + ": " +
+        named(rank_) + ": group failed in " + tag_text(tag) + ": " +
         std::string(header.failure, strnlen(header.failure, sizeof(header.failure))));
   }
   if (!liveness) return;
   for (int peer : {peer_a, peer_b}) {
     if (peer >= 0 && !process_alive(layout_->slots[peer].pid.load())) {
-      throw TransportError("rank " + std::to_string(rank_) + ": peer rank " + std::to_string(peer) +
-                           " (pid " + std::to_string(layout_->slots[peer].pid.load()) +
-                           ") exited during " + tag_text(tag));
+      throw TransportError(named(rank_) + ": peer " + named(peer) + " (pid " +
+                           std::to_string(layout_->slots[peer].pid.load()) + ") exited during " +
+                           tag_text(tag));
     }
   }
 }
@@ -382,7 +391,8 @@ class ShmTransport::Progress {
       if (position < kLine) {  // the header is one line and lines never wrap
         MessageHeader got;
         std::memcpy(&got, ring_ + offset, sizeof(got));
-        check_header(transport.rank_, peer, tag, bytes, Tag{got.sequence, got.kind}, got.bytes);
+        check_header(transport.group_rank(transport.rank_), transport.group_rank(peer), tag, bytes,
+                     Tag{got.sequence, got.kind}, got.bytes);
         if (got.mode == Mode::kSingleCopy) {
           transport.read_single_copy(peer, got.address, bytes, consume, into, tag);
           total_ = done_ = kLine;
@@ -428,9 +438,8 @@ void ShmTransport::read_single_copy(
     int peer, uint64_t address, size_t bytes, const RecvConsumer& consume, char* into, Tag tag) {
   const int32_t pid = layout_->slots[peer].pid.load();
   auto fail = [&] {
-    throw TransportError("rank " + std::to_string(rank_) + ": reading " + std::to_string(bytes) +
-                         " bytes from rank " + std::to_string(peer) + " (pid " +
-                         std::to_string(pid) + ") in " + tag_text(tag) +
+    throw TransportError(named(rank_) + ": reading " + std::to_string(bytes) + " bytes from " +
+                         named(peer) + " (pid " + std::to_string(pid) + ") in " + tag_text(tag) +
                          " failed: " + std::strerror(errno));
   };
   if (into != nullptr) {
@@ -514,19 +523,56 @@ void ShmTransport::exchange(int send_peer,
     if (liveness) next_liveness_check = now + kPollInterval;
     check_peers(sending ? send_peer : -1, receiving ? recv_peer : -1, tag, liveness);
     if (now >= deadline) {
-      const int peer = receiving ? recv_peer : send_peer;
-      throw TransportError(timeout_message(rank_, peer, receiving ? recv_bytes : send.bytes, tag) +
-                           (receiving ? "" : " (it has not taken the message)"));
+      fail_timed_out(receiving ? recv_peer : send_peer, receiving ? recv_bytes : send.bytes, tag,
+                     receiving);
     }
     wait_until_rung(seen, deadline);
   }
+}
+
+int ShmTransport::group_rank(int rank) const {
+  const bool renamed = rank >= 0 && rank < static_cast<int>(group_ranks_.size());
+  return renamed ? group_ranks_[rank] : rank;
+}
+
+std::string ShmTransport::named(int rank) const {
+  return "rank " + std::to_string(group_rank(rank));
+}
+
+// This rank's deadline passed while it waited for `peer`. It publishes whom it waited for, then
+// waits up to abort_grace_ for the group's failure notice: a rank further along the chain of waits
+// that is blocked beyond this segment (across the network) fails at about the same moment, and its
+// notice names the rank truly at fault. Without a notice, the error follows the chain of ranks
+// that timed out here (wait_chain.h).
+void ShmTransport::fail_timed_out(int peer, size_t bytes, Tag tag, bool receiving) {
+  RankSlot& mine = layout_->slots[rank_];
+  mine.timed_out_waiting_for.store(peer + 1);  // 0 in a new segment means "not timed out"
+  const std::string own = timeout_message(group_rank(rank_), group_rank(peer), bytes, tag) +
+                          (receiving ? "" : " (it has not taken the message)");
+  SegmentHeader& header = *layout_->header;
+  const Clock::time_point until = Clock::now() + abort_grace_;
+  for (;;) {
+    const uint32_t seen = mine.doorbell.load();
+    if (header.failed_rank.load() >= 0 || Clock::now() >= until) break;
+    wait_until_rung(seen, until);
+  }
+  if (header.failed_rank.load() >= 0) {
+    throw TransportError(
+        own + "; meanwhile the group failed: " +
+        std::string(header.failure, strnlen(header.failure, sizeof(header.failure))));
+  }
+  const auto waiting_for = [this](int r) {
+    return layout_->slots[r].timed_out_waiting_for.load() - 1;
+  };
+  throw TransportError(own + describe_wait_chain(rank_, peer, size_, waiting_for,
+                                                 [this](int r) { return named(r); }));
 }
 
 void ShmTransport::abort(const std::string& reason) {
   SegmentHeader& header = *layout_->header;
   int expected = -1;
   if (header.failed_rank.compare_exchange_strong(expected, rank_)) {
-    const std::string text = "rank " + std::to_string(rank_) + " aborted: " + reason;
+    const std::string text = named(rank_) + " aborted: " + reason;
     std::strncpy(header.failure, text.c_str(), sizeof(header.failure) - 1);
   }
   for (int r = 0; r < size_; ++r) ring_doorbell(r);

@@ -24,6 +24,7 @@
 #include <cstddef>
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "collectives/transport.h"
 
@@ -43,6 +44,14 @@ struct ShmTransportOptions {
   // default: on the KVM guests measured here process_vm_readv moved 4-10 GB/s against memcpy's
   // 11-90 GB/s, so two copies through the ring were faster at every size.
   size_t single_copy_bytes = 0;
+  // The rank each member has in the enclosing group (a hybrid transport's local ranks are its
+  // host's ranks, renumbered from 0): errors name ranks by it. Empty: the ranks are the group's.
+  std::vector<int> group_ranks;
+  // Once a wait's deadline passes, how long the rank waits for a failure notice from the group
+  // (abort) before raising its own timeout. A rank further along the chain of waits, blocked on a
+  // peer this rank cannot see (across the network), times out at about the same moment; its notice
+  // names the rank truly at fault.
+  std::chrono::milliseconds abort_grace{2000};
 };
 
 class ShmTransport : public Transport {
@@ -98,12 +107,17 @@ class ShmTransport : public Transport {
   void ring_doorbell(int rank);
   void wait_until_rung(uint32_t seen, Clock::time_point deadline);
   void check_peers(int peer_a, int peer_b, Tag tag, bool liveness);
+  [[noreturn]] void fail_timed_out(int peer, size_t bytes, Tag tag, bool receiving);
+  int group_rank(int rank) const;
+  std::string named(int rank) const;
 
   int rank_;
   int size_;
   size_t ring_bytes_;
   std::chrono::microseconds spin_;
   size_t single_copy_bytes_;
+  std::vector<int> group_ranks_;
+  std::chrono::milliseconds abort_grace_;
   bool single_copy_ = false;
   alignas(64) uint64_t probe_[8];  // read by every peer at set-up (probe_single_copy)
   std::string name_;

@@ -7,11 +7,14 @@ failure (or when nothing ran).
 
 Run: python tests/conformance/run.py --out build/conformance            # all CPU tests, world 2
      python tests/conformance/run.py --out build/conformance --subset ci  # the CI sample
+     python tests/conformance/run.py --out build/conformance --world 8 \
+         --decorated skip_if_small_worldsize     # the tests torch runs only at 8 ranks
 """
 
 from __future__ import annotations
 
 import argparse
+import ast
 import os
 import subprocess
 import sys
@@ -43,6 +46,30 @@ def outcomes(xml: Path) -> dict[str, str]:
     return result
 
 
+def decorated(gated: Path, decorator: str) -> list[str]:
+    """The suite's test methods carrying ``@decorator`` (read from the gated copy of the installed
+    wheel's file, so the selection follows the torch version)."""
+    names = set()
+    for node in ast.walk(ast.parse((gated / "shardwise_distributed_test.py").read_text())):
+        if isinstance(node, ast.FunctionDef) and node.name.startswith("test_"):
+            marks = {ast.unparse(d).split("(")[0].split(".")[-1] for d in node.decorator_list}
+            if decorator in marks:
+                names.add(node.name)
+    return sorted(names)
+
+
+def chosen_tests(args, gated: Path) -> list[str]:
+    """The test names --subset or --decorated picks; empty for every test."""
+    if args.subset:
+        return sorted(listed(HERE / f"{args.subset}_subset.txt"))
+    if args.decorated:
+        names = decorated(gated, args.decorated)
+        if not names:
+            raise SystemExit(f"--decorated {args.decorated}: no test of the suite carries it")
+        return names
+    return []
+
+
 def run_backend(backend: str, args, gated: Path) -> tuple[dict[str, str], float]:
     xml = args.out / f"{backend}-world{args.world}.xml"
     env = dict(
@@ -58,8 +85,8 @@ def run_backend(backend: str, args, gated: Path) -> tuple[dict[str, str], float]
         f"--junitxml={xml}", "-o", "junit_family=xunit1",
     ]  # fmt: skip
     command = [c for c in command if c]
-    if args.subset:  # exact test ids (-k would also match every name they begin)
-        names = sorted(listed(HERE / f"{args.subset}_subset.txt"))
+    names = chosen_tests(args, gated)
+    if names:  # exact test ids (-k would also match every name they begin)
         command += [f"{suite}::{CLASS}::{name}" for name in names]
     else:
         command += [suite] + (["-k", args.k] if args.k else [])
@@ -117,10 +144,13 @@ def main() -> int:
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--subset", help="a name: runs the tests listed in NAME_subset.txt")
+    parser.add_argument("--decorated", help="runs the tests carrying this decorator")
     parser.add_argument("-k", help="a pytest -k expression instead of a subset")
     parser.add_argument("--stop", action="store_true", help="stop at the first failure")
     parser.add_argument("--reuse", default="", help="backends whose XML in --out is kept")
     args = parser.parse_args()
+    if sum(map(bool, (args.subset, args.decorated, args.k))) > 1:
+        parser.error("give at most one of --subset, --decorated and -k")
     args.out = args.out.resolve()  # pytest runs in this folder: paths given to it are absolute
     args.out.mkdir(parents=True, exist_ok=True)
     gated = args.out / "gated"

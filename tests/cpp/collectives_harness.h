@@ -78,9 +78,15 @@ inline std::unique_ptr<Transport> make_tcp(int rank, int world, MemoryRendezvous
   return std::make_unique<TcpTransport>(options, rendezvous.view());
 }
 
-inline std::unique_ptr<Transport> make_shm(
-    const std::string& name, int rank, int world, size_t ring_bytes, size_t single_copy_bytes) {
+inline std::unique_ptr<Transport> make_shm(const std::string& name,
+                                           int rank,
+                                           int world,
+                                           size_t ring_bytes,
+                                           size_t single_copy_bytes,
+                                           std::vector<int> group_ranks = {}) {
   ShmTransportOptions options;
+  options.group_ranks = std::move(group_ranks);
+  options.abort_grace = std::chrono::milliseconds(200);
   options.name = name;
   options.rank = rank;
   options.size = world;
@@ -115,9 +121,13 @@ inline std::vector<std::exception_ptr> run_ranks(TransportKind kind,
           std::vector<int> host_of(world);
           for (int r = 0; r < world; ++r) host_of[r] = r < (world + 1) / 2 ? 0 : 1;
           const int host = host_of[rank];
-          auto local = make_shm(
-              name + "-host" + std::to_string(host), HybridTransport::local_rank_of(host_of, rank),
-              HybridTransport::local_size_of(host_of, rank), ring_bytes, kTestSingleCopyBytes);
+          std::vector<int> host_ranks;  // as the backend does: errors name the group's ranks
+          for (int r = 0; r < world; ++r)
+            if (host_of[r] == host) host_ranks.push_back(r);
+          auto local = make_shm(name + "-host" + std::to_string(host),
+                                HybridTransport::local_rank_of(host_of, rank),
+                                HybridTransport::local_size_of(host_of, rank), ring_bytes,
+                                kTestSingleCopyBytes, host_ranks);
           transport = std::make_unique<HybridTransport>(HybridTransportOptions{rank, host_of},
                                                         std::move(local),
                                                         make_tcp(rank, world, rendezvous));

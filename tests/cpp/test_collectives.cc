@@ -336,6 +336,24 @@ TEST_P(CollectivesFailures, AMissingPeerTimesOutNamingIt) {
       << second;
 }
 
+// Every rank is named by its number in the group, whatever link carries it: over a hybrid
+// transport ranks 2 and 3 are ranks 0 and 1 of their host's shared memory, which once named them
+// so ("rank 1: Timed out waiting for rank 0").
+TEST_P(CollectivesFailures, ATimeoutNamesRanksByTheirNumberInTheGroup) {
+  auto errors = run_ranks(GetParam(), 4, [](Transport& t) {
+    if (t.rank() != 3) {  // rank 2 stays connected but never sends
+      std::this_thread::sleep_for(std::chrono::milliseconds(800));
+      return;
+    }
+    float got = 0;
+    t.sendrecv(-1, ConstBuffer{}, 2, Buffer{&got, sizeof(got)}, make_tag(Kind::kBroadcast, 5),
+               Clock::now() + std::chrono::milliseconds(300));
+  });
+  const std::string text = error_text(errors[3]);
+  EXPECT_EQ(text.rfind("rank 3: Timed out waiting for rank 2 in broadcast #5", 0), 0u) << text;
+  for (int rank = 0; rank < 3; ++rank) EXPECT_EQ(error_text(errors[rank]), "") << rank;
+}
+
 // Receive from any source (recv_any.cc over Transport::message_waiting): the peer whose message
 // came first is named, a later one is still found, nothing is consumed by the probe, and a wait
 // that hears nothing ends at its deadline with "Timed out".

@@ -1,6 +1,8 @@
 // Shared-memory transport specifics: the segment's name is gone once set-up ends (nothing can
 // leak into /dev/shm, even on a crash), a rank started with another world size is rejected, and
 // a peer process that dies mid-collective is reported within milliseconds, not at the deadline.
+// A timeout names the rank truly at fault: ranks by their number in the enclosing group, the
+// failure a peer reports during the grace period, or else the chain of ranks that timed out.
 #include <fcntl.h>
 #include <gtest/gtest.h>
 #include <signal.h>
@@ -9,7 +11,10 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <atomic>
 #include <cerrno>
+#include <functional>
+#include <thread>
 #include <vector>
 
 #include "collectives/collectives.h"
@@ -159,6 +164,134 @@ TEST(ShmTransport, SingleCopyBetweenProcessesIsExact) {
   const bool both_read = parent_reads_child && (bits & 8) != 0;
   EXPECT_EQ(single_copy, both_read);
   EXPECT_EQ((bits & 4) != 0, both_read);
+}
+
+// Runs `world` ranks of one segment as threads; `body(rank, transport)` is each rank's part.
+// Returns each rank's error text ("" for none).
+std::vector<std::string> run_shm_ranks(int world,
+                                       const std::function<void(ShmTransportOptions&)>& tweak,
+                                       const std::function<void(int, ShmTransport&)>& body) {
+  const std::string name = testing::unique_shm_name();
+  std::vector<std::exception_ptr> errors(world);
+  std::vector<std::thread> threads;
+  for (int rank = 0; rank < world; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        auto options = options_for(name, rank, world);
+        tweak(options);
+        ShmTransport transport(options);
+        body(rank, transport);
+      } catch (...) {
+        errors[rank] = std::current_exception();
+      }
+    });
+  }
+  for (auto& thread : threads) thread.join();
+  std::vector<std::string> texts;
+  for (const auto& error : errors) texts.push_back(error_text(error));
+  return texts;
+}
+
+void receive_one_float(ShmTransport& transport, int from, std::chrono::milliseconds within) {
+  float got = 0;
+  transport.sendrecv(-1, ConstBuffer{}, from, Buffer{&got, sizeof(got)},
+                     make_tag(Kind::kAllreduce, 7), Clock::now() + within);
+}
+
+// A hybrid transport's shared memory holds its host's ranks renumbered from 0: without
+// group_ranks, global rank 3 reported "rank 1: Timed out waiting for rank 0".
+TEST(ShmTransport, ErrorsNameRanksByTheirNumberInTheGroup) {
+  std::atomic<bool> done{false};
+  const auto texts = run_shm_ranks(
+      2,
+      [](ShmTransportOptions& options) {
+        options.group_ranks = {2, 3};
+        options.abort_grace = std::chrono::milliseconds(10);
+      },
+      [&](int rank, ShmTransport& transport) {
+        if (rank == 0) {  // stays in the group, sends nothing
+          while (!done.load()) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+          return;
+        }
+        try {
+          receive_one_float(transport, 0, std::chrono::milliseconds(100));
+        } catch (...) {
+          done = true;
+          throw;
+        }
+        done = true;
+      });
+  EXPECT_EQ(texts[0], "");
+  EXPECT_EQ(texts[1].rfind("rank 3: Timed out waiting for rank 2 in all_reduce #7", 0), 0u)
+      << texts[1];
+}
+
+// Rank 0 waits for rank 1, which is blocked on a rank beyond this segment and fails 300 ms after
+// rank 0's deadline: rank 0's error carries rank 1's notice (naming rank 7), and it comes as soon
+// as the notice does, not at the end of the grace period.
+TEST(ShmTransport, ATimeoutCarriesTheFailureAPeerReportsDuringTheGrace) {
+  Clock::duration rank0_waited{};
+  const auto texts = run_shm_ranks(
+      2, [](ShmTransportOptions& options) { options.abort_grace = std::chrono::seconds(20); },
+      [&](int rank, ShmTransport& transport) {
+        const auto start = Clock::now();
+        if (rank == 1) {
+          std::this_thread::sleep_for(std::chrono::milliseconds(400));
+          transport.abort("rank 1: Timed out waiting for rank 7 across the network");
+          return;
+        }
+        try {
+          receive_one_float(transport, 1, std::chrono::milliseconds(100));
+        } catch (...) {
+          rank0_waited = Clock::now() - start;
+          throw;
+        }
+      });
+  EXPECT_EQ(texts[0].rfind("rank 0: Timed out waiting for rank 1 in all_reduce #7", 0), 0u)
+      << texts[0];
+  EXPECT_NE(texts[0].find("; meanwhile the group failed: rank 1 aborted: rank 1: Timed out "
+                          "waiting for rank 7 across the network"),
+            std::string::npos)
+      << texts[0];
+  EXPECT_LT(rank0_waited, std::chrono::seconds(10));
+}
+
+// Rank 0 waits for rank 1, rank 1 for rank 2, and rank 2 for nobody (a stalled rank): with no
+// notice, rank 0's error follows the chain to rank 2. Ranks 0 and 1 waiting for each other is a
+// cycle, and is called one.
+TEST(ShmTransport, WithoutANoticeATimeoutFollowsTheChainOfWaits) {
+  const auto tweak = [](ShmTransportOptions& options) {
+    options.abort_grace = std::chrono::milliseconds(1000);
+  };
+  std::atomic<int> finished{0};
+  const auto chain = run_shm_ranks(3, tweak, [&](int rank, ShmTransport& transport) {
+    if (rank == 2) {
+      while (finished.load() < 2) std::this_thread::sleep_for(std::chrono::milliseconds(1));
+      return;
+    }
+    try {
+      receive_one_float(transport, rank + 1, std::chrono::milliseconds(200));
+    } catch (...) {
+      ++finished;
+      throw;
+    }
+    ++finished;
+  });
+  EXPECT_EQ(chain[0],
+            "rank 0: Timed out waiting for rank 1 in all_reduce #7 (4 bytes); rank 1 was itself "
+            "timed out waiting for rank 2 (the end of the chain of waits)");
+  EXPECT_EQ(chain[1], "rank 1: Timed out waiting for rank 2 in all_reduce #7 (4 bytes)");
+  EXPECT_EQ(chain[2], "");
+  const auto cycle = run_shm_ranks(2, tweak, [](int rank, ShmTransport& transport) {
+    receive_one_float(transport, 1 - rank, std::chrono::milliseconds(200));
+  });
+  for (int rank = 0; rank < 2; ++rank) {
+    EXPECT_NE(cycle[rank].find("; rank " + std::to_string(1 - rank) +
+                               " was itself timed out waiting for rank " + std::to_string(rank) +
+                               ": a cycle of waits"),
+              std::string::npos)
+        << cycle[rank];
+  }
 }
 
 }  // namespace

@@ -216,8 +216,18 @@ def kill_moment(
     return True
 
 
+# The backend's error: the rank reporting, then the transport's words, which begin with the rank
+# they see themselves as. The two differ when a transport numbers ranks its own way (a hybrid's
+# shared memory once named global rank 3 "rank 1"), and then every rank it names is suspect.
+BACKEND_ERROR = re.compile(r"shardwise backend: rank (\d+): [\w/]+ #\d+ failed: rank (\d+):")
+
+
 def names_the_fault(log: str, rank: int, trial: Trial) -> bool:
-    """The survivor's log names the dead rank, or (a link cut) a rank on the other host."""
+    """The survivor's error names itself rightly, and the dead rank, or (a link cut) a rank on the
+    other host."""
+    error = BACKEND_ERROR.search(log)
+    if error is None or {int(error[1]), int(error[2])} != {rank}:
+        return False
     if trial.moment != "link_cut":
         return f"rank {trial.victim}" in log
     other = [r for r in range(trial.world) if host_of(r, trial.world) != host_of(rank, trial.world)]
