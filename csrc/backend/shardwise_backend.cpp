@@ -149,12 +149,9 @@ std::unique_ptr<collectives::Transport> connect(const c10::intrusive_ptr<c10d::S
   auto remote = connect_tcp(store, rank, size, shardwise.timeout, purpose);
   if (local_size == 1) return remote;
   const int host = host_of[rank];
-  std::vector<int> host_ranks;  // this host's ranks: the group's numbers of the local ranks
-  for (int r = 0; r < size; ++r)
-    if (host_of[r] == host) host_ranks.push_back(r);
-  auto local =
-      connect_shm(store, HybridTransport::local_rank_of(host_of, rank), local_size, shardwise,
-                  ring_bytes, purpose + "/host" + std::to_string(host), std::move(host_ranks));
+  auto local = connect_shm(store, HybridTransport::local_rank_of(host_of, rank), local_size,
+                           shardwise, ring_bytes, purpose + "/host" + std::to_string(host),
+                           HybridTransport::host_ranks_of(host_of, rank));
   return std::make_unique<HybridTransport>(collectives::HybridTransportOptions{rank, host_of},
                                            std::move(local), std::move(remote));
 }

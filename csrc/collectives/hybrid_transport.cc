@@ -17,6 +17,13 @@ int HybridTransport::local_size_of(const std::vector<int>& host_of, int rank) {
   return count;
 }
 
+std::vector<int> HybridTransport::host_ranks_of(const std::vector<int>& host_of, int rank) {
+  std::vector<int> ranks;
+  for (int r = 0; r < static_cast<int>(host_of.size()); ++r)
+    if (host_of[r] == host_of[rank]) ranks.push_back(r);
+  return ranks;
+}
+
 HybridTransport::HybridTransport(const HybridTransportOptions& options,
                                  std::unique_ptr<Transport> local,
                                  std::unique_ptr<Transport> remote)

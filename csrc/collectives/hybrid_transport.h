@@ -59,6 +59,9 @@ class HybridTransport : public Transport {
   static int local_rank_of(const std::vector<int>& host_of, int rank);
   // How many ranks share the host of `rank`.
   static int local_size_of(const std::vector<int>& host_of, int rank);
+  // The ranks sharing the host of `rank`, in group order: the group's number of each rank of
+  // `local` (ShmTransportOptions::group_ranks).
+  static std::vector<int> host_ranks_of(const std::vector<int>& host_of, int rank);
 
  private:
   Transport& link(int peer) { return is_local(peer) ? *local_ : *remote_; }

@@ -121,13 +121,10 @@ inline std::vector<std::exception_ptr> run_ranks(TransportKind kind,
           std::vector<int> host_of(world);
           for (int r = 0; r < world; ++r) host_of[r] = r < (world + 1) / 2 ? 0 : 1;
           const int host = host_of[rank];
-          std::vector<int> host_ranks;  // as the backend does: errors name the group's ranks
-          for (int r = 0; r < world; ++r)
-            if (host_of[r] == host) host_ranks.push_back(r);
-          auto local = make_shm(name + "-host" + std::to_string(host),
-                                HybridTransport::local_rank_of(host_of, rank),
-                                HybridTransport::local_size_of(host_of, rank), ring_bytes,
-                                kTestSingleCopyBytes, host_ranks);
+          auto local = make_shm(
+              name + "-host" + std::to_string(host), HybridTransport::local_rank_of(host_of, rank),
+              HybridTransport::local_size_of(host_of, rank), ring_bytes, kTestSingleCopyBytes,
+              HybridTransport::host_ranks_of(host_of, rank));
           transport = std::make_unique<HybridTransport>(HybridTransportOptions{rank, host_of},
                                                         std::move(local),
                                                         make_tcp(rank, world, rendezvous));
