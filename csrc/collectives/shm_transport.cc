@@ -36,7 +36,8 @@ struct alignas(kLine) SegmentHeader {
   int32_t size;
   uint64_t ring_bytes;
   std::atomic<int32_t> attached;
-  std::atomic<int32_t> failed_rank;
+  std::atomic<int32_t> failure_claimed;  // the first rank to abort sets it, then writes `failure`
+  std::atomic<int32_t> failed_rank;      // published only once `failure` is written
   char failure[256];
 };
 
@@ -211,6 +212,7 @@ void ShmTransport::attach(const ShmTransportOptions& options) {
   if (rank_ == 0) {  // the file is zero-filled: only the non-zero fields need setting
     header.size = size_;
     header.ring_bytes = ring_bytes_;
+    header.failure_claimed.store(-1);
     header.failed_rank.store(-1);
     header.ready.store(kReady, std::memory_order_release);
   } else {
@@ -568,12 +570,15 @@ void ShmTransport::fail_timed_out(int peer, size_t bytes, Tag tag, bool receivin
                                                  [this](int r) { return named(r); }));
 }
 
+// The first rank to abort claims `failure_claimed`, writes `failure`, and only then publishes
+// `failed_rank`: a peer that sees failed_rank >= 0 always reads the whole text.
 void ShmTransport::abort(const std::string& reason) {
   SegmentHeader& header = *layout_->header;
   int expected = -1;
-  if (header.failed_rank.compare_exchange_strong(expected, rank_)) {
+  if (header.failure_claimed.compare_exchange_strong(expected, rank_)) {
     const std::string text = named(rank_) + " aborted: " + reason;
     std::strncpy(header.failure, text.c_str(), sizeof(header.failure) - 1);
+    header.failed_rank.store(rank_);
   }
   for (int r = 0; r < size_; ++r) ring_doorbell(r);
 }

@@ -256,6 +256,26 @@ TEST(ShmTransport, ATimeoutCarriesTheFailureAPeerReportsDuringTheGrace) {
   EXPECT_LT(rank0_waited, std::chrono::seconds(10));
 }
 
+// abort() once published failed_rank before writing the text, so a peer polling at that moment
+// reported "group failed in …: " with no reason (seen under TSan in CI). Many short rounds give
+// the peer many chances to look in between.
+TEST(ShmTransport, APeerThatSeesTheFailureReadsItsWholeReason) {
+  const std::string reason(200, 'x');
+  for (int round = 0; round < 200; ++round) {
+    const auto texts = run_shm_ranks(
+        2, [](ShmTransportOptions&) {},
+        [&](int rank, ShmTransport& transport) {
+          if (rank == 1) {
+            transport.abort(reason);
+            return;
+          }
+          receive_one_float(transport, 1, std::chrono::seconds(30));
+        });
+    ASSERT_NE(texts[0].find("rank 1 aborted: " + reason), std::string::npos)
+        << "round " << round << ": " << texts[0];
+  }
+}
+
 // Rank 0 waits for rank 1, rank 1 for rank 2, and rank 2 for nobody (a stalled rank): with no
 // notice, rank 0's error follows the chain to rank 2. Ranks 0 and 1 waiting for each other is a
 // cycle, and is called one.
