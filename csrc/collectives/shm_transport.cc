@@ -169,6 +169,56 @@ ShmTransport::~ShmTransport() {
   delete layout_;
 }
 
+std::string ShmTransport::layout_mismatch(int created_size, uint64_t created_ring_bytes) const {
+  return named(rank_) + " joined with world size " + std::to_string(size_) + " and ring_bytes " +
+         std::to_string(ring_bytes_) + ", but rank 0 created the group with " +
+         std::to_string(created_size) + " and " + std::to_string(created_ring_bytes) +
+         "; start every rank alike";
+}
+
+// Rank 0 creates the segment empty, then gives it its final size in one ftruncate. A peer waits
+// for a non-zero size: the size of this rank's layout means the segment is ready to map; any other
+// means rank 0 was started with another world size or ring_bytes, and the peer fails now, naming
+// both, instead of waiting out the connect timeout.
+int ShmTransport::open_segment_of_rank0(Clock::time_point deadline) {
+  for (;;) {
+    const int fd = ::shm_open(name_.c_str(), O_RDWR, 0600);
+    struct stat info{};
+    if (fd >= 0 && ::fstat(fd, &info) == 0 && info.st_size > 0) {
+      if (static_cast<size_t>(info.st_size) == mapped_bytes_) return fd;
+      if (static_cast<size_t>(info.st_size) >= sizeof(SegmentHeader)) {
+        reject_other_layout(fd, deadline);
+      }
+    }
+    if (fd >= 0) ::close(fd);
+    if (Clock::now() > deadline) {
+      throw TransportError(named(rank_) + ": shared-memory segment " + name_ +
+                           " of rank 0 did not appear (with the expected size " +
+                           std::to_string(mapped_bytes_) + ") before the connect timeout");
+    }
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// Reads the header of a segment whose size is not this rank's layout, closes `fd`, and throws.
+void ShmTransport::reject_other_layout(int fd, Clock::time_point deadline) {
+  void* mapped = ::mmap(nullptr, sizeof(SegmentHeader), PROT_READ, MAP_SHARED, fd, 0);
+  ::close(fd);
+  if (mapped == MAP_FAILED) throw TransportError(errno_text("mmap", name_));
+  const auto* header = static_cast<const SegmentHeader*>(mapped);
+  while (header->ready.load(std::memory_order_acquire) != kReady && Clock::now() <= deadline) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  if (header->ready.load(std::memory_order_acquire) != kReady) {
+    ::munmap(mapped, sizeof(SegmentHeader));
+    throw TransportError(named(rank_) + ": shared-memory segment " + name_ +
+                         " was never initialised by rank 0");
+  }
+  const std::string text = layout_mismatch(header->size, header->ring_bytes);
+  ::munmap(mapped, sizeof(SegmentHeader));
+  throw TransportError(text);
+}
+
 void ShmTransport::attach(const ShmTransportOptions& options) {
   mapped_bytes_ = segment_bytes(size_, ring_bytes_);
   const Clock::time_point deadline = Clock::now() + options.connect_timeout;
@@ -182,17 +232,7 @@ void ShmTransport::attach(const ShmTransportOptions& options) {
                            std::to_string(mapped_bytes_) + " bytes?)");
     }
   } else {
-    struct stat info{};
-    while ((fd = ::shm_open(name_.c_str(), O_RDWR, 0600)) < 0 ||
-           (::fstat(fd, &info) == 0 && static_cast<size_t>(info.st_size) < mapped_bytes_)) {
-      if (fd >= 0) ::close(fd);
-      if (Clock::now() > deadline) {
-        throw TransportError(named(rank_) + ": shared-memory segment " + name_ +
-                             " of rank 0 did not appear (with the expected size " +
-                             std::to_string(mapped_bytes_) + ") before the connect timeout");
-      }
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    fd = open_segment_of_rank0(deadline);
   }
   void* mapped = ::mmap(nullptr, mapped_bytes_, PROT_READ | PROT_WRITE, MAP_SHARED, fd, 0);
   ::close(fd);
@@ -221,11 +261,7 @@ void ShmTransport::attach(const ShmTransportOptions& options) {
       std::this_thread::sleep_for(std::chrono::milliseconds(1));
     }
     if (header.size != size_ || header.ring_bytes != ring_bytes_) {
-      throw TransportError(named(rank_) + " joined with world size " + std::to_string(size_) +
-                           " and ring_bytes " + std::to_string(ring_bytes_) +
-                           ", but rank 0 created the group with " + std::to_string(header.size) +
-                           " and " + std::to_string(header.ring_bytes) +
-                           "; start every rank alike");
+      throw TransportError(layout_mismatch(header.size, header.ring_bytes));
     }
   }
   layout_->slots[rank_].pid.store(static_cast<int32_t>(::getpid()));

@@ -92,6 +92,9 @@ class ShmTransport : public Transport {
   struct Layout;
   class Progress;
   void attach(const ShmTransportOptions& options);
+  int open_segment_of_rank0(Clock::time_point deadline);
+  [[noreturn]] void reject_other_layout(int fd, Clock::time_point deadline);
+  std::string layout_mismatch(int created_size, uint64_t created_ring_bytes) const;
   void wait_for_attach(Clock::time_point deadline);
   void probe_single_copy(Clock::time_point deadline);
   void exchange(int send_peer,

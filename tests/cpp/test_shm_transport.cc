@@ -54,24 +54,29 @@ TEST(ShmTransport, NameIsUnlinkedOnceEveryRankHasAttached) {
   EXPECT_EQ(error_text(error), "");
 }
 
+// A larger world size expects a larger segment: the peer once waited its whole connect timeout
+// (10 s here) for a segment of its own size, then said only that it "did not appear".
 TEST(ShmTransport, RanksStartedWithAnotherWorldSizeAreRejected) {
   const std::string name = testing::unique_shm_name();
   std::exception_ptr error;
+  Clock::duration peer_waited{};
   std::thread other([&] {
+    const auto start = Clock::now();
     try {
       ShmTransport peer(options_for(name, 1, 3));  // rank 0 says 2
     } catch (...) {
       error = std::current_exception();
     }
+    peer_waited = Clock::now() - start;
   });
   auto root_options = options_for(name, 0, 2);
   root_options.connect_timeout = std::chrono::seconds(2);
   EXPECT_THROW(ShmTransport root(root_options), TransportError);
   other.join();
-  const std::string text = error_text(error);
-  EXPECT_TRUE(text.find("world size 3") != std::string::npos ||
-              text.find("did not appear") != std::string::npos)
-      << text;
+  EXPECT_EQ(error_text(error),
+            "rank 1 joined with world size 3 and ring_bytes 4096, but rank 0 created the group "
+            "with 2 and 4096; start every rank alike");
+  EXPECT_LT(peer_waited, std::chrono::seconds(5));
   EXPECT_EQ(::shm_open(name.c_str(), O_RDWR, 0600), -1);  // rank 0 cleaned up on failure
 }
 
