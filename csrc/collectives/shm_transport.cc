@@ -103,6 +103,21 @@ bool process_alive(int32_t pid) {
   return true;
 }
 
+// Waits until rank 0 has filled in `header`; `segment` names the segment and the waiting rank.
+void wait_until_initialised(const SegmentHeader& header,
+                            Clock::time_point deadline,
+                            const std::string& segment) {
+  while (header.ready.load(std::memory_order_acquire) != kReady) {
+    if (Clock::now() > deadline) throw TransportError(segment + " was never initialised by rank 0");
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+}
+
+// The reason the first aborting rank wrote; read only once failed_rank >= 0.
+std::string failure_text(const SegmentHeader& header) {
+  return std::string(header.failure, strnlen(header.failure, sizeof(header.failure)));
+}
+
 }  // namespace
 
 struct ShmTransport::Layout {
@@ -206,15 +221,14 @@ void ShmTransport::reject_other_layout(int fd, Clock::time_point deadline) {
   ::close(fd);
   if (mapped == MAP_FAILED) throw TransportError(errno_text("mmap", name_));
   const auto* header = static_cast<const SegmentHeader*>(mapped);
-  while (header->ready.load(std::memory_order_acquire) != kReady && Clock::now() <= deadline) {
-    std::this_thread::sleep_for(std::chrono::milliseconds(1));
-  }
-  if (header->ready.load(std::memory_order_acquire) != kReady) {
+  std::string text;
+  try {
+    wait_until_initialised(*header, deadline, named(rank_) + ": shared-memory segment " + name_);
+    text = layout_mismatch(header->size, header->ring_bytes);
+  } catch (...) {
     ::munmap(mapped, sizeof(SegmentHeader));
-    throw TransportError(named(rank_) + ": shared-memory segment " + name_ +
-                         " was never initialised by rank 0");
+    throw;
   }
-  const std::string text = layout_mismatch(header->size, header->ring_bytes);
   ::munmap(mapped, sizeof(SegmentHeader));
   throw TransportError(text);
 }
@@ -256,10 +270,7 @@ void ShmTransport::attach(const ShmTransportOptions& options) {
     header.failed_rank.store(-1);
     header.ready.store(kReady, std::memory_order_release);
   } else {
-    while (header.ready.load(std::memory_order_acquire) != kReady) {
-      if (Clock::now() > deadline) throw TransportError("shared-memory segment never initialised");
-      std::this_thread::sleep_for(std::chrono::milliseconds(1));
-    }
+    wait_until_initialised(header, deadline, named(rank_) + ": shared-memory segment " + name_);
     if (header.size != size_ || header.ring_bytes != ring_bytes_) {
       throw TransportError(layout_mismatch(header.size, header.ring_bytes));
     }
@@ -342,9 +353,8 @@ void ShmTransport::check_peers(int peer_a, int peer_b, Tag tag, bool liveness) {
   SegmentHeader& header = *layout_->header;
   const int failed = header.failed_rank.load();
   if (failed >= 0) {
-    throw TransportError(
-        named(rank_) + ": group failed in " + tag_text(tag) + ": " +
-        std::string(header.failure, strnlen(header.failure, sizeof(header.failure))));
+    throw TransportError(named(rank_) + ": group failed in " + tag_text(tag) + ": " +
+                         failure_text(header));
   }
   if (!liveness) return;
   for (int peer : {peer_a, peer_b}) {
@@ -595,9 +605,7 @@ void ShmTransport::fail_timed_out(int peer, size_t bytes, Tag tag, bool receivin
     wait_until_rung(seen, until);
   }
   if (header.failed_rank.load() >= 0) {
-    throw TransportError(
-        own + "; meanwhile the group failed: " +
-        std::string(header.failure, strnlen(header.failure, sizeof(header.failure))));
+    throw TransportError(own + "; meanwhile the group failed: " + failure_text(header));
   }
   const auto waiting_for = [this](int r) {
     return layout_->slots[r].timed_out_waiting_for.load() - 1;
