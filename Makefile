@@ -202,12 +202,12 @@ gpu-wheels: venv ## where PyPI is reachable: .whl/ with what test-gpu needs beyo
 		-d .whl $(GPU_WHEELS)
 
 format: venv ## clang-format and ruff format, in place
-	$(VENV)/bin/clang-format -i $$(git ls-files 'csrc/*.h' 'csrc/*.hpp' 'csrc/*.cc' 'csrc/*.cpp' 'csrc/*.cu' 'tests/cpp/*.h' 'tests/cpp/*.cc' 'tests/fuzz/*.cc' 'examples/cpp/*.cc' 'examples/cpp/*.cpp' 'examples/cpp/*.h')
+	$(VENV)/bin/clang-format -i $$(git ls-files 'csrc/*.h' 'csrc/*.hpp' 'csrc/*.cc' 'csrc/*.cpp' 'csrc/*.cu' 'csrc/*.cuh' 'tests/cpp/*.h' 'tests/cpp/*.cc' 'tests/fuzz/*.cc' 'examples/cpp/*.cc' 'examples/cpp/*.cpp' 'examples/cpp/*.h')
 	$(VENV)/bin/ruff format python tests benchmarks examples setup.py
 	$(VENV)/bin/ruff check --fix python tests benchmarks examples setup.py
 
 lint: venv ## the same checks, changing nothing
-	$(VENV)/bin/clang-format --dry-run -Werror $$(git ls-files 'csrc/*.h' 'csrc/*.hpp' 'csrc/*.cc' 'csrc/*.cpp' 'csrc/*.cu' 'tests/cpp/*.h' 'tests/cpp/*.cc' 'tests/fuzz/*.cc' 'examples/cpp/*.cc' 'examples/cpp/*.cpp' 'examples/cpp/*.h')
+	$(VENV)/bin/clang-format --dry-run -Werror $$(git ls-files 'csrc/*.h' 'csrc/*.hpp' 'csrc/*.cc' 'csrc/*.cpp' 'csrc/*.cu' 'csrc/*.cuh' 'tests/cpp/*.h' 'tests/cpp/*.cc' 'tests/fuzz/*.cc' 'examples/cpp/*.cc' 'examples/cpp/*.cpp' 'examples/cpp/*.h')
 	$(VENV)/bin/ruff format --check python tests benchmarks examples setup.py
 	$(VENV)/bin/ruff check python tests benchmarks examples setup.py
 

@@ -309,6 +309,15 @@ def test_cuda_matches_cpu_kernels(dtype):
     ]
     assert not shardwise.multi_cast_([x, x[:0]], outs).item()
     assert_same_bits(outs[0].cpu(), shardwise.cast(x.cpu(), dtype))
+    # Views starting off a 16-byte boundary take the kernels' element-by-element path.
+    base = torch.randn(4099, device="cuda")
+    for view in (base[1:], base[3:4003], base[8:]):
+        assert_same_bits(shardwise.cast(view, dtype).cpu(), shardwise.cast(view.cpu(), dtype))
+        sr = shardwise.cast_stochastic_bf16(view, seed=3, offset=7)
+        assert torch.equal(bits(sr.cpu()), bits(shardwise.cast_stochastic_bf16(view.cpu(), 3, 7)))
+    shifted = torch.empty(4100, dtype=dtype, device="cuda")[1:]
+    shardwise.multi_cast_([base], [shifted])
+    assert_same_bits(shifted.cpu(), shardwise.cast(base.cpu(), dtype))
 
 
 @requires_cuda
