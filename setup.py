@@ -106,20 +106,54 @@ def build_library(prefix: Path, build_dir: Path, with_cuda: bool) -> None:
         )
 
 
+def use_prebuilt_library(source: Path, prefix: Path) -> None:
+    """Copies a `cmake --install` prefix of libshardwise (SHARDWISE_LIBRARY_PREFIX) into `prefix`
+    instead of building it: the C++ library built once, the Python module built against it.
+    Refused unless it was built against this torch's minor version."""
+    config = source / "share" / "cmake" / "shardwise" / "shardwiseConfig.cmake"
+    library = source / "lib" / "libshardwise.so"
+    if not config.is_file() or not library.exists():
+        raise RuntimeError(
+            f"SHARDWISE_LIBRARY_PREFIX={source} is not a cmake --install prefix of shardwise "
+            f"(no {library.relative_to(source)} or {config.relative_to(source)}); "
+            "run cmake --install BUILD --prefix DIR first, or unset SHARDWISE_LIBRARY_PREFIX"
+        )
+    match = re.search(r'set\(shardwise_TORCH_VERSION "([0-9]+\.[0-9]+)', config.read_text())
+    ours = ".".join(torch.__version__.split(".")[:2])
+    if match is None or match.group(1) != ours:
+        built = match.group(1) if match else "an unknown version"
+        raise RuntimeError(
+            f"SHARDWISE_LIBRARY_PREFIX={source} was built against torch {built}, this torch is "
+            f"{torch.__version__}: rebuild it against this torch, or unset SHARDWISE_LIBRARY_PREFIX"
+        )
+    for folder in ("lib", "include", "share"):
+        shutil.rmtree(prefix / folder, ignore_errors=True)
+        shutil.copytree(source / folder, prefix / folder, symlinks=True)
+
+
 class BuildExt(cpp_extension.BuildExtension):
     """Builds the library first, then shardwise._C (the pybind11 glue) linked against it; the
     library lands in the package (shardwise/lib) beside the module, which finds it by RPATH."""
 
+    def run(self):
+        # setuptools clears `inplace` while it builds (it copies the module afterwards): note it.
+        self.into_source = bool(self.inplace) or getattr(self, "editable_mode", False)
+        super().run()
+
     def build_extensions(self):
         with_cuda = want_cuda()
         package = Path(self.get_ext_fullpath("shardwise._C")).resolve().parent
-        if self.inplace or getattr(self, "editable_mode", False):
+        if getattr(self, "into_source", False):
             # An editable install copies only the module back into the source tree: put the
             # library there directly.
             package = ROOT / "python" / "shardwise"
         flavour = f"torch{torch.__version__}-{'cuda' if with_cuda else 'cpu'}"
         # A lasting build folder per torch (not pip's temporary one), so rebuilds are incremental.
-        build_library(package, ROOT / "build" / f"cmake-python-{flavour}", with_cuda)
+        prebuilt = os.environ.get("SHARDWISE_LIBRARY_PREFIX")
+        if prebuilt:
+            use_prebuilt_library(Path(prebuilt).resolve(), package)
+        else:
+            build_library(package, ROOT / "build" / f"cmake-python-{flavour}", with_cuda)
         for ext in self.extensions:
             ext.library_dirs.append(str(package / "lib"))
             ext.libraries.append("shardwise")

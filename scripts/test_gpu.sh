@@ -4,45 +4,94 @@
 # CUDA test and the GPU benchmarks, and writes the tables to benchmarks/results/DATE-*-gpu.md.
 # Nothing is fetched: Python packages the trainer needs and the machine lacks (omegaconf,
 # pydantic) come from .whl/ when present (`make gpu-wheels` fills it where pip can reach PyPI).
-set -euo pipefail
+# GPU time is scarce: every step has its own time limit (STEP_LIMIT seconds, default 240) and a
+# failing step does not stop the ones after it; each step's log lands in LOGS (build/gpu-logs).
+# The exit status is the first failing step's. SNAPSHOT=FILE.tgz: the logs and tables packed
+# there after every step (for a machine that may be taken back mid-run).
+# SHARDWISE_LIBRARY_PREFIX (setup.py): the C++ library built elsewhere against the same torch
+# (cmake --install prefix); only the Python module is built here, and the library is built here
+# after all if that module does not import.
+set -uo pipefail
 cd "$(dirname "$0")/.."
+root=$PWD
 PY=${PY:-python3}
+STEP_LIMIT=${STEP_LIMIT:-240}
+LOGS=$(realpath -m "${LOGS:-build/gpu-logs}")
 day=$(date +%Y-%m-%d)
 results=benchmarks/results
-log() { printf '\n== %s (%ss)\n' "$*" "$SECONDS"; }
+mkdir -p "$LOGS"
+status=0
+
+# step NAME COMMAND...: runs COMMAND under the time limit, its output in LOGS/NAME.log and here.
+step() {
+  local name=$1 rc
+  shift
+  printf '\n== %s (%ss)\n' "$name" "$SECONDS"
+  timeout --kill-after=10 "$STEP_LIMIT" "$@" 2>&1 | tee "$LOGS/$name.log"
+  rc=${PIPESTATUS[0]}
+  if [ "$rc" -ne 0 ]; then
+    printf '== %s FAILED (exit %s%s)\n' "$name" "$rc" "$([ "$rc" -eq 124 ] && echo ', timed out')"
+    [ "$status" -ne 0 ] || status=$rc
+  fi
+  if [ -n "${SNAPSHOT:-}" ]; then
+    tar czf "$SNAPSHOT" -C "$root" "${LOGS#"$root"/}" \
+      $(cd "$root" && compgen -G "$results/$day-*-gpu.md") 2>/dev/null || true
+  fi
+  return "$rc"
+}
 
 if ! "$PY" -c 'import torch, sys; sys.exit(0 if torch.cuda.is_available() else 1)'; then
   echo "test-gpu: $PY's torch sees no CUDA device; run this on a GPU machine" >&2
   exit 2
 fi
 if compgen -G ".whl/*.whl" >/dev/null; then
-  log "installing .whl/ into /tmp/shardwise-site"
   "$PY" -m pip install -q --no-index --no-deps --no-compile --upgrade \
     --target /tmp/shardwise-site .whl/*.whl
   export PYTHONPATH=/tmp/shardwise-site${PYTHONPATH:+:$PYTHONPATH}
 fi
+"$PY" -c 'import torch; print("torch", torch.__version__, "CUDA", torch.version.cuda,
+  [torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())])' |
+  tee "$LOGS/machine.log"
 
-log "building for $("$PY" -c 'import torch; print(torch.cuda.get_device_name(0))')"
 arch=$("$PY" -c 'import torch; print("%d.%d" % torch.cuda.get_device_capability(0))')
 export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-$arch} SHARDWISE_WITH_CUDA=1
-export MAX_JOBS=${MAX_JOBS:-$(nproc)}
+export MAX_JOBS=${MAX_JOBS:-$(nproc)} PYTHONUNBUFFERED=1
 command -v ccache >/dev/null || unset PYTORCH_NVCC
-"$PY" -m pip install -q --no-build-isolation --no-deps -e .
+import_check=("$PY" -c 'import shardwise; print("shardwise", shardwise.__version__)')
+if [ -n "${SHARDWISE_LIBRARY_PREFIX:-}" ]; then
+  if step build-prebuilt "$PY" -m pip install --no-build-isolation --no-deps -e . &&
+    step import-prebuilt "${import_check[@]}"; then
+    :
+  else
+    echo "test-gpu: the library at $SHARDWISE_LIBRARY_PREFIX did not work here; building it"
+    unset SHARDWISE_LIBRARY_PREFIX
+    status=0
+  fi
+fi
+if [ -z "${SHARDWISE_LIBRARY_PREFIX:-}" ]; then
+  STEP_LIMIT=$((STEP_LIMIT * 2)) step build \
+    "$PY" -m pip install --no-build-isolation --no-deps -e . || exit "$status"
+  step import "${import_check[@]}" || exit "$status"
+fi
 
-log "CUDA tests"
-status=0
-"$PY" -m pytest -ra -p no:cacheprovider -m "not slow" tests/gpu \
-  tests/python/test_cast_ops.py tests/python/test_optim_ops.py tests/python/test_shard_ops.py \
-  tests/distributed/test_backend.py::test_cuda_tensors_go_through_nccl || status=$?
+step toolchain bash scripts/toolchain_report.sh
 
-log "GPU benchmarks"
-cd benchmarks
-"$PY" bench_cast.py --device cuda --min-time 0.1 --output "results/$day-cast-gpu.md"
-"$PY" bench_shard_copies.py --device cuda --output "results/$day-shard-copies-gpu.md"
-"$PY" bench_optim.py --device cuda --output "results/$day-optim-gpu.md"
+# Each folder's own pytest run: their conftest modules share a name.
+pytest=("$PY" -m pytest -ra -p no:cacheprovider -m "not slow" --timeout 150)
+step gpu-tests "${pytest[@]}" tests/gpu
+step cuda-op-tests "${pytest[@]}" tests/python/test_cast_ops.py tests/python/test_optim_ops.py \
+  tests/python/test_shard_ops.py
+step nccl-tests "${pytest[@]}" tests/distributed/test_backend.py::test_cuda_tensors_go_through_nccl
+
 gpus=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
-"$PY" bench_fsdp.py --device cuda --world "$gpus" --batch 8 \
+cd benchmarks
+step bench-cast "$PY" bench_cast.py --device cuda --min-time 0.1 --output "results/$day-cast-gpu.md"
+step bench-shard-copies "$PY" bench_shard_copies.py --device cuda \
+  --output "results/$day-shard-copies-gpu.md"
+step bench-optim "$PY" bench_optim.py --device cuda --output "results/$day-optim-gpu.md"
+step bench-fsdp "$PY" bench_fsdp.py --device cuda --world "$gpus" --batch 8 \
   --output "results/$day-fsdp-gpu.md"
 cd ..
-log "done: tests exit $status; tables in $results/$day-*-gpu.md"
+printf '\n== done (%ss): exit %s; tables in %s/%s-*-gpu.md, logs in %s\n' \
+  "$SECONDS" "$status" "$results" "$day" "$LOGS"
 exit "$status"

@@ -89,6 +89,7 @@ def test_shardwise_train_runs_two_ranks_on_one_gpu():
             sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
             "-m", "shardwise.train", "--config", str(ROOT / "examples" / "configs" / "fsdp.yaml"),
             "model.preset=tiny", "training.device=cuda", "training.max_steps=4",
+            "training.warmup_steps=1",
             "training.log_every=1", f"training.checkpoint.dir={out}",
         ]  # fmt: skip
         proc = subprocess.run(command, capture_output=True, text=True, timeout=300, cwd=tmp)

@@ -23,6 +23,7 @@ def test_shardwise_train_runs_on_cuda(tmp_path):
         "training.device=cuda",
         "training.mixed_precision=bf16",
         "training.max_steps=6",
+        "training.warmup_steps=1",
         "training.log_every=1",
         f"training.checkpoint.dir={out}",
     ]
