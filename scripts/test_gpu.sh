@@ -58,15 +58,12 @@ export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-$arch} SHARDWISE_WITH_CUDA=1
 export MAX_JOBS=${MAX_JOBS:-$(nproc)} PYTHONUNBUFFERED=1
 command -v ccache >/dev/null || unset PYTORCH_NVCC
 import_check=("$PY" -c 'import shardwise; print("shardwise", shardwise.__version__)')
-if [ -n "${SHARDWISE_LIBRARY_PREFIX:-}" ]; then
-  if step build-prebuilt "$PY" -m pip install --no-build-isolation --no-deps -e . &&
-    step import-prebuilt "${import_check[@]}"; then
-    :
-  else
-    echo "test-gpu: the library at $SHARDWISE_LIBRARY_PREFIX did not work here; building it"
-    unset SHARDWISE_LIBRARY_PREFIX
-    status=0
-  fi
+if [ -n "${SHARDWISE_LIBRARY_PREFIX:-}" ] &&
+  ! { step build-prebuilt "$PY" -m pip install --no-build-isolation --no-deps -e . &&
+    step import-prebuilt "${import_check[@]}"; }; then
+  echo "test-gpu: the library at $SHARDWISE_LIBRARY_PREFIX did not work here; building it"
+  unset SHARDWISE_LIBRARY_PREFIX
+  status=0
 fi
 if [ -z "${SHARDWISE_LIBRARY_PREFIX:-}" ]; then
   STEP_LIMIT=$((STEP_LIMIT * 2)) step build \
