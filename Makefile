@@ -10,8 +10,10 @@ CACHE ?= $(HOME)/.cache/shardwise
 key = $(shell { $(PYTHON) --version; cat $(1); } | sha256sum | cut -c1-16)
 VENV ?= $(CACHE)/venv-$(call key,requirements/dev.txt)
 CPU_VENV ?= $(CACHE)/venv-cpu-$(call key,requirements/libtorch-cpu.txt)
+OLDEST_VENV ?= $(CACHE)/venv-oldest-$(call key,requirements/torch-oldest.txt)
 PY := $(VENV)/bin/python
 CPU_PY := $(CPU_VENV)/bin/python
+OLDEST_PY := $(OLDEST_VENV)/bin/python
 CMAKE_BUILD ?= build/cmake
 JOBS ?= $(shell nproc)
 
@@ -28,12 +30,13 @@ ifdef CUDA_HOME
 export PYTORCH_NVCC ?= ccache $(CUDA_HOME)/bin/nvcc
 endif
 
-.PHONY: demo demo-cpp test test-cpp test-python test-cpu-torch test-package build venv cpu-venv \
+.PHONY: demo demo-cpp test test-cpp test-python test-cpu-torch test-torch-oldest test-package build venv \
+	cpu-venv oldest-venv \
 	test-conformance test-conformance-world8 test-conformance-ci test-sanitize test-sanitize-core fuzz fuzz-build fuzz-ci soak \
-	system-deps bench test-gpu gpu-wheels \
+	system-deps bench test-gpu gpu-diagnose gpu-wheels \
 	format lint clean
 
-test: build lint test-cpp test-python test-cpu-torch test-package test-conformance-ci test-sanitize-core fuzz-ci ## build, then run every test suite
+test: build lint test-cpp test-python test-cpu-torch test-torch-oldest test-package test-conformance-ci test-sanitize-core fuzz-ci ## build, then run every test suite
 
 demo: build ## 2-process CPU training of the bundled GPT (FSDP, bf16), ~2 minutes: outputs/demo/
 	rm -rf outputs/demo
@@ -58,13 +61,15 @@ system-deps: ## compilers' companions from Debian: GoogleTest, ccache, CMake, Ni
 
 venv: $(VENV)/.complete
 cpu-venv: $(CPU_VENV)/.complete
+oldest-venv: $(OLDEST_VENV)/.complete
 
 # A venv is usable only once its stamp exists; an interrupted install is started over.
 $(CACHE)/venv-%/.complete:
 	rm -rf $(@D)
 	$(PYTHON) -m venv $(@D)
 	$(@D)/bin/pip install -q --upgrade pip
-	$(@D)/bin/pip install -q -r $(if $(findstring venv-cpu-,$(@D)),requirements/libtorch-cpu.txt,requirements/dev.txt)
+	$(@D)/bin/pip install -q -r $(if $(findstring venv-cpu-,$(@D)),requirements/libtorch-cpu.txt,$(if \
+		$(findstring venv-oldest-,$(@D)),requirements/torch-oldest.txt,requirements/dev.txt))
 	touch $@
 
 # Test-only packages, installed into the dev venv under their own stamp (keyed by their file).
@@ -167,9 +172,22 @@ SOAK_LINK_CUTS ?= 10
 soak: build ## SIGKILL and link-cut trials: hangs, leaks, lost checkpoints, detection (~1-2 h)
 	$(PY) tests/soak/soak.py --trials $(SOAK_TRIALS) --link-cuts $(SOAK_LINK_CUTS) --out $(SOAK)
 
-test-cpu-torch: system-deps cpu-venv ## the CPU-only build against the CPU torch, and its op tests
-	SHARDWISE_WITH_CUDA=0 $(CPU_PY) -m pip install -q --no-build-isolation --no-deps .
-	cd tests && $(CPU_PY) -m pytest -ra -m "not slow" python/test_cast_ops.py
+# Built with tests/toolchain/static-runtime/{gcc,g++}: this machine's compilers finding the C++
+# runtime as a GPU image's compiler wrapper does (libstdc++.a first), so that the op tests, and
+# the exception paths of test_cxx_runtime.py, run against such a build here too.
+STATIC_RUNTIME_CC := $(CURDIR)/tests/toolchain/static-runtime
+test-cpu-torch: system-deps cpu-venv ## the CPU-only build (GPU image's toolchain) against the CPU torch, and its op tests
+	CC=$(STATIC_RUNTIME_CC)/gcc CXX=$(STATIC_RUNTIME_CC)/g++ SHARDWISE_WITH_CUDA=0 \
+		$(CPU_PY) -m pip install -q --no-build-isolation --no-deps .
+	cd tests && $(CPU_PY) -m pytest -ra -m "not slow" python/test_cast_ops.py \
+		python/test_cxx_runtime.py
+
+# The oldest supported torch (requirements/torch-oldest.txt), CPU-only build: the op tests, the
+# C++ runtime's exception paths, and FSDP against one process and FSDP2 at world 2.
+test-torch-oldest: system-deps oldest-venv ## the build and the op and FSDP tests against the oldest supported torch
+	SHARDWISE_WITH_CUDA=0 $(OLDEST_PY) -m pip install -q --no-build-isolation --no-deps .
+	cd tests && $(OLDEST_PY) -m pytest -ra -m "not slow" python/test_cast_ops.py \
+		python/test_cxx_runtime.py python/test_torch_versions.py distributed/test_fsdp.py -k "not -4]"
 
 bench: build ## benchmarks (with OpenMPI as an anchor); results land in benchmarks/results/
 	bash scripts/install_bench_deps.sh
@@ -192,6 +210,9 @@ bench: build ## benchmarks (with OpenMPI as an anchor); results land in benchmar
 
 test-gpu: ## on a GPU machine (its own CUDA torch, PYTHON): build, every CUDA test, GPU benchmarks
 	PY=$(PYTHON) bash scripts/test_gpu.sh
+
+gpu-diagnose: ## on a GPU machine: why C++ exceptions would crash there (toolchain, runtimes, backtrace), ~4 min
+	PY=$(PYTHON) bash scripts/gpu_diagnose.sh
 
 # The trainer's packages a bare GPU image may lack, as wheels for test-gpu (Python 3.12, x86-64).
 GPU_WHEELS := omegaconf==2.4.0 pydantic==2.14.3 pydantic_core==2.50.4 annotated-types==0.8.0 \

@@ -8,6 +8,7 @@ to sm_80 and sm_90 (+PTX); set TORCH_CUDA_ARCH_LIST to choose others. Put ccache
 PATH=/usr/lib/ccache:$PATH (the Makefile does; nvcc gets ccache as CMake's launcher).
 """
 
+import importlib.util
 import os
 import re
 import shutil
@@ -67,6 +68,17 @@ def cmake_list(name: str) -> list[str]:
     return [line.strip() for line in match.group(1).splitlines() if line.strip()]
 
 
+def shared_cxx_runtime_flag() -> str:
+    """The link flag that pins the shared C++ runtime (CMakeLists.txt's
+    SHARDWISE_SHARED_CXX_RUNTIME): the module must share torch's libstdc++ and libgcc_s, also
+    when the compiler links them statically by default."""
+    text = (ROOT / "CMakeLists.txt").read_text()
+    match = re.search(r'^set\(SHARDWISE_SHARED_CXX_RUNTIME\s+"([^"]+)"\)', text, re.MULTILINE)
+    if match is None:
+        raise RuntimeError("CMakeLists.txt has no SHARDWISE_SHARED_CXX_RUNTIME")
+    return match.group(1)
+
+
 def build_library(prefix: Path, build_dir: Path, with_cuda: bool) -> None:
     """Builds libshardwise.so with CMake (CMakeLists.txt, tests off) and installs it, its headers
     and its CMake package into `prefix` (the package folder: shardwise/{lib,include,share})."""
@@ -106,6 +118,17 @@ def build_library(prefix: Path, build_dir: Path, with_cuda: bool) -> None:
         )
 
 
+def torch_versions():
+    """python/shardwise/_torch_versions.py, loaded by path (the package itself needs the library
+    this script builds): what an installed CMake package says of the torch it runs with."""
+    spec = importlib.util.spec_from_file_location(
+        "_torch_versions", ROOT / "python" / "shardwise" / "_torch_versions.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
 def use_prebuilt_library(source: Path, prefix: Path) -> None:
     """Copies a `cmake --install` prefix of libshardwise (SHARDWISE_LIBRARY_PREFIX) into `prefix`
     instead of building it: the C++ library built once, the Python module built against it.
@@ -118,14 +141,9 @@ def use_prebuilt_library(source: Path, prefix: Path) -> None:
             f"(no {library.relative_to(source)} or {config.relative_to(source)}); "
             "run cmake --install BUILD --prefix DIR first, or unset SHARDWISE_LIBRARY_PREFIX"
         )
-    match = re.search(r'set\(shardwise_TORCH_VERSION "([0-9]+\.[0-9]+)', config.read_text())
-    ours = ".".join(torch.__version__.split(".")[:2])
-    if match is None or match.group(1) != ours:
-        built = match.group(1) if match else "an unknown version"
-        raise RuntimeError(
-            f"SHARDWISE_LIBRARY_PREFIX={source} was built against torch {built}, this torch is "
-            f"{torch.__version__}: rebuild it against this torch, or unset SHARDWISE_LIBRARY_PREFIX"
-        )
+    refused = torch_versions().mismatch(source, torch.__version__)
+    if refused is not None:
+        raise RuntimeError(f"SHARDWISE_LIBRARY_PREFIX={source}: {refused}; or unset it")
     for folder in ("lib", "include", "share"):
         shutil.rmtree(prefix / folder, ignore_errors=True)
         shutil.copytree(source / folder, prefix / folder, symlinks=True)
@@ -157,7 +175,7 @@ class BuildExt(cpp_extension.BuildExtension):
         for ext in self.extensions:
             ext.library_dirs.append(str(package / "lib"))
             ext.libraries.append("shardwise")
-            ext.extra_link_args.append("-Wl,-rpath,$ORIGIN/lib")
+            ext.extra_link_args += ["-Wl,-rpath,$ORIGIN/lib", shared_cxx_runtime_flag()]
         super().build_extensions()
 
 

@@ -6,6 +6,7 @@
 # pydantic) come from .whl/ when present (`make gpu-wheels` fills it where pip can reach PyPI).
 # GPU time is scarce: every step has its own time limit (STEP_LIMIT seconds, default 240) and a
 # failing step does not stop the ones after it; each step's log lands in LOGS (build/gpu-logs).
+# Each test runs in a pytest-xdist worker, so a crash fails that test alone (docs/gpu.md).
 # The exit status is the first failing step's. SNAPSHOT=FILE.tgz: the logs and tables packed
 # there after every step (for a machine that may be taken back mid-run).
 # SHARDWISE_LIBRARY_PREFIX (setup.py): the C++ library built elsewhere against the same torch
@@ -73,11 +74,24 @@ fi
 
 step toolchain bash scripts/toolchain_report.sh
 
-# Each folder's own pytest run: their conftest modules share a name.
-pytest=("$PY" -m pytest -ra -p no:cacheprovider -m "not slow" --timeout 150)
-step gpu-tests "${pytest[@]}" tests/gpu
-step cuda-op-tests "${pytest[@]}" tests/python/test_cast_ops.py tests/python/test_optim_ops.py \
+# Each test in a worker process (pytest-xdist, which the GPU images have): a crash fails that test
+# alone and the log names it ("worker 'gwN' crashed while running 'TEST'"). Without xdist, each
+# file in a pytest run of its own. Each folder runs apart: their conftest modules share a name.
+pytest=("$PY" -m pytest -ra -p no:cacheprovider -m "not slow" --timeout 300)
+xdist=$("$PY" -c 'import xdist; print(1)' 2>/dev/null || echo 0)
+isolated_step() { # NAME FILE...
+  local name=$1 f
+  shift
+  if [ "$xdist" = 1 ]; then
+    step "$name" "${pytest[@]}" -p xdist -n "${GPU_WORKERS:-4}" --max-worker-restart 100 "$@"
+  else
+    for f in "$@"; do step "$name-$(basename "$f" .py)" "${pytest[@]}" "$f"; done
+  fi
+}
+isolated_step exceptions tests/python/test_cxx_runtime.py
+isolated_step cuda-op-tests tests/python/test_cast_ops.py tests/python/test_optim_ops.py \
   tests/python/test_shard_ops.py
+STEP_LIMIT=$((STEP_LIMIT * 2)) isolated_step gpu-tests tests/gpu
 step nccl-tests "${pytest[@]}" tests/distributed/test_backend.py::test_cuda_tensors_go_through_nccl
 
 gpus=$("$PY" -c 'import torch; print(torch.cuda.device_count())')

@@ -11,6 +11,13 @@ for compiler in c++ g++ /usr/bin/g++; do
   command -v "$compiler" >/dev/null && echo "$compiler: $("$compiler" --version | head -1)"
 done
 "$PY" -c 'import sysconfig; print("python CXX:", sysconfig.get_config_var("CXX"))'
+# A compiler wrapper (a script in front of the real g++) may add flags such as -static-libstdc++.
+for compiler in ${CXX:-} ${CC:-}; do
+  if [ -f "$compiler" ] && head -c 2 "$compiler" | grep -q '#!'; then
+    echo "== $compiler is a script:"
+    grep -vE '^\s*(#|$)' "$compiler" | head -20
+  fi
+done
 for f in python/shardwise/_C*.so python/shardwise/lib/libshardwise.so; do
   [ -e "$f" ] || continue
   echo "== $f"

@@ -7,9 +7,15 @@ from pathlib import Path as _Path
 
 import torch  # noqa: F401  (loads libtorch before the extension)
 
-from . import _C, distributed  # noqa: F401  (registers the "shardwise" backend)
-from .fsdp import FSDPConfig, FullyShardedDataParallel, wrap
-from .ops import (
+from . import _torch_versions
+
+_refused = _torch_versions.mismatch(_Path(__file__).resolve().parent, torch.__version__)
+if _refused is not None:
+    raise ImportError(_refused)
+
+from . import _C, distributed  # noqa: E402, F401  (registers the "shardwise" backend)
+from .fsdp import FSDPConfig, FullyShardedDataParallel, wrap  # noqa: E402
+from .ops import (  # noqa: E402
     cast,
     cast_check_finite,
     cast_stochastic_bf16,

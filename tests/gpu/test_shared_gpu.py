@@ -1,9 +1,9 @@
 """Two ranks on one GPU (the common single-GPU test machine): NCCL refuses them, so the shardwise
 backend stages their CUDA tensors through host memory (SHARDWISE_CUDA_COMM=auto finds that they
-share the device). FSDP and ZeRO-3 at world 2 against one-process training of the global batch on
-the same GPU, and shardwise-train under torchrun with two processes. Catches the staged path's
-copies (a result not copied back, a copy before the producing kernel finished) and the default
-backend choosing NCCL for ranks that share a GPU."""
+share the device). FSDP and ZeRO-3 at worlds 2 and 4 against one-process training of the global
+batch on the same GPU, and shardwise-train under torchrun with 2 and 4 processes. Catches the
+staged path's copies (a result not copied back, a copy before the producing kernel finished) and
+the default backend choosing NCCL for ranks that share a GPU."""
 
 import json
 import os
@@ -18,7 +18,6 @@ import torch
 import torch.multiprocessing as mp
 
 ROOT = Path(__file__).resolve().parents[2]
-WORLD = 2
 
 
 def _free_port() -> int:
@@ -27,7 +26,7 @@ def _free_port() -> int:
         return s.getsockname()[1]
 
 
-def _rank(rank, port, kind, errors):
+def _rank(rank, port, kind, world, errors):
     try:
         os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
         import fsdp_checks
@@ -39,7 +38,7 @@ def _rank(rank, port, kind, errors):
 
         cuda = torch.device("cuda", 0)
         torch.cuda.set_device(cuda)
-        dist.init_process_group("shardwise", rank=rank, world_size=WORLD)
+        dist.init_process_group("shardwise", rank=rank, world_size=world)
         ref = make_model().to(cuda)
         ref_opt = torch.optim.AdamW(ref.parameters(), lr=1e-2, weight_decay=0.1)
         if kind == "fsdp":
@@ -49,10 +48,10 @@ def _rank(rank, port, kind, errors):
             opt = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
         else:
             model = shardwise.zero.initialize(
-                make_model().to(cuda), zero_checks.zero_config(3, WORLD)
+                make_model().to(cuda), zero_checks.zero_config(3, world)
             )
         for step in range(6):
-            batch = [t.to(cuda) for t in global_batch(step, WORLD)]
+            batch = [t.to(cuda) for t in global_batch(step, world)]
             ref_loss = loss_of(ref, *batch)
             ref_loss.backward()
             ref_opt.step()
@@ -67,7 +66,7 @@ def _rank(rank, port, kind, errors):
                 model.step()
             total = loss.detach().clone()
             dist.all_reduce(total)
-            assert_close_rel([total.item() / WORLD], [ref_loss.item()], 1e-5, f"losses {step}")
+            assert_close_rel([total.item() / world], [ref_loss.item()], 1e-5, f"losses {step}")
         if kind == "fsdp":
             fsdp_checks.compare_params(model, ref, 1e-5, "parameters")
         dist.destroy_process_group()
@@ -75,11 +74,31 @@ def _rank(rank, port, kind, errors):
         errors[rank] = f"{type(e).__name__}: {e}"
 
 
+@pytest.mark.parametrize("world", [2, 4])
 @pytest.mark.parametrize("kind", ["fsdp", "zero3"])
-def test_two_ranks_on_one_gpu_match_one_process(kind):
+def test_ranks_on_one_gpu_match_one_process(kind, world):
     errors = mp.Manager().dict()
-    mp.spawn(_rank, args=(_free_port(), kind, errors), nprocs=WORLD, join=True)
+    mp.spawn(_rank, args=(_free_port(), kind, world, errors), nprocs=world, join=True)
     assert not errors, dict(errors)
+
+
+@pytest.mark.parametrize(
+    "nproc, config",
+    [(2, "ddp.yaml"), (2, "pipeline_1f1b.yaml"), (4, "dp_x_pp.yaml"), (4, "fsdp_x_tp.yaml")],
+)
+def test_every_strategy_trains_with_ranks_sharing_the_gpu(tmp_path, nproc, config):
+    """DDP, the 1F1B pipeline, dp x pp and FSDP x TP under shardwise-train, all ranks on one
+    GPU: catches a strategy whose collectives or point-to-point sends take NCCL for ranks that
+    share a device, or leave a tensor on the CPU."""
+    from test_train import losses, train  # tests/distributed, put on the path by conftest.py
+
+    recs, _ = train(
+        nproc, config, tmp_path / "run", "training.device=cuda", "training.max_steps=8",
+        "training.gradient_accumulation_steps=1", timeout=300,
+    )  # fmt: skip
+    assert sorted(losses(recs)) == list(range(1, 9)), recs[-1]
+    peaks = recs[-1]["gpu_peak_mb_per_rank"]
+    assert len(peaks) == nproc and min(peaks) > 0, recs[-1]
 
 
 def test_shardwise_train_runs_two_ranks_on_one_gpu():
