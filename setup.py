@@ -19,7 +19,7 @@ import torch
 from setuptools import setup
 from torch.utils import cpp_extension
 
-ROOT = Path(__file__).parent
+ROOT = Path(__file__).resolve().parent
 CSRC = ROOT / "csrc"
 
 
@@ -184,7 +184,8 @@ def extension():
         name="shardwise._C",
         sources=cmake_list("SHARDWISE_PYTHON_SOURCES"),
         include_dirs=[str(CSRC)],
-        extra_compile_args={"cxx": ["-O3", "-Wall"]},
+        # C++20 as the library (torch before 2.13 compiles extensions as C++17 by default).
+        extra_compile_args={"cxx": ["-O3", "-Wall", "-std=c++20"]},
     )
 
 
