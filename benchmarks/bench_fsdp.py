@@ -14,7 +14,9 @@ storages (parameters + gradients + optimizer state), and the loss after the last
 transport. ``compute`` is the limit: one process training the unwrapped model on one rank's
 batch (the same per-rank batch, no communication, no sharding); "limit / step" is its step time
 over each row's. ``--hf`` trains a Hugging Face ``transformers`` GPT-2 sized like the preset (its
-``GPT2Block`` layers are the units of both FSDPs) instead of the bundled GPT.
+``GPT2Block`` layers are the units of both FSDPs) instead of the bundled GPT; ``--llama`` a
+transformers ``LlamaForCausalLM`` of the preset's sizes (``1b``: ~1.1B parameters). On cuda the
+table adds MFU against the bf16 matmul rate measured in the same run.
 
 On ``--device cuda`` each rank trains on cuda:LOCAL_RANK (so --world is at most the number of
 GPUs); shardwise runs over its own backend (CUDA tensors through its NCCL communicator), torch
@@ -78,12 +80,72 @@ def hf_gpt2(cfg):
     return CausalLM(GPT2LMHeadModel(config))
 
 
+def llama_config(cfg):
+    """A Llama-style transformers config with the preset's width, depth, heads, vocabulary and
+    sequence (RMSNorm, rotary positions, SwiGLU of width 8/3 x dim rounded up to 256, untied
+    embeddings): the ``1b`` preset gives about 1.1B parameters."""
+    from transformers import LlamaConfig
+
+    hidden = -(-8 * cfg.dim // 3 // 256) * 256
+    return LlamaConfig(
+        vocab_size=cfg.vocab_size, hidden_size=cfg.dim, intermediate_size=hidden,
+        num_hidden_layers=cfg.layers, num_attention_heads=cfg.heads,
+        max_position_embeddings=cfg.seq_len, tie_word_embeddings=False,
+    )  # fmt: skip
+
+
+def hf_llama(cfg):
+    """A transformers LlamaForCausalLM (``llama_config``) behind the GPT's interface."""
+    from shardwise.models.causal_lm import CausalLM
+    from transformers import LlamaForCausalLM
+
+    return CausalLM(LlamaForCausalLM(llama_config(cfg)))
+
+
+def build_model(cfg, args):
+    from shardwise.models import GPT
+
+    if args.llama:
+        return hf_llama(cfg)
+    return hf_gpt2(cfg) if args.hf else GPT(cfg)
+
+
+def wrap_names(cfg, args) -> list[str]:
+    """The transformer layers' names: the units of both FSDPs."""
+    if args.llama:
+        return [f"inner.model.layers.{i}" for i in range(cfg.layers)]
+    prefix = "inner.transformer.h" if args.hf else "blocks"
+    return [f"{prefix}.{i}" for i in range(cfg.layers)]
+
+
+def flops_per_token(cfg, parameters: int) -> float:
+    """Training FLOPs per token: 6 per parameter (forward and backward matmuls) plus causal
+    attention's 12 x layers x width x sequence (scores and values, forward and backward)."""
+    return 6 * parameters + 12 * cfg.layers * cfg.dim * cfg.seq_len
+
+
+def matmul_tflops(device) -> float:
+    """The measured bf16 matmul rate (8192^3, mean of 10 after 3 warm-ups): MFU's denominator."""
+    import torch
+
+    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
+    for _ in range(3):
+        a @ b
+    torch.cuda.synchronize(device)
+    start = time.perf_counter()
+    for _ in range(10):
+        a @ b
+    torch.cuda.synchronize(device)
+    return 10 * 2 * 8192**3 / (time.perf_counter() - start) / 1e12
+
+
 def run_rank(framework: str, args) -> None:
     import shardwise
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
-    from shardwise.models import GPT, PRESETS
+    from shardwise.models import PRESETS
 
     torch.set_num_threads(1)
     cuda = args.device == "cuda"
@@ -98,13 +160,13 @@ def run_rank(framework: str, args) -> None:
     rank, world = dist.get_rank(), dist.get_world_size()
     cfg = PRESETS[args.model]
     torch.manual_seed(0)
-    model = (hf_gpt2(cfg) if args.hf else GPT(cfg)).to(device)
+    with device:  # built where it trains (a 1B model's CPU initialization takes long)
+        model = build_model(cfg, args).to(device)
+    parameters = sum(p.numel() for p in model.parameters())
     mixed = framework.endswith("-mp")
     if framework.startswith("shardwise"):
         kwargs = {"param_dtype": torch.bfloat16, "reduce_dtype": torch.float32} if mixed else {}
-        prefix = "inner.transformer.h" if args.hf else "blocks"
-        names = [f"{prefix}.{i}" for i in range(cfg.layers)]
-        model = shardwise.FullyShardedDataParallel(model, wrap=names, **kwargs)
+        model = shardwise.FullyShardedDataParallel(model, wrap=wrap_names(cfg, args), **kwargs)
     elif framework == "compute":
         pass  # one process, the plain model: the compute-only limit
     elif framework.startswith("fsdp2"):
@@ -114,8 +176,8 @@ def run_rank(framework: str, args) -> None:
         mesh = init_device_mesh(device.type, (world,))
         policy = MixedPrecisionPolicy(torch.bfloat16, torch.float32) if mixed else None
         extra = {"mp_policy": policy} if policy else {}
-        for block in model.blocks:
-            fully_shard(block, mesh=mesh, **extra)
+        for name in wrap_names(cfg, args):
+            fully_shard(model.get_submodule(name), mesh=mesh, **extra)
         fully_shard(model, mesh=mesh, **extra)
     else:
         model = torch.nn.parallel.DistributedDataParallel(
@@ -164,6 +226,7 @@ def run_rank(framework: str, args) -> None:
             "peak_rss": stats[0].item(),
             "state_bytes": stats[1].item(),
             "loss": final.item() / world,
+            "parameters": parameters,
         }
         print(json.dumps(result), flush=True)
     dist.barrier()
@@ -193,6 +256,19 @@ def launch(framework: str, args, script: str = __file__) -> dict:
     return json.loads(outputs[0].strip().splitlines()[-1])
 
 
+def model_name(args) -> str:
+    if args.llama:
+        return "transformers LlamaForCausalLM sized like GPT"
+    return "transformers GPT2LMHeadModel sized like GPT" if args.hf else "GPT"
+
+
+def mfu(result: dict, cfg, args, peak_tflops: float) -> float:
+    """Model FLOPs utilization of one GPU (``flops_per_token``)."""
+    gpus = 1 if result["framework"] == "compute" else args.world
+    achieved = result["tokens_per_s"] / gpus * flops_per_token(cfg, result["parameters"])
+    return achieved / (peak_tflops * 1e12)
+
+
 def table(results: list[dict], args) -> list[str]:
     from shardwise.models import PRESETS
 
@@ -207,8 +283,7 @@ def table(results: list[dict], args) -> list[str]:
         "",
         f"- machine: {where}, {os.cpu_count()} CPU cores; torch {torch.__version__}",
         f"- command: `python benchmarks/bench_fsdp.py {' '.join(sys.argv[1:])}`",
-        f"- model: {'transformers GPT2LMHeadModel sized like ' if args.hf else ''}GPT "
-        f"`{args.model}` ({PRESETS[args.model].num_parameters() / 1e6:.1f}M "
+        f"- model: {model_name(args)} `{args.model}` ({results[0]['parameters'] / 1e6:.1f}M "
         f"parameters, sequence {PRESETS[args.model].seq_len}), batch {args.batch} per rank, "
         f"world {args.world}, AdamW, {args.steps} timed steps after {args.warmup} warm-up"
         + (
@@ -233,6 +308,10 @@ def table(results: list[dict], args) -> list[str]:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     limit = base.get("compute")
+    peak = matmul_tflops(torch.device("cuda", 0)) if cuda else None
+    if peak:
+        lines[-2] = lines[-2] + " MFU |"
+        lines[-1] = lines[-1] + "---:|"
     for r in results:
         anchor = base.get("fsdp2-mp" if r["framework"].endswith("-mp") else "fsdp2", r)
         bound = f"{limit['step_s'] / r['step_s']:.2f}" if limit else "–"
@@ -241,8 +320,15 @@ def table(results: list[dict], args) -> list[str]:
             f"{r['tokens_per_s'] / anchor['tokens_per_s']:.2f}x | "
             f"{r['tokens_per_s'] / base.get('ddp', r)['tokens_per_s']:.2f}x | "
             f"{r['peak_rss'] / 2**20:.0f} | {r['state_bytes'] / 2**20:.1f} | {r['loss']:.4f} | "
-            f"{bound} |"
+            f"{bound} |" + (f" {mfu(r, PRESETS[args.model], args, peak):.1%} |" if peak else "")
         )
+    if peak:
+        lines += [
+            "",
+            f"MFU: tokens/s per GPU x training FLOPs per token (6 x parameters + 12 x layers x "
+            f"width x sequence) over the bf16 matmul rate measured on this GPU in the same run "
+            f"(8192^3: {peak:.0f} TFLOP/s).",
+        ]
     if limit:
         lines += [
             "",
@@ -262,6 +348,9 @@ def main() -> int:
     parser.add_argument("--frameworks", default=",".join(FRAMEWORKS))
     parser.add_argument("--fp32", action="store_true", help="no autocast: fp32 compute")
     parser.add_argument("--hf", action="store_true", help="a transformers GPT-2 of that size")
+    parser.add_argument(
+        "--llama", action="store_true", help="a transformers Llama of that size (1b: ~1.1B)"
+    )
     parser.add_argument("--repeats", type=int, default=1, help="interleaved rounds (median)")
     parser.add_argument("--device", default="cpu", choices=["cpu", "cuda"])
     parser.add_argument("--output", type=Path)

@@ -9,6 +9,9 @@
 # Each test runs in a pytest-xdist worker, so a crash fails that test alone (docs/gpu.md).
 # The exit status is the first failing step's. SNAPSHOT=FILE.tgz: the logs and tables packed
 # there after every step (for a machine that may be taken back mid-run).
+# PARTS=tests or PARTS=bench: only the tests or only the benchmarks (default both), so that a short
+# lease can run them as two calls on one warm machine; REUSE_BUILD=1 skips the build when
+# shardwise already imports (the second of such calls).
 # SHARDWISE_LIBRARY_PREFIX (setup.py): the C++ library built elsewhere against the same torch
 # (cmake --install prefix); only the Python module is built here, and the library is built here
 # after all if that module does not import.
@@ -17,6 +20,7 @@ cd "$(dirname "$0")/.."
 root=$PWD
 PY=${PY:-python3}
 STEP_LIMIT=${STEP_LIMIT:-240}
+PARTS=${PARTS:-tests,bench}
 LOGS=$(realpath -m "${LOGS:-build/gpu-logs}")
 day=$(date +%Y-%m-%d)
 results=benchmarks/results
@@ -59,14 +63,18 @@ export TORCH_CUDA_ARCH_LIST=${TORCH_CUDA_ARCH_LIST:-$arch} SHARDWISE_WITH_CUDA=1
 export MAX_JOBS=${MAX_JOBS:-$(nproc)} PYTHONUNBUFFERED=1
 command -v ccache >/dev/null || unset PYTORCH_NVCC
 import_check=("$PY" -c 'import shardwise; print("shardwise", shardwise.__version__)')
-if [ -n "${SHARDWISE_LIBRARY_PREFIX:-}" ] &&
+built=0
+if [ "${REUSE_BUILD:-0}" = 1 ] && "${import_check[@]}"; then
+  echo "test-gpu: REUSE_BUILD=1 and shardwise imports: not rebuilding"
+  built=1
+elif [ -n "${SHARDWISE_LIBRARY_PREFIX:-}" ] &&
   ! { step build-prebuilt "$PY" -m pip install --no-build-isolation --no-deps -e . &&
     step import-prebuilt "${import_check[@]}"; }; then
   echo "test-gpu: the library at $SHARDWISE_LIBRARY_PREFIX did not work here; building it"
   unset SHARDWISE_LIBRARY_PREFIX
   status=0
 fi
-if [ -z "${SHARDWISE_LIBRARY_PREFIX:-}" ]; then
+if [ "$built" = 0 ] && [ -z "${SHARDWISE_LIBRARY_PREFIX:-}" ]; then
   STEP_LIMIT=$((STEP_LIMIT * 2)) step build \
     "$PY" -m pip install --no-build-isolation --no-deps -e . || exit "$status"
   step import "${import_check[@]}" || exit "$status"
@@ -88,21 +96,37 @@ isolated_step() { # NAME FILE...
     for f in "$@"; do step "$name-$(basename "$f" .py)" "${pytest[@]}" "$f"; done
   fi
 }
-isolated_step exceptions tests/python/test_cxx_runtime.py
-isolated_step cuda-op-tests tests/python/test_cast_ops.py tests/python/test_optim_ops.py \
-  tests/python/test_shard_ops.py
-STEP_LIMIT=$((STEP_LIMIT * 2)) isolated_step gpu-tests tests/gpu
-step nccl-tests "${pytest[@]}" tests/distributed/test_backend.py::test_cuda_tensors_go_through_nccl
+run_tests() {
+  isolated_step exceptions tests/python/test_cxx_runtime.py
+  isolated_step cuda-op-tests tests/python/test_cast_ops.py tests/python/test_optim_ops.py \
+    tests/python/test_shard_ops.py
+  STEP_LIMIT=$((STEP_LIMIT * 2)) isolated_step gpu-tests tests/gpu
+  step nccl-tests "${pytest[@]}" \
+    tests/distributed/test_backend.py::test_cuda_tensors_go_through_nccl
+}
 
-gpus=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
-cd benchmarks
-step bench-cast "$PY" bench_cast.py --device cuda --min-time 0.1 --output "results/$day-cast-gpu.md"
-step bench-shard-copies "$PY" bench_shard_copies.py --device cuda \
-  --output "results/$day-shard-copies-gpu.md"
-step bench-optim "$PY" bench_optim.py --device cuda --output "results/$day-optim-gpu.md"
-step bench-fsdp "$PY" bench_fsdp.py --device cuda --world "$gpus" --batch 8 \
-  --output "results/$day-fsdp-gpu.md"
-cd ..
+run_benchmarks() { # in benchmarks/
+  local gpus
+  gpus=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
+  # A Llama-style model of about 1.1B parameters (bf16), with MFU.
+  STEP_LIMIT=$((STEP_LIMIT * 2)) step bench-llama-1b "$PY" bench_fsdp.py --device cuda \
+    --world "$gpus" --model 1b --llama --batch 4 --steps 5 --warmup 2 \
+    --frameworks shardwise,fsdp2,ddp,shardwise-mp,fsdp2-mp,compute \
+    --output "results/$day-fsdp-llama-1b-gpu.md"
+  step bench-cast "$PY" bench_cast.py --device cuda --min-time 0.1 \
+    --output "results/$day-cast-gpu.md"
+  step bench-shard-copies "$PY" bench_shard_copies.py --device cuda \
+    --output "results/$day-shard-copies-gpu.md"
+  step bench-optim "$PY" bench_optim.py --device cuda --output "results/$day-optim-gpu.md"
+  step bench-fsdp "$PY" bench_fsdp.py --device cuda --world "$gpus" --batch 8 \
+    --output "results/$day-fsdp-gpu.md"
+}
+
+[[ ,$PARTS, != *,tests,* ]] || run_tests
+if [[ ,$PARTS, == *,bench,* ]]; then
+  cd benchmarks && run_benchmarks
+  cd ..
+fi
 printf '\n== done (%ss): exit %s; tables in %s/%s-*-gpu.md, logs in %s\n' \
   "$SECONDS" "$status" "$results" "$day" "$LOGS"
 exit "$status"

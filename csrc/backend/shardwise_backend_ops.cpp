@@ -157,14 +157,25 @@ ShardwiseBackend::Work ShardwiseBackend::allgather(std::vector<Tensors>& outputs
       inputs.size() == 1 && outputs.size() == 1 && outputs[0].size() == static_cast<size_t>(size_),
       "shardwise backend: all_gather takes one input and a list of world size (", size_,
       ") outputs");
-  check_cpu(inputs, "all_gather", "input");
-  check_cpu(outputs[0], "all_gather", "output");
+  Tensors every = outputs[0];
+  every.insert(every.begin(), inputs[0]);
+  const bool cuda = is_cuda_call(every, "all_gather", "input and outputs");
   for (size_t i = 0; i < outputs[0].size(); ++i) {
     check_same_shape(inputs[0], outputs[0][i], "all_gather", "output", i);
   }
   const auto dtype = datatype_of(inputs[0], "all_gather");
   const at::Tensor input = inputs[0];
   Tensors list = outputs[0];
+  if (cuda) {  // gathered flat on the device (NCCL or host-staged), then cut into the list
+    return nccl(c10d::OpType::ALLGATHER, input, list, [&](NcclComm& comm) {
+      const at::Tensor in = input.contiguous();
+      at::Tensor flat = at::empty({size_ * in.numel()}, in.options());
+      comm.all_gather(flat, in);
+      for (int r = 0; r < size_; ++r) {
+        list[r].copy_(flat.narrow(0, r * in.numel(), in.numel()).view(in.sizes()));
+      }
+    });
+  }
   return collective(
       c10d::OpType::ALLGATHER, Kind::kAllGather, list, opts,
       [input, list, dtype, this](Transport& t, const CollectiveOptions& base) mutable {

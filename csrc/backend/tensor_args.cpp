@@ -61,11 +61,12 @@ collectives::ReduceOp reduce_op_of(const c10d::ReduceOp& op,
 void check_cpu(const std::vector<at::Tensor>& tensors, const char* op, const char* argument) {
   for (size_t i = 0; i < tensors.size(); ++i) {
     const at::Tensor& t = tensors[i];
-    TORCH_CHECK(t.device().is_cpu(), "shardwise backend: ", op, ": ", argument, "[", i, "] is on ",
-                t.device(),
-                "; this operation takes CPU tensors (CUDA ones go through NCCL for all_reduce, ",
-                "broadcast, all_gather_into_tensor, reduce_scatter_tensor, all_to_all_single, ",
-                "send and recv), or use init_process_group('cpu:shardwise,cuda:nccl')");
+    TORCH_CHECK(
+        t.device().is_cpu(), "shardwise backend: ", op, ": ", argument, "[", i, "] is on ",
+        t.device(),
+        "; this operation takes CPU tensors (CUDA ones go through NCCL for all_reduce, ",
+        "broadcast, all_gather, all_gather_into_tensor, reduce_scatter_tensor, ",
+        "all_to_all_single, send and recv), or use init_process_group('cpu:shardwise,cuda:nccl')");
     TORCH_CHECK(t.layout() == at::kStrided, "shardwise backend: ", op, ": ", argument, "[", i,
                 "] is not a dense tensor");
   }

@@ -161,7 +161,8 @@ at::Tensor PipelineExecutor::receive(int peer) {
   options_.group->recv(header, peer, 0)->wait();
   const int64_t* h = header[0].const_data_ptr<int64_t>();
   std::vector<int64_t> sizes(h + 2, h + 2 + h[1]);
-  std::vector<at::Tensor> data{at::empty(sizes, static_cast<at::ScalarType>(h[0]))};
+  const auto dtype = static_cast<at::ScalarType>(h[0]);
+  std::vector<at::Tensor> data{at::empty(sizes, at::device(options_.device).dtype(dtype))};
   options_.group->recv(data, peer, 0)->wait();
   return data[0];
 }

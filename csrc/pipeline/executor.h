@@ -37,6 +37,9 @@ struct ExecutorOptions {
   Schedule schedule;  // validated by the constructor
   int rank = 0;       // this rank's index in the pipeline (and in `group`)
   c10::intrusive_ptr<c10d::ProcessGroup> group;  // the pipeline ranks; null when num_ranks = 1
+  // Where this rank's stages run: received activations and gradients are placed there (so a
+  // CUDA tensor sent by a peer is received as one, through the same transport).
+  c10::Device device = c10::kCPU;
   // The last stage's loss for microbatch i from its output (a scalar, averaged over the
   // microbatch); the executor divides it by the number of microbatches.
   std::function<at::Tensor(const at::Tensor& output, int microbatch)> loss;

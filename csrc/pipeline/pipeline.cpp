@@ -5,10 +5,28 @@
 
 #include <algorithm>
 #include <cmath>
+#include <optional>
 
 #include "distributed/average_gradients.h"
 
 namespace shardwise::pipeline {
+namespace {
+
+// The device of this rank's stages (their parameters'; the CPU for stages without parameters).
+c10::Device stages_device(const std::vector<PipelineStage>& stages) {
+  std::optional<c10::Device> device;
+  for (const PipelineStage& s : stages) {
+    for (const auto& [name, p] : s.parameters) {
+      if (!device) device = p.device();
+      TORCH_CHECK_VALUE(p.device() == *device, "Pipeline: stage ", s.id, "'s parameter ", name,
+                        " is on ", p.device(), " but this rank's first parameter is on ", *device,
+                        "; place all of a rank's stages on one device");
+    }
+  }
+  return device.value_or(c10::Device(c10::kCPU));
+}
+
+}  // namespace
 
 Pipeline::Pipeline(std::vector<PipelineStage> stages, PipelineOptions options)
     : options_(std::move(options)), stages_(std::move(stages)) {
@@ -31,6 +49,7 @@ Pipeline::Pipeline(std::vector<PipelineStage> stages, PipelineOptions options)
   o.schedule = options_.schedule;
   o.rank = options_.rank;
   o.group = options_.group;
+  o.device = stages_device(stages_);
   o.loss = [this](const at::Tensor& output, int microbatch) {
     TORCH_CHECK_VALUE(microbatch < static_cast<int>(targets_.size()),
                       "Pipeline.step: the rank of the last stage needs targets");

@@ -82,6 +82,36 @@ def test_ranks_on_one_gpu_match_one_process(kind, world):
     assert not errors, dict(errors)
 
 
+def _gather_rank(rank, port, world, errors):
+    try:
+        os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+        import shardwise  # noqa: F401  (registers the backend)
+        import torch.distributed as dist
+
+        torch.cuda.set_device(0)
+        dist.init_process_group("shardwise", rank=rank, world_size=world)
+        mine = torch.arange(6.0, device="cuda").view(3, 2).t() + 10 * rank  # not contiguous
+        parts = [torch.empty(2, 3, device="cuda") for _ in range(world)]
+        dist.all_gather(parts, mine)
+        for r, part in enumerate(parts):
+            assert part.is_cuda, part.device
+            expected = torch.arange(6.0).view(3, 2).t() + 10 * r
+            assert torch.equal(part.cpu(), expected), (r, part)
+        dist.destroy_process_group()
+    except BaseException as e:  # noqa: BLE001  (reported to the parent)
+        errors[rank] = f"{type(e).__name__}: {e}"
+
+
+@pytest.mark.parametrize("world", [2, 4])
+def test_all_gather_into_a_list_of_cuda_tensors(world):
+    """all_gather with a list of CUDA outputs (DDP's constructor checks parameter shapes with it,
+    tensor parallelism gathers full weights with it): catches the backend refusing CUDA tensors
+    there, or cutting the gathered buffer into the wrong pieces."""
+    errors = mp.Manager().dict()
+    mp.spawn(_gather_rank, args=(_free_port(), world, errors), nprocs=world, join=True)
+    assert not errors, dict(errors)
+
+
 @pytest.mark.parametrize(
     "nproc, config",
     [(2, "ddp.yaml"), (2, "pipeline_1f1b.yaml"), (4, "dp_x_pp.yaml"), (4, "fsdp_x_tp.yaml")],

@@ -94,6 +94,14 @@ def test_bad_batches_and_ties_are_named_before_any_work():
         )
 
 
+def test_a_ranks_stages_on_two_devices_are_refused_by_name():
+    """The rank's stages' device is where activations are received; stages on two devices have
+    no such place, so construction names the parameter and its device."""
+    blocks = {0: nn.Linear(2, 2), 1: nn.Linear(2, 2, device="meta")}
+    with pytest.raises(ValueError, match=r"stage 1's parameter weight is on meta but .* cpu"):
+        pp.Pipeline(blocks, pp.make_schedule("interleaved_1f1b", 1, 4, 2), F.mse_loss)
+
+
 def test_group_times_time_each_stage_and_clear_the_gradients():
     blocks = [nn.Linear(16, 16) for _ in range(3)]
     times = pp.group_times(blocks, [[0, 1], [2]], torch.randn(8, 16), repeats=2)

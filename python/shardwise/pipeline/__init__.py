@@ -171,7 +171,9 @@ def gpt_blocks(model, sublayers: bool = False) -> tuple[list[nn.Module], tuple[s
             self.embed, self.pos = embed, pos
 
         def forward(self, tokens):
-            return self.embed(tokens) + self.pos(torch.arange(tokens.shape[1]))
+            return self.embed(tokens) + self.pos(
+                torch.arange(tokens.shape[1], device=tokens.device)
+            )
 
     tied = model.head.weight is model.embed.weight
     middle = list(model.blocks)
