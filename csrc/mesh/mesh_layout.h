@@ -12,7 +12,7 @@
 namespace shardwise::mesh {
 
 // Canonical axis names, outermost first. Aliases accepted on input: data -> dp,
-// pipeline -> pp, model -> tp (seed 001's mesh_axis_names).
+// pipeline -> pp, model -> tp (the distributed config's mesh_axis_names).
 inline const std::vector<std::string>& axis_order() {
   static const std::vector<std::string> order{"pp", "dp", "fsdp", "tp"};
   return order;

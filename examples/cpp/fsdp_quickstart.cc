@@ -1,4 +1,5 @@
-// The README's LibTorch example: FSDP over torch::nn modules from C++, no Python.
+// The LibTorch example of docs/libtorch.md (shortened in the README): FSDP over torch::nn
+// modules from C++, no Python.
 //   torchrun --no-python --standalone --nproc_per_node=2 ./fsdp_quickstart   (or run it alone)
 #include <shardwise/shardwise.h>
 #include <torch/torch.h>

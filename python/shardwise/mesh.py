@@ -1,9 +1,9 @@
 """An N-D device mesh over ``torch.distributed``: the rank layout comes from the C++
 ``MeshLayout`` (``csrc/mesh/``: tp innermost, pp outermost), and one process group is made per
-group of every axis of size > 1, once, when the mesh is built. Built from seed 000's
-``[[2, 2], ["fsdp", "tp"]]``, from sizes plus seed 001's ``mesh_axis_names`` (``data``,
-``model`` and ``pipeline`` are aliases of dp, tp and pp), or from seed 001's
-``tensor_parallel_size`` / ``pipeline_parallel_size``."""
+group of every axis of size > 1, once, when the mesh is built. Built from a ``mesh_shape``
+such as ``[[2, 2], ["fsdp", "tp"]]``, from sizes plus the distributed config's
+``mesh_axis_names`` (``data``, ``model`` and ``pipeline`` are aliases of dp, tp and pp), or from
+the distributed config's ``tensor_parallel_size`` / ``pipeline_parallel_size``."""
 
 from __future__ import annotations
 
@@ -54,7 +54,8 @@ class Mesh:
         data_kind="dp",
         **kwargs,
     ) -> Mesh:
-        """Seed 001's fields: data = world / (tp × pp) along ``data_kind`` (dp or fsdp)."""
+        """The distributed config's fields: data = world / (tp × pp) along ``data_kind`` (dp or
+        fsdp)."""
         tp, pp = tensor_parallel_size, pipeline_parallel_size
         if world_size % (tp * pp):
             raise ValueError(

@@ -240,7 +240,7 @@ def _train_wrapped(rank, world, model, steps=6):
 
 
 def fsdp_torch_fsdp_arguments_train_like_their_shardwise_spelling(rank, world, gloo):
-    """Seed 002's FSDP arguments, torch's objects (ModuleWrapPolicy, ShardingStrategy,
+    """torch FSDP's arguments, torch's objects (ModuleWrapPolicy, ShardingStrategy,
     BackwardPrefetch, MixedPrecision, CPUOffload, device_id, and a transformer_auto_wrap_policy
     partial), train bit for bit like shardwise's own spelling of the same setup: catches an
     object read as another setting (a dtype, the prefetch, the units)."""

@@ -499,7 +499,7 @@ def test_a_jsonl_dataset_with_a_tokenizer_json_trains(tmp_path):
 
 
 def test_processes_launched_by_hand_with_distributed_train_as_torchrun_does(tmp_path):
-    """Seed 001's ``python train.py --distributed``: two processes started without torchrun,
+    """``python train.py --distributed``: two processes started without torchrun,
     each told its rank, the world size and the master in the config, give the torchrun run's
     losses exactly (the trainer used to ignore those keys and start two one-rank jobs)."""
     import socket
@@ -539,7 +539,7 @@ def test_processes_launched_by_hand_with_distributed_train_as_torchrun_does(tmp_
 
 
 def test_sync_gradients_every_reduces_midway_with_the_same_result(tmp_path):
-    """training.sync_gradients_every=2 of 4 accumulated micro-batches (seed 000): FSDP reduces
+    """training.sync_gradients_every=2 of 4 accumulated micro-batches: FSDP reduces
     after micro-batches 2 and 4 instead of 4 only (which ones: test_train_cli's sync_points), and
     the losses are the same (a second reduce-scatter that overwrote the first's shard instead of
     adding to it, or gradients left unsharded after it, would change them)."""
@@ -561,7 +561,7 @@ def test_sync_gradients_every_reduces_midway_with_the_same_result(tmp_path):
 def test_metrics_measure_each_rank_its_phases_and_its_communication():
     """Per-rank tokens/s measured on each rank (it was the total divided by the world size), the
     phases of the step, and training.profile_communication's per-step operations of the shardwise
-    backend (seed 000): FSDP's reduce-scatters per step carry exactly this rank's half of the
+    backend: FSDP's reduce-scatters per step carry exactly this rank's half of the
     gradients (each of the 3 units' shards padded to the world size), once per unit."""
     from shardwise.models import GPT, PRESETS
 

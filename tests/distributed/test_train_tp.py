@@ -1,4 +1,4 @@
-"""``shardwise-train`` with tensor parallelism, end to end (torchrun): every seed-000 example
+"""``shardwise-train`` with tensor parallelism, end to end (torchrun): every example
 mesh against the run it must equal (tp changes the arithmetic's order, not the result), the
 safetensors export gathered from tp shards, and checkpoints that move between a tp layout and a
 plain one in both directions."""

@@ -1,6 +1,6 @@
-"""``shardwise-train``'s command line: dotted overrides before and after the flags, seed 001's
+"""``shardwise-train``'s command line: dotted overrides before and after the flags,
 ``--distributed`` (a process launched by hand must know its place in the job before it starts),
-and ``training.sync_gradients_every`` (seed 000), checked at validation."""
+and ``training.sync_gradients_every``, checked at validation."""
 
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ def test_distributed_names_what_the_process_does_not_know():
     assert "distributed.master_addr" in str(info.value) and "torchrun" in str(info.value)
     env = {"MASTER_ADDR": "10.0.0.1", "MASTER_PORT": "29500", "WORLD_SIZE": "8", "RANK": "4"}
     cfg = load_config(None, ["distributed.enabled=true"], env=env, cuda_devices=0)
-    cli.check_launch(cfg, env=env)  # seed 001's exported variables
+    cli.check_launch(cfg, env=env)  # the launcher's exported variables
     by_config = [
         "distributed.world_size=2", "distributed.rank=1", "distributed.master_addr=127.0.0.1",
         "distributed.master_port=29511",

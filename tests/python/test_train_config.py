@@ -1,5 +1,5 @@
-"""Tests of ``shardwise.train.config``: the seed-001 distributed rules, value and key errors
-(with the dotted path and a suggestion), the seed-002 FSDP block taken unchanged, dotted
+"""Tests of ``shardwise.train.config``: the distributed-config rules, value and key errors
+(with the dotted path and a suggestion), an FSDP config block taken unchanged, dotted
 overrides, the derived batch size and learning rate, and the bundled example configs."""
 
 import math
@@ -16,7 +16,7 @@ from shardwise.train.config import (
 
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "configs"
 
-# Seed 002 (the FSDP guide), its "FSDP Configuration" and "Training Configuration" blocks verbatim.
+# An FSDP training config's "FSDP Configuration" and "Training Configuration" blocks verbatim.
 SEED_002_YAML = """\
 distributed:
   # Enable FSDP
@@ -85,7 +85,7 @@ def test_defaults_are_a_single_process_ddp_run():
     assert cfg.gpt_config().dim == 64  # the tiny preset
 
 
-# ---------------------------------------------------------------- seed 001 rules
+# ---------------------------------------------------------------- distributed-config rules
 
 
 def test_seed_001_layout_is_accepted_with_derived_values():
@@ -327,6 +327,15 @@ def test_the_collective_timeout_reaches_the_run():
     assert run_spec(load(), True, "").timeout_s is None
 
 
+def test_the_shuffle_seed_orders_the_batches():
+    """data.shuffle_seed seeds the batches' order (it was parsed and then ignored); unset, the
+    order follows training.seed as before."""
+    from shardwise.train.cli import run_spec
+
+    assert run_spec(load("data.shuffle_seed=5", "training.seed=3"), True, "").data_seed == 5
+    assert run_spec(load("training.seed=3"), True, "").data_seed == 3
+
+
 def test_mixed_precision_must_be_set_consistently():
     message = error_of("training.bf16=true", "training.mixed_precision=fp16")
     assert "training.bf16" in message and "training.mixed_precision" in message
@@ -414,7 +423,7 @@ def test_data_seq_len_cannot_exceed_the_model():
     assert "data.seq_len=65" in message and "seq_len=64" in message
 
 
-# ---------------------------------------------------------------- seed 002, overrides, YAML
+# ---------------------------------------------------------------- the FSDP config, overrides, YAML
 
 
 def test_seed_002_fsdp_block_is_accepted_unchanged(tmp_path):
@@ -427,7 +436,7 @@ def test_seed_002_fsdp_block_is_accepted_unchanged(tmp_path):
     assert fsdp.fsdp_min_num_params == 1_000_000
     assert fsdp.fsdp_mixed_precision is True and fsdp.fsdp_param_dtype == "bfloat16"
     assert fsdp.fsdp_backward_prefetch == "backward_pre" and fsdp.fsdp_forward_prefetch is False
-    assert cfg.training.micro_batch_size == 64  # seed 002's per-GPU "batch_size"
+    assert cfg.training.micro_batch_size == 64  # the FSDP config's per-GPU "batch_size"
     assert cfg.training.learning_rate == pytest.approx(2e-4)
     assert cfg.mixed_precision == "bf16" and cfg.training.gradient_checkpointing
     assert cfg.effective_batch_size == 64 * 4

@@ -230,7 +230,7 @@ def test_gpt_activation_estimate_matches_what_the_whole_model_saves(preset, micr
 
 
 def test_tensor_parallelism_comes_after_zero3_when_activations_do_not_fit():
-    """Seed 003's order: single, DDP, FSDP/ZeRO, TP, pipeline. ZeRO-3 shards model states but
+    """Simplest first: single, DDP, FSDP/ZeRO, TP, pipeline. ZeRO-3 shards model states but
     not activations; tp x zero3 with sequence parallelism splits those too."""
     result = plan(PHI, N, 80 * GB, activation_bytes_per_rank=70 * GB)
     tp = result.row("tp_zero3")

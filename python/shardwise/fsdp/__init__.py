@@ -1,4 +1,4 @@
-"""Fully sharded data parallelism with a C++ engine (``csrc/fsdp/``); see the README."""
+"""Fully sharded data parallelism with a C++ engine (``csrc/fsdp/``); see docs/fsdp.md."""
 
 from .config import ConfigError, FSDPConfig
 from .module import FullyShardedDataParallel, wrap

@@ -1,4 +1,4 @@
-"""The FSDP section of a config: the ``distributed:`` keys of the FSDP guide (seed 002) verbatim,
+"""The FSDP section of a config: the FSDP config keys under ``distributed:``, verbatim,
 Hugging Face Accelerate's ``fsdp_config`` keys (``FULL_SHARD``, ``TRANSFORMER_BASED_WRAP``,
 ``fsdp_transformer_layer_cls_to_wrap``, ``fsdp_offload_params``, ...), plus the few extras a
 production run needs. Unknown keys and values are errors that list the
@@ -46,7 +46,7 @@ class ConfigError(ValueError):
 
 
 # Hugging Face Accelerate's fsdp_config keys and values (``accelerate config``'s YAML), read as
-# the seed-002 key they mean. Values are matched case-insensitively.
+# the FSDP config key they mean. Values are matched case-insensitively.
 ACCELERATE_VALUES = {
     "transformer_based_wrap": "transformer_auto_wrap",
     "size_based_wrap": "size_based_auto_wrap",
@@ -68,7 +68,7 @@ ACCELERATE_ACCEPTED = frozenset(
 
 
 def _from_accelerate(config: Mapping) -> dict:
-    """``config`` with Accelerate's keys and upper-case values in seed-002 form."""
+    """``config`` with Accelerate's keys and upper-case values in the FSDP config keys' form."""
     out: dict = {}
     for key, value in config.items():
         if key in ACCELERATE_ACCEPTED:
@@ -113,7 +113,7 @@ class FSDPConfig:
     fsdp_cpu_offload: bool = False
     gradient_checkpointing: bool = False
     sync_module_states: bool = False
-    # hybrid_shard: [[replicas, shards], ["dp", "fsdp"]] (seed 000's form); default: shard
+    # hybrid_shard: [[replicas, shards], ["dp", "fsdp"]] (the mesh_shape form); default: shard
     # within a host (LOCAL_WORLD_SIZE), replicate across hosts.
     mesh_shape: tuple | None = None
     extra: dict = field(default_factory=dict, compare=False)

@@ -31,7 +31,7 @@ def _dtype_name(dtype: torch.dtype | None) -> str | None:
 
 
 class FullyShardedDataParallel(nn.Module):
-    """Shards ``module``'s parameters over the data-parallel ranks (see the README).
+    """Shards ``module``'s parameters over the data-parallel ranks (see docs/fsdp.md).
 
     Args:
         module: the model; every rank must build it identically (or pass sync_module_states).
@@ -202,7 +202,7 @@ class FullyShardedDataParallel(nn.Module):
 
     # --- state dicts ----------------------------------------------------------------------
 
-    def state_dict(self, *args, **kwargs):  # noqa: D102 (documented in the README)
+    def state_dict(self, *args, **kwargs):  # noqa: D102 (documented in docs/fsdp.md)
         from . import state_dict
 
         return state_dict.get(self, self.state_dict_type)
@@ -214,7 +214,7 @@ class FullyShardedDataParallel(nn.Module):
 
 
 def wrap(module: nn.Module, config, *, process_group=None) -> nn.Module:
-    """Wraps ``module`` as the ``distributed:`` section of a config says (seed-002 keys).
+    """Wraps ``module`` as the ``distributed:`` section of a config says (the FSDP config keys).
     Returns the module unchanged when ``use_fsdp`` is false."""
     cfg = config if isinstance(config, FSDPConfig) else FSDPConfig.from_mapping(config)
     _check_other_parallelisms(cfg.extra)

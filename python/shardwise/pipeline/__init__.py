@@ -191,7 +191,7 @@ def gpt_blocks(model, sublayers: bool = False) -> tuple[list[nn.Module], tuple[s
 
 
 class MeshGroups:
-    """The process groups of a data × pipeline mesh, ``mesh_shape`` in the form of seed 000:
+    """The process groups of a data × pipeline mesh, ``mesh_shape`` as
     ``[[data, pipeline], ["dp" | "fsdp", "pp"]]``. The last axis varies fastest, so a pipeline
     is a run of consecutive ranks and a data-parallel group takes every ``pipeline``-th rank."""
 

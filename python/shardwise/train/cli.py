@@ -103,7 +103,7 @@ def run_spec(cfg: TrainConfig, resume: bool, memory_note: str) -> RunSpec:
         learning_rate=cfg.scaled_learning_rate,
         warmup_steps=t.warmup_steps,
         max_steps=t.max_steps,
-        seed=t.seed,
+        data_seed=t.seed if cfg.data.shuffle_seed is None else cfg.data.shuffle_seed,
         backend=d.backend,
         device=t.device,
         local_rank=d.local_rank,
@@ -143,7 +143,7 @@ def parse_args(argv):
     parser.add_argument(
         "--distributed",
         action="store_true",
-        help="seed 001: one process of a job launched by hand (MASTER_ADDR, MASTER_PORT, "
+        help="one process of a job launched by hand (MASTER_ADDR, MASTER_PORT, "
         "WORLD_SIZE and RANK in the environment or the distributed section)",
     )
     return parser.parse_intermixed_args(argv)  # overrides may follow the flags
@@ -165,7 +165,8 @@ def check_launch(cfg: TrainConfig, env=os.environ) -> None:
         keys = ", ".join(f"distributed.{k}" for v, k in LAUNCH if v in missing)
         raise ValueError(
             f"--distributed: this process does not know {', '.join(missing)}; export them "
-            f"(seed 001's multi-node set-up), set {keys} in the config, or launch with torchrun"
+            f"(a multi-node job launched by hand), set {keys} in the config, or launch with "
+            "torchrun"
         )
 
 

@@ -12,10 +12,10 @@ Design:
   name the dotted key, the bad value and the fix; an unknown key gets the closest known key as a
   "did you mean" suggestion.
 * The sub-blocks that already have a validator are handed to it rather than re-modelled:
-  ``distributed.fsdp`` (and the seed-002 keys written flat under ``distributed:``, which are
+  ``distributed.fsdp`` (and the FSDP keys written flat under ``distributed:``, which are
   lifted into it) goes to ``shardwise.FSDPConfig``, ``distributed.zero`` to ``shardwise.zero``'s
   DeepSpeed-style loader, the pipeline schedule to the C++ schedule builder.
-* The cross-field rules (the seed-001 ``DistributedConfig`` rules, the mesh, the strategy, the
+* The cross-field rules (the distributed config's rules, the mesh, the strategy, the
   batch split) run after the models are built. Values left out are resolved in place:
   ``world_size``/``rank``/``local_rank`` from torchrun's variables, the strategy from the mesh
   axes and sub-blocks, the mixed precision from ``bf16``/``mixed_precision``. The dump
@@ -58,10 +58,14 @@ from .device import BACKENDS  # noqa: F401  (re-exported: the backends a config 
 
 STRATEGIES = ("ddp", "fsdp", "zero", "pipeline")
 MESH_AXES = ("fsdp", "dp", "tp", "pp")
-MESH_ALIASES = {"data": "dp", "model": "tp", "pipeline": "pp"}  # seed 001's axis names
+MESH_ALIASES = {
+    "data": "dp",
+    "model": "tp",
+    "pipeline": "pp",
+}  # the distributed config's axis names
 PRECISIONS = ("no", "fp16", "bf16")
 FSDP_KEYS = tuple(f.name for f in fields(FSDPConfig) if f.name != "extra")
-# Seed-002 keys that may sit flat under ``distributed:`` (they are moved into ``fsdp:``).
+# FSDP keys that may sit flat under ``distributed:`` (they are moved into ``fsdp:``).
 FLAT_FSDP_KEYS = tuple(k for k in FSDP_KEYS if k.startswith("fsdp_") or k == "use_fsdp")
 
 
@@ -80,7 +84,7 @@ class ModelSection(_Section):
     heads: int | None = Field(None, gt=0)
     mlp_ratio: int | None = Field(None, gt=0)
     dropout: float | None = Field(None, ge=0.0, lt=1.0)
-    mesh_shape: list | None = None  # seed 000: [[num_fsdp, num_tp], ["fsdp", "tp"]]
+    mesh_shape: list | None = None  # [[num_fsdp, num_tp], ["fsdp", "tp"]]
     # instead of the GPT (model_source.py): a transformers causal LM (a model type such as gpt2
     # or llama, or a config.json), sized by hf_overrides; local safetensors weights; or a factory
     hf_config: str | None = None
@@ -118,7 +122,7 @@ class DataSection(_Section):
     val_path: str | None = None  # default: val.bin beside train.bin, else the split below
     val_fraction: float = Field(0.05, gt=0.0, lt=1.0)
     seq_len: int | None = Field(None, gt=0)  # default: the model's seq_len
-    shuffle_seed: int = 0
+    shuffle_seed: int | None = None  # the order of the batches; default: training.seed
 
 
 class CheckpointSection(_Section):
@@ -146,7 +150,7 @@ class TrainingSection(_Section):
         4, gt=0, validation_alias=AliasChoices("micro_batch_size", "batch_size")
     )
     gradient_accumulation_steps: int = Field(1, gt=0)
-    # seed 000: reduce the gradients every this many micro-batches of an accumulation (ddp and
+    # reduce the gradients every this many micro-batches of an accumulation (ddp and
     # fsdp; default: only after the last); must divide gradient_accumulation_steps
     sync_gradients_every: int | None = Field(None, gt=0)
     learning_rate: float = Field(3e-4, gt=0)
@@ -154,7 +158,7 @@ class TrainingSection(_Section):
     base_batch_size: int | None = Field(None, gt=0)
     warmup_steps: int = Field(10, ge=0)
     gradient_clip_norm: float | None = Field(1.0, ge=0)
-    bf16: bool | None = None  # seed 002's spelling of mixed_precision: bf16 / no
+    bf16: bool | None = None  # the FSDP config's spelling of mixed_precision: bf16 / no
     mixed_precision: Literal["no", "fp16", "bf16"] | None = None
     # fp16 outside ZeRO: dynamic loss scaling from 2 ** this (ZeRO takes DeepSpeed's fp16 block)
     initial_loss_scale_power: int = Field(16, ge=0, le=64)
@@ -167,7 +171,7 @@ class TrainingSection(_Section):
     # checkpoint) and at the end, over eval_batches global batches (the same ones each time)
     eval_every: int | None = Field(None, ge=0)
     eval_batches: int = Field(4, gt=0)
-    # seed 000: every logged step, the shardwise backend's operations of the step (calls, bytes,
+    # every logged step, the shardwise backend's operations of the step (calls, bytes,
     # seconds per kind, on rank 0) in the metrics, TensorBoard and the console
     profile_communication: bool = False
     # a Chrome trace per rank of the steps the schedule records, in <checkpoint.dir>/profile
@@ -185,7 +189,7 @@ class PipelineSection(_Section):
 
 
 class DistributedSection(_Section):
-    """Seed 001's DistributedConfig fields plus the strategy and its sub-blocks."""
+    """The distributed config's fields plus the strategy and its sub-blocks."""
 
     enabled: bool | None = None
     strategy: Literal["ddp", "fsdp", "zero", "pipeline"] | None = None
@@ -260,7 +264,7 @@ class TrainConfig(_Section):
 
     @property
     def effective_batch_size(self) -> int:
-        """micro batch × gradient accumulation × data-parallel world (seed 003); with a pipeline
+        """micro batch × gradient accumulation × data-parallel world; with a pipeline
         also × its microbatches per step (``training.micro_batch_size`` is one microbatch)."""
         t = self.training
         per_step = t.micro_batch_size * t.gradient_accumulation_steps * self.data_parallel_size
@@ -442,6 +446,23 @@ def _known_paths(model: type[BaseModel] = TrainConfig, prefix: str = "") -> list
     return paths
 
 
+def schema_keys(model: type[BaseModel] = TrainConfig, prefix: str = "") -> dict[str, Any]:
+    """Every leaf key of the config as a dotted path, with its default (before the validation
+    resolves it): what docs/config.md documents, one row each."""
+    keys: dict[str, Any] = {}
+    for name, info in model.model_fields.items():
+        sub = [
+            c
+            for c in getattr(info.annotation, "__args__", (info.annotation,))
+            if isinstance(c, type) and issubclass(c, BaseModel)
+        ]
+        if sub:
+            keys.update(schema_keys(sub[0], f"{prefix}{name}."))
+        else:
+            keys[prefix + name] = info.get_default(call_default_factory=True)
+    return keys
+
+
 def _unknown_key(path: str, valid: Sequence[str] | None = None) -> str:
     parent, _, key = path.rpartition(".")
     if valid is None:
@@ -467,7 +488,8 @@ def _check_keys(path: str, given: Mapping, valid: Sequence[str]) -> None:
 
 
 def _lift_flat_fsdp_keys(data: Mapping) -> tuple[dict, list[str]]:
-    """Seed 002 writes the FSDP keys directly under ``distributed:``; move them into ``fsdp:``."""
+    """FSDP configs often write their keys directly under ``distributed:``; move them into
+    ``fsdp:``."""
     data = dict(data)
     dist = data.get("distributed")
     if not isinstance(dist, Mapping) or not any(k in dist for k in FLAT_FSDP_KEYS):
@@ -507,7 +529,7 @@ def _resolve_precision(cfg: TrainConfig) -> None:
 
 
 def _normalize_mesh(key: str, mesh, names=None) -> list:
-    """``[[sizes], [names]]`` (seed 000), or sizes plus ``mesh_axis_names`` (seed 001)."""
+    """``[[sizes], [names]]``, or sizes plus the distributed config's ``mesh_axis_names``."""
     example = 'e.g. [[2, 1], ["fsdp", "tp"]]'
     if names is not None and mesh is not None and all(isinstance(s, int) for s in mesh):
         mesh = [list(mesh), list(names)]
@@ -574,8 +596,8 @@ def _from_env(key: str, given: int | None, env: Mapping, var: str) -> int | None
 
 
 def _resolve_layout(cfg: TrainConfig, env: Mapping) -> None:
-    """Seed 001's rules: world_size == num_nodes × num_processes_per_node, tensor × pipeline
-    parallel <= world_size, rank < world_size; plus the mesh's product == world_size."""
+    """The distributed config's rules: world_size == num_nodes × num_processes_per_node, tensor
+    × pipeline parallel <= world_size, rank < world_size; plus the mesh's product == world_size."""
     d = cfg.distributed
     launch = ("world_size", "rank", "master_addr", "master_port")
     d._launch_given = {k for k in launch if getattr(d, k) is not None}
@@ -674,7 +696,7 @@ def _check_world_split(cfg: TrainConfig, mesh_key: str | None, mesh: list | None
 
 
 def _resolve_strategy(cfg: TrainConfig) -> None:
-    """The explicit strategy, else: a pp axis > 1 -> pipeline; an fsdp block (or seed-002's
+    """The explicit strategy, else: a pp axis > 1 -> pipeline; an fsdp block (or the FSDP key
     use_fsdp) -> fsdp; a zero block -> zero; an fsdp mesh axis > 1 -> fsdp; else ddp."""
     d = cfg.distributed
     use_fsdp = (d.fsdp or {}).get("use_fsdp", d.fsdp is not None)

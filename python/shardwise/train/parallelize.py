@@ -42,7 +42,7 @@ class StrategyOptions:
     fp16: bool = False  # fp16 autocast (ZeRO: fp16 parameters) with dynamic loss scaling
     initial_loss_scale: float = 2.0**16
     checkpointing: bool = False
-    fsdp: dict = field(default_factory=dict)  # seed-002 keys
+    fsdp: dict = field(default_factory=dict)  # the FSDP config keys
     zero: dict = field(default_factory=dict)  # DeepSpeed keys
     zero_auto: dict = field(default_factory=dict)  # what their "auto" values become
     pipeline: dict = field(default_factory=dict)  # schedule, num_microbatches, split

@@ -47,7 +47,7 @@ Communication per rank and optimizer step (``Row.communication``, ring traffic):
 collectives from the state sizes, plus tensor parallelism's (``gpt_costs``) and the pipeline's
 stage messages when the model's shapes are known (``plan_for_config``).
 
-Recommendation order (practice notes, seed 003): a single device when there is one and it fits,
+Recommendation order (simplest first): a single device when there is one and it fits,
 then DDP, ZeRO-2 (start there, not at stage 1), ZeRO-3 / FSDP full_shard only when stage 2 does
 not fit, pipeline parallelism when sharding alone does not fit, and CPU offload as last resort.
 """
@@ -73,7 +73,7 @@ from .gpt_costs import (  # noqa: F401  (the GPT's costs, also used as planner.*
 GIB = 1024**3
 PRECISIONS = ("bf16", "fp16", "fp32")
 OPTIMIZERS = ("adamw", "adam", "sgd")
-ORDER = ("ddp", "zero2", "zero3", "tp_zero3", "pipeline", "zero3_offload")  # seed 003's order
+ORDER = ("ddp", "zero2", "zero3", "tp_zero3", "pipeline", "zero3_offload")  # simplest first
 LABELS = {
     "ddp": "ddp",
     "zero1": "zero1",

@@ -321,8 +321,8 @@ class TrainStep:
 
 
 def sync_points(micro_batches: int, every: int | None) -> set[int]:
-    """The micro-batches after which the gradients are reduced: every ``every``-th (seed 000's
-    sync_gradients_every) and always the last."""
+    """The micro-batches after which the gradients are reduced: every ``every``-th
+    (``training.sync_gradients_every``) and always the last."""
     every = every or micro_batches
     return {k for k in range(micro_batches) if (k + 1) % every == 0} | {micro_batches - 1}
 

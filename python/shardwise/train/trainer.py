@@ -47,7 +47,7 @@ class RunSpec:
     learning_rate: float = 3e-4  # already scaled for the effective batch size
     warmup_steps: int = 10
     max_steps: int = 100
-    seed: int = 0
+    data_seed: int = 0  # the order of the batches (data.shuffle_seed, else training.seed)
     backend: str = "shardwise"  # a name or a device:name list (cpu:shardwise,cuda:nccl)
     device: str = "cpu"  # cpu or cuda (config.py resolved training.device)
     local_rank: int = 0
@@ -62,7 +62,7 @@ class RunSpec:
     log_every: int = 1
     eval_every: int = 0  # steps between eval losses on the validation tokens (0: only at the end)
     eval_batches: int = 4
-    profile_communication: bool = False  # log the backend's operations per step (seed 000)
+    profile_communication: bool = False  # log the backend's operations per step
     profile: dict | None = None  # torch.profiler's schedule: wait, warmup, active steps
     data: object = None  # config.DataSection (None: the bundled corpus, byte tokens)
     sample_tokens: int = 200
@@ -76,7 +76,7 @@ def init_distributed(
     backend: str, layout: dict | None = None, timeout_s: float | None = None
 ) -> tuple[int, int]:
     """The process group from torchrun's environment, completed by the config's ``layout``
-    (seed 001: processes launched by hand with distributed.rank, world_size, master_addr and
+    (processes launched by hand with distributed.rank, world_size, master_addr and
     master_port), or a one-rank group for a single process (FSDP and ZeRO need one); its
     collectives time out after ``timeout_s`` (None: torch's default). Returns (rank, world)."""
     for var, value in (layout or {}).items():
@@ -122,7 +122,7 @@ class Trainer:
             rows *= int(spec.options.pipeline.get("num_microbatches", 1))
         self.tokenizer, train_tokens, val_tokens = load_data(spec)
         self.stream = data_mod.TokenStream(
-            train_tokens, spec.gpt.seq_len, rows, self.data_rank, self.data_world, spec.seed
+            train_tokens, spec.gpt.seq_len, rows, self.data_rank, self.data_world, spec.data_seed
         )
         self.val_stream = validation_stream(val_tokens, spec, rows, self.data_rank, self.data_world)
         self.stream_rows = rows
