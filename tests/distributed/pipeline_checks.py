@@ -154,29 +154,32 @@ def fault_pipeline_stage_dies(rank, world, gloo):
 
 
 def _mesh_training(rank, world, kind):
-    """4 ranks as [[2, 2], [kind, "pp"]]: 3 AdamW steps against one process on the whole batch."""
-    mesh = pp.MeshGroups([[2, 2], [kind, "pp"]])
+    """4 ranks as [[2, 2], [kind, "pp"]] (pp outermost): 3 AdamW steps against one process on
+    the whole batch."""
+    from shardwise.mesh import Mesh
+
+    mesh = Mesh([[2, 2], [kind, "pp"]])
     blocks, reference = make_blocks(2), make_blocks(2)
     ref_opt = torch.optim.AdamW(reference.parameters(), lr=1e-2)
-    s = mesh.pipeline_rank
+    s, data_rank = mesh.coordinate("pp"), mesh.coordinate(kind)
     stage = blocks[s]
     if kind == "fsdp":
         import shardwise
 
-        stage = shardwise.FullyShardedDataParallel(stage, process_group=mesh.data_group)
+        stage = shardwise.FullyShardedDataParallel(stage, process_group=mesh.group(kind))
     opt = torch.optim.AdamW(stage.parameters(), lr=1e-2)
     pipe = pp.Pipeline(
         {s: stage},
         pp.make_schedule("1f1b", 2, 3),
         F.mse_loss,
-        group=mesh.pipeline_group,
+        group=mesh.group("pp"),
         rank=s,
-        data_parallel_group=mesh.data_group,
+        data_parallel_group=mesh.group(kind),
     )
     for step in range(3):
         g = torch.Generator().manual_seed(step)
         x, y = torch.randn(12, DIM, generator=g), torch.randn(12, DIM, generator=g)
-        half = slice(mesh.data_rank * 6, (mesh.data_rank + 1) * 6)
+        half = slice(data_rank * 6, (data_rank + 1) * 6)
         pipe.step(x[half], y[half])
         opt.step()
         opt.zero_grad()
@@ -205,13 +208,16 @@ def pipeline_fsdp_x_pp_matches_single_process(rank, world, gloo):
 
 
 def pipeline_mesh_errors_name_the_fix(rank, world, gloo):
-    """A mesh whose product is not the world size, or with unknown axes, is rejected first."""
+    """A mesh whose product is not the world size, or with an unknown axis, is rejected before
+    any group is made."""
+    from shardwise.mesh import Mesh
+
     for mesh, message in (
-        ([[3, 2], ["dp", "pp"]], "make the product equal the world size"),
-        ([[1, world], ["tp", "pp"]], "use ['dp', 'pp'] or ['fsdp', 'pp']"),
+        ([[3, 2], ["dp", "pp"]], "make the product of the sizes equal the world size"),
+        ([[1, world], ["xp", "pp"]], "valid: pp, dp, fsdp, tp"),
     ):
         try:
-            pp.MeshGroups(mesh)
+            Mesh(mesh)
         except ValueError as e:
             assert message in str(e), str(e)
         else:

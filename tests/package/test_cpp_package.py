@@ -340,3 +340,44 @@ def test_a_torch_of_another_minor_version_is_refused_by_name():
     built_against = re.match(r"\d+\.\d+", torch.__version__).group(0)
     assert f"was built against LibTorch {built_against}" in log, log
     assert "LibTorch's ABI changes between minor versions" in log, log
+
+
+def _mesh_lines(output: str) -> list[str]:
+    """The mesh a trainer printed: its "mesh: ..." line and the axes' groups below it."""
+    lines = output.splitlines()
+    start = next((k for k, line in enumerate(lines) if line.startswith("mesh: ")), None)
+    assert start is not None, output
+    block = [lines[start]]
+    for line in lines[start + 1 :]:
+        if not re.match(r"  [a-z]+ groups:", line):
+            break
+        block.append(line)
+    return block
+
+
+def test_both_trainers_place_the_ranks_alike(pip_train_gpt, corpus, tmp_path):
+    """Catches the C++ trainer and shardwise-train laying one dp × pp mesh out differently
+    (which ranks form a pipeline decides which traffic crosses the slow links): at world 4 with
+    2 stages, both print the same mesh, pp outermost as the C++ MeshLayout has it."""
+    for module in ("omegaconf", "pydantic"):  # the CPU venv installs shardwise with --no-deps
+        pytest.importorskip(module, reason="shardwise-train's dependencies are not installed here")
+    launch = [str(TORCHRUN), "--standalone", "--nproc_per_node=4"]
+    flags = ["--data", str(corpus), *MODEL[:8], "--steps", "1", "--threads", "1"]
+    cpp = _run([*launch, "--no-python", str(pip_train_gpt), *flags, "--pp", "2"])
+    config = tmp_path / "dp_x_pp.json"
+    config.write_text(
+        json.dumps(
+            {
+                "model": {"preset": "tiny", "mesh_shape": [[2, 2], ["dp", "pp"]]},
+                "training": {
+                    "max_steps": 1,
+                    "warmup_steps": 0,
+                    "checkpoint": {"dir": str(tmp_path / "run")},
+                },
+                "distributed": {"backend": "shardwise", "pipeline": {"num_microbatches": 2}},
+            }
+        )
+    )
+    python = _run([*launch, "-m", "shardwise.train", "--config", str(config)])
+    assert _mesh_lines(cpp) == _mesh_lines(python), (cpp, python)
+    assert "  pp groups: [0, 2] [1, 3]" in _mesh_lines(python), python

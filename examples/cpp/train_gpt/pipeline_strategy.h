@@ -162,5 +162,6 @@ inline Strategy pipelined(GPT model,
           mesh->coordinate("dp"),
           mesh->size("dp"),
           lr_setter(optimizer),
-          adamw_checkpoint(pipeline_slots(mesh, mine, sharded), optimizer)};
+          adamw_checkpoint(pipeline_slots(mesh, mine, sharded), optimizer),
+          mesh->layout().describe()};
 }

@@ -33,6 +33,7 @@ struct Strategy {
   int data_rank = 0, data_world = 1;
   std::function<void(double)> set_lr;
   CheckpointHooks checkpoint;
+  std::string mesh;  // the mesh's layout (MeshLayout::describe()); empty without one
 };
 
 // Every parameter group's learning rate.
@@ -186,5 +187,6 @@ inline Strategy tensor_parallel(GPT model,
           mesh->coordinate("dp"),
           mesh->size("dp"),
           lr_setter(optimizer),
-          adamw_checkpoint(slots, optimizer)};
+          adamw_checkpoint(slots, optimizer),
+          mesh->layout().describe()};
 }

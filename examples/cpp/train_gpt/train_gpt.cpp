@@ -110,6 +110,8 @@ int run(const Flags& flags) {
                       : flags.strategy == "fsdp" ? fsdp(model, flags, world)
                                                  : zero(model, flags, world);
 
+  if (world.rank() == 0 && !strategy.mesh.empty()) std::printf("mesh: %s\n", strategy.mesh.c_str());
+
   auto [train, validation] =
       shardwise::data::split_tokens(shardwise::data::read_byte_tokens(flags.data));
   shardwise::data::TokenStreamOptions stream_options;

@@ -190,42 +190,6 @@ def gpt_blocks(model, sublayers: bool = False) -> tuple[list[nn.Module], tuple[s
     return blocks, (("embed.weight", "head.weight") if tied else None)
 
 
-class MeshGroups:
-    """The process groups of a data × pipeline mesh, ``mesh_shape`` as
-    ``[[data, pipeline], ["dp" | "fsdp", "pp"]]``. The last axis varies fastest, so a pipeline
-    is a run of consecutive ranks and a data-parallel group takes every ``pipeline``-th rank."""
-
-    def __init__(self, mesh_shape):
-        try:
-            (data, pipe), (data_kind, pipe_kind) = mesh_shape
-        except (TypeError, ValueError):
-            raise ValueError(
-                f"mesh_shape {mesh_shape!r}: expected [[data, pipeline], ['dp' or 'fsdp', 'pp']]"
-            ) from None
-        if data_kind not in ("dp", "fsdp") or pipe_kind != "pp":
-            raise ValueError(
-                f"mesh_shape axes {[data_kind, pipe_kind]}: use ['dp', 'pp'] or ['fsdp', 'pp']"
-            )
-        world = dist.get_world_size()
-        if data * pipe != world:
-            raise ValueError(
-                f"mesh_shape {mesh_shape}: {data} × {pipe} = {data * pipe} ranks but the world has "
-                f"{world}; make the product equal the world size"
-            )
-        rank = dist.get_rank()
-        self.data_kind, self.data_size, self.pipeline_size = data_kind, data, pipe
-        self.data_rank, self.pipeline_rank = divmod(rank, pipe)
-        self.pipeline_group = self.data_group = None
-        for d in range(data):  # every rank creates every group, in the same order
-            group = dist.new_group([d * pipe + k for k in range(pipe)])
-            if d == self.data_rank:
-                self.pipeline_group = group
-        for k in range(pipe):
-            group = dist.new_group([d * pipe + k for d in range(data)])
-            if k == self.pipeline_rank:
-                self.data_group = group
-
-
 class Pipeline:
     """Runs ``stages`` (this rank's stage modules, keyed by stage index) under a schedule: the C++
     ``pipeline::Pipeline`` (``csrc/pipeline/pipeline.h``), which also keeps ``tied`` parameters
@@ -314,7 +278,6 @@ def _gradient_sync(module: nn.Module):
 
 __all__ = [
     "SCHEDULES",
-    "MeshGroups",
     "block_times",
     "broadcast_groups",
     "defer_weight_gradients",

@@ -291,7 +291,7 @@ class TrainConfig(_Section):
         return _given_mesh(self)[1]
 
     def pipeline_mesh(self) -> list:
-        """``[[data, stages], [kind, "pp"]]`` as ``shardwise.pipeline.MeshGroups`` takes it."""
+        """``[[data, stages], [kind, "pp"]]``: the pipeline's mesh, as ``mesh_axes`` builds it."""
         mesh = self.mesh()
         kind = (
             "fsdp" if mesh and dict(zip(mesh[1], mesh[0], strict=True)).get("fsdp", 1) > 1 else "dp"
@@ -681,12 +681,6 @@ def _check_world_split(cfg: TrainConfig, mesh_key: str | None, mesh: list | None
             f"{mesh_key}: {mesh} has {math.prod(mesh[0])} ranks but distributed.world_size="
             f"{world}; make the product of the sizes equal the world size"
         )
-    if mesh is not None and "pp" in mesh[1] and mesh[0][mesh[1].index("pp")] > 1 and tp == 1:
-        if mesh[1][-1] != "pp":
-            raise ValueError(
-                f"{mesh_key}: put the 'pp' axis last (a pipeline is a run of "
-                f"consecutive ranks), e.g. [[2, 2], ['dp', 'pp']]"
-            )
     if d.enabled is False and world > 1:
         raise ValueError(
             f"distributed.enabled=false but world_size={world}; set "

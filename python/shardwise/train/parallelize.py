@@ -69,7 +69,7 @@ class Axes:
     tp_group: object = None
     pipeline_size: int = 1
     pipeline_rank: int = 0
-    description: str = ""  # Mesh.describe() of a mesh with a tp axis
+    description: str = ""  # Mesh.describe() of a mesh with a pp or tp axis
 
     @property
     def data_size(self) -> int:
@@ -81,35 +81,40 @@ class Axes:
 
 
 def mesh_axes(strategy: str, options: StrategyOptions, world: int) -> Axes:
-    """The process groups, made once: with tensor parallelism the 3-D mesh
-    ``[[p, d, t], ["pp", dp|fsdp, "tp"]]`` (tp adjacent, pp outermost); a pipeline without it
-    keeps its ``[[d, p], [kind, "pp"]]`` layout (a pipeline is a run of consecutive ranks)."""
-    tp = options.tensor_parallel
-    if strategy == "pipeline" and tp == 1:
-        from .. import pipeline as pp
-
-        m = pp.MeshGroups(options.mesh or [[1, world], ["dp", "pp"]])
-        return Axes(
-            m.data_kind, m.data_group, m.pipeline_group, None, m.pipeline_size, m.pipeline_rank
-        )
-    kind = "fsdp" if strategy == "fsdp" else "dp"
-    if tp == 1:
-        return Axes(kind, dist.group.WORLD)
+    """The process groups, made once, from one ``Mesh`` ``[[p, d, t], ["pp", dp|fsdp, "tp"]]``
+    for every strategy: tp innermost, pp outermost (the C++ ``MeshLayout``, which the C++
+    trainer uses too, so both place the same ranks together)."""
     from ..mesh import Mesh
 
-    stages = 1
+    tp, stages = options.tensor_parallel, 1
+    kind = "fsdp" if strategy == "fsdp" else "dp"
     if strategy == "pipeline":
-        (_, stages), (kind, _) = options.mesh
+        (_, stages), (kind, _) = options.mesh or [[1, world], ["dp", "pp"]]
+    if tp == 1 and stages == 1:
+        return Axes(kind, dist.group.WORLD)
     mesh = Mesh([[stages, world // (tp * stages), tp], ["pp", kind, "tp"]])
+    data_group = mesh.group(kind)
+    if data_group is None and strategy == "pipeline":
+        data_group = _one_rank_group(world)  # stages FSDP-wrapped over their one replica
     return Axes(
         kind,
-        mesh.group(kind),
+        data_group,
         mesh.group("pp"),
         mesh.group("tp"),
         stages,
         mesh.coordinate("pp"),
         mesh.describe(),
     )
+
+
+def _one_rank_group(world: int):
+    """This rank alone as a process group (every rank makes every such group, in order)."""
+    mine = None
+    for r in range(world):
+        group = dist.new_group([r])
+        if r == dist.get_rank():
+            mine = group
+    return mine
 
 
 @dataclass
