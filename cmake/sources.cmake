@@ -34,6 +34,7 @@ set(SHARDWISE_CORE_SOURCES
   csrc/pipeline/schedule_validator.cc
   csrc/pipeline/partition.cc
   csrc/mesh/mesh_layout.cc
+  csrc/mesh/parallel_layout.cc
   csrc/tensor_parallel/tp_shapes.cc
   csrc/distributed/torchrun_env.cc
   csrc/checkpoint/safetensors_header.cc
@@ -60,6 +61,7 @@ set(SHARDWISE_CORE_TEST_SOURCES
   tests/cpp/test_pipeline_schedule.cc
   tests/cpp/test_pipeline_partition.cc
   tests/cpp/test_mesh_layout.cc
+  tests/cpp/test_parallel_layout.cc
   tests/cpp/test_torchrun_env.cc
   tests/cpp/test_safetensors_header.cc
   tests/cpp/test_checkpoint_dir.cc

@@ -37,6 +37,7 @@
 #include "fsdp/fsdp_unit.h"
 #include "fsdp/fully_shard.h"
 #include "mesh/mesh_layout.h"
+#include "mesh/parallel_layout.h"
 #include "optim/adamw_slots.h"
 #include "optim/fused_adamw.h"
 #include "optim/fused_optim_ops.h"

@@ -6,8 +6,11 @@
 #include <optional>
 #include <stdexcept>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "mesh/mesh_layout.h"
+#include "mesh/parallel_layout.h"
 #include "tensor_parallel/grad_norm.h"
 #include "tensor_parallel/parallel_attention.h"
 #include "tensor_parallel/parallel_linear.h"
@@ -53,6 +56,39 @@ void bind_mesh(py::module& m) {
       .def("groups", &MeshLayout::groups, py::arg("axes"))
       .def("group_of", &MeshLayout::group_of, py::arg("rank"), py::arg("axes"))
       .def("describe", &MeshLayout::describe);
+  using mesh::ParallelLayout;
+  py::class_<ParallelLayout>(m, "ParallelLayout",
+                             "The run's parallel layout, resolved once (mesh/parallel_layout.h).")
+      .def(py::init(
+               [](int world_size,
+                  const std::vector<
+                      std::tuple<std::string, std::vector<int>, std::vector<std::string>>>& meshes,
+                  int tensor_parallel_size, int pipeline_parallel_size) {
+                 mesh::ParallelLayoutOptions options;
+                 options.world_size = world_size;
+                 for (const auto& [key, sizes, names] : meshes) {
+                   options.meshes.push_back({key, sizes, names});
+                 }
+                 options.tensor_parallel_size = tensor_parallel_size;
+                 options.pipeline_parallel_size = pipeline_parallel_size;
+                 try {
+                   return ParallelLayout(options);
+                 } catch (const std::invalid_argument& e) {
+                   throw py::value_error(e.what());
+                 }
+               }),
+           py::arg("world_size"), py::arg("meshes"), py::arg("tensor_parallel_size") = 0,
+           py::arg("pipeline_parallel_size") = 0)
+      .def_property_readonly("world_size", &ParallelLayout::world_size)
+      .def_property_readonly("mesh_key", &ParallelLayout::mesh_key)
+      .def_property_readonly("mesh_sizes", &ParallelLayout::mesh_sizes)
+      .def_property_readonly("mesh_names", &ParallelLayout::mesh_names)
+      .def_property_readonly("tensor_parallel_size", &ParallelLayout::tensor_parallel_size)
+      .def_property_readonly("pipeline_parallel_size", &ParallelLayout::pipeline_parallel_size)
+      .def_property_readonly("data_parallel_size", &ParallelLayout::data_parallel_size)
+      .def("axis_size", &ParallelLayout::axis_size, py::arg("axis"))
+      .def("data_axis", &ParallelLayout::data_axis, py::arg("strategy"))
+      .def("layout", &ParallelLayout::layout, py::arg("data_kind"));
   m.def(
       "canonical_mesh_axis",
       [](const std::string& name) {

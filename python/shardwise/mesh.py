@@ -37,9 +37,20 @@ class Mesh:
     def __init__(self, shape, names=None, *, world_size=None, rank=None, create_groups=True):
         sizes, names = normalize_shape(shape, names)
         world = world_size if world_size is not None else dist.get_world_size()
+        self._start(_C.MeshLayout(sizes, names, world), rank, create_groups)
+
+    @classmethod
+    def from_layout(cls, layout, *, rank=None, create_groups=True) -> Mesh:
+        """The mesh of a ``MeshLayout`` already resolved (``ParallelLayout.layout(kind)``)."""
+        mesh = cls.__new__(cls)
+        mesh._start(layout, rank, create_groups)
+        return mesh
+
+    def _start(self, layout, rank, create_groups) -> None:
         self.rank = rank if rank is not None else dist.get_rank()
-        self.layout = _C.MeshLayout(sizes, names, world)
-        self.shape = [sizes, names]
+        self.layout = layout
+        axes = [a for a in self.AXES if layout.size(a) > 1]
+        self.shape = [[layout.size(a) for a in axes], axes]
         self._groups: dict[tuple[str, ...], object] = {}
         if create_groups:
             for axes in [("pp",), ("dp",), ("fsdp",), ("tp",), ("dp", "fsdp")]:

@@ -255,7 +255,7 @@ def fsdp_torch_fsdp_arguments_train_like_their_shardwise_spelling(rank, world, g
     from torch.distributed.fsdp.wrap import ModuleWrapPolicy, transformer_auto_wrap_policy
 
     fsdp = shardwise.FullyShardedDataParallel
-    seed_002 = {
+    fsdp_args = {
         "auto_wrap_policy": ModuleWrapPolicy({Block}),
         "sharding_strategy": ShardingStrategy.FULL_SHARD,
         "backward_prefetch": BackwardPrefetch.BACKWARD_PRE,
@@ -272,7 +272,7 @@ def fsdp_torch_fsdp_arguments_train_like_their_shardwise_spelling(rank, world, g
         "reduce_dtype": torch.float32,
         "buffer_dtype": torch.float32,
     }
-    a = _train_wrapped(rank, world, fsdp(make_model(), **seed_002))
+    a = _train_wrapped(rank, world, fsdp(make_model(), **fsdp_args))
     b = _train_wrapped(rank, world, fsdp(make_model(), **ours))
     assert a[0] == b[0], (a[0], b[0])
     assert all(torch.equal(a[1][n], b[1][n]) for n in b[1])

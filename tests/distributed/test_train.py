@@ -571,7 +571,11 @@ def test_metrics_measure_each_rank_its_phases_and_its_communication():
     assert sum(last["tokens_per_s_by_rank"]) >= last["tokens_per_s"] * 0.999
     for phase in ("data", "forward", "backward", "optimizer"):
         assert len(last["phase_s_per_rank"][phase]) == 2 and last[f"{phase}_s"] >= 0
-    assert last["forward_s"] + last["backward_s"] <= last["step_s"] * 1.01
+    # each rank's phases fit in its step, and every step in the slowest (step_s); the slowest
+    # forward and the slowest backward may be two ranks', so their sum may exceed step_s
+    phases = last["phase_s_per_rank"]
+    for rank in range(2):
+        assert phases["forward"][rank] + phases["backward"][rank] <= last["step_s"] * 1.01, rank
     rs = last["communication"]["reduce_scatter"]
     half = sum(p.numel() for p in GPT(PRESETS["tiny"]).parameters()) * 4 / 2
     assert rs["calls"] == 3 and half <= rs["bytes"] <= half + 3 * 4, rs

@@ -110,7 +110,7 @@ def _mesh_run(name: str):
 
 
 @pytest.mark.parametrize("name", list(MESHES))
-def test_seed_000_mesh_matches_plain_data_parallel(name):
+def test_each_example_mesh_matches_plain_data_parallel(name):
     """[[1,2]], [[2,1]] and [[2,2]] (with sequence parallelism) against DDP over the same data
     ranks, [[2,2],["pp","tp"]] against the 2-stage pipeline, [[2,2,2],["dp"|"fsdp","pp","tp"]]
     against one process, ZeRO-2/3 over the dp axis of a tp model against ZeRO without tp: a tp

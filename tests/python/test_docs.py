@@ -68,7 +68,7 @@ def test_the_readme_is_a_front_page():
 
 
 def test_no_file_names_the_design_documents():
-    pattern = re.compile("seed" + r"[ -]?00\d|" + "shared/" + "seeds", re.IGNORECASE)
+    pattern = re.compile("seed" + r"[ _-]?00\d|" + "shared/" + "seeds", re.IGNORECASE)
     suffixes = {".py", ".md", ".h", ".hpp", ".cc", ".cpp", ".cu", ".cuh", ".yaml", ".sh", ".txt"}
     found = []
     for folder in (

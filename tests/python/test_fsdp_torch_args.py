@@ -123,7 +123,7 @@ def test_what_has_no_counterpart_is_refused_naming_it(call, words):
 ACCELERATE = Path(__file__).resolve().parents[1] / "data" / "accelerate" / "fsdp.yaml"
 
 
-def test_accelerates_fsdp_config_reads_as_the_seed_002_keys():
+def test_accelerates_fsdp_config_reads_as_the_fsdp_config_keys():
     """Catches (issue 17): Accelerate's fsdp_config (upper-case values, its own key names)
     refused, or read as other settings."""
     import yaml

@@ -17,7 +17,7 @@ from shardwise.train.config import (
 EXAMPLES = Path(__file__).resolve().parents[2] / "examples" / "configs"
 
 # An FSDP training config's "FSDP Configuration" and "Training Configuration" blocks verbatim.
-SEED_002_YAML = """\
+FSDP_CONFIG_YAML = """\
 distributed:
   # Enable FSDP
   use_fsdp: true
@@ -44,7 +44,7 @@ distributed:
   fsdp_reduce_dtype: "float32"
   fsdp_buffer_dtype: "float32"
 """
-SEED_002_TRAINING_YAML = """\
+FSDP_TRAINING_YAML = """\
 training:
   # Increase batch size for multiple GPUs
   batch_size: 64  # Per GPU batch size
@@ -88,7 +88,7 @@ def test_defaults_are_a_single_process_ddp_run():
 # ---------------------------------------------------------------- distributed-config rules
 
 
-def test_seed_001_layout_is_accepted_with_derived_values():
+def test_the_distributed_layout_is_accepted_with_derived_values():
     cfg = load(
         "distributed.world_size=8",
         "distributed.num_nodes=2",
@@ -144,7 +144,7 @@ def test_explicit_world_size_must_match_the_launcher():
     assert "distributed.world_size=2" in message and "WORLD_SIZE=4" in message
 
 
-def test_every_seed_000_mesh_validates():
+def test_every_example_mesh_validates():
     """[[1,2]], [[2,1]], [[2,2]] fsdp x tp, and [[8,2]] for 16 ranks on 2 nodes."""
     cfg = load("distributed.world_size=2", 'model.mesh_shape=[[1,2],["fsdp","tp"]]')
     assert (cfg.distributed.tensor_parallel_size, cfg.distributed.strategy) == (2, "ddp")
@@ -162,7 +162,7 @@ def test_every_seed_000_mesh_validates():
     assert (cfg.distributed.tensor_parallel_size, cfg.data_parallel_size) == (2, 8)
 
 
-def test_seed_001_axis_names_and_sizes():
+def test_distributed_axis_names_and_sizes():
     cfg = load(
         "distributed.world_size=4",
         "distributed.mesh_shape=[2,2]",
@@ -225,7 +225,7 @@ def test_mesh_in_model_and_distributed_must_agree():
     assert "model.mesh_shape" in message and "distributed.mesh_shape" in message
 
 
-def test_seed_001_mesh_shape_with_axis_names():
+def test_distributed_mesh_shape_with_axis_names():
     cfg = load(
         "distributed.world_size=4",
         "distributed.mesh_shape=[2,2]",
@@ -233,7 +233,9 @@ def test_seed_001_mesh_shape_with_axis_names():
     )
     assert cfg.mesh() == [[2, 2], ["dp", "pp"]]
     assert cfg.distributed.strategy == "pipeline"
-    assert cfg.pipeline_mesh() == [[2, 2], ["dp", "pp"]]
+    layout = cfg.layout()
+    assert (layout.pipeline_parallel_size, layout.data_parallel_size) == (2, 2)
+    assert layout.data_axis("pipeline") == "dp"
 
 
 # ---------------------------------------------------------------- bad values and unknown keys
@@ -312,7 +314,7 @@ def test_unknown_keys_get_a_did_you_mean(override, bad_key, suggestion):
     assert f"did you mean '{suggestion}'?" in message.lower()
 
 
-def test_seed_002_batch_size_and_micro_batch_size_are_one_setting():
+def test_fsdp_config_batch_size_and_micro_batch_size_are_one_setting():
     assert load("training.batch_size=3").training.micro_batch_size == 3
     message = error_of("training.batch_size=3", "training.micro_batch_size=4")
     assert "training.batch_size is given twice" in message
@@ -426,9 +428,9 @@ def test_data_seq_len_cannot_exceed_the_model():
 # ---------------------------------------------------------------- the FSDP config, overrides, YAML
 
 
-def test_seed_002_fsdp_block_is_accepted_unchanged(tmp_path):
+def test_an_fsdp_config_block_is_accepted_unchanged(tmp_path):
     path = tmp_path / "fsdp.yaml"
-    path.write_text(SEED_002_YAML + SEED_002_TRAINING_YAML)
+    path.write_text(FSDP_CONFIG_YAML + FSDP_TRAINING_YAML)
     cfg = load(path=str(path), env={"WORLD_SIZE": "4"})
     assert cfg.distributed.strategy == "fsdp"
     fsdp = cfg.fsdp_config()
@@ -617,7 +619,7 @@ def test_zero_and_fsdp_pipelines_compose_with_tp():
         'model.mesh_shape=[[2,2,2],["fsdp","pp","tp"]]',
         "distributed.strategy=pipeline",
     )
-    assert cfg.pipeline_mesh() == [[2, 2], ["fsdp", "pp"]]
+    assert cfg.layout().data_axis("pipeline") == "fsdp"
     assert cfg.distributed.tensor_parallel_size == 2
 
 

@@ -357,18 +357,16 @@ def _groups(strategy: str, world, mesh):
             f"world size {size}; give mesh_shape [[replicas, shards], ['dp', 'fsdp']] with "
             "replicas * shards == world size"
         )
-    ranks = dist.get_process_group_ranks(world)
-    me = dist.get_rank(world)
-    shard_group = replicate_group = None
-    for r in range(replicas):  # every rank creates every group, in the same order
-        group = dist.new_group([ranks[r * shards + s] for s in range(shards)])
-        if me // shards == r:
-            shard_group = group
-    for s in range(shards):
-        group = dist.new_group([ranks[r * shards + s] for r in range(replicas)])
-        if me % shards == s:
-            replicate_group = group
-    return shard_group, replicate_group
+    # the one mesh layout (csrc/mesh/): shards within runs of adjacent ranks, replicas across
+    layout = _C.MeshLayout([replicas, shards], ["dp", "fsdp"], size)
+    ranks, me = dist.get_process_group_ranks(world), dist.get_rank(world)
+    mine = {}
+    for axis in ("fsdp", "dp"):  # every rank creates every group, in the same order
+        for members in layout.groups([axis]):
+            group = dist.new_group([ranks[i] for i in members])
+            if me in members:
+                mine[axis] = group
+    return mine["fsdp"], mine["dp"]
 
 
 def _local_world_size(size: int) -> int:

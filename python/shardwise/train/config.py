@@ -47,6 +47,7 @@ from pydantic import (
     field_validator,
 )
 
+from .. import _C
 from ..fsdp.config import FSDPConfig
 from ..models.gpt import PRESETS, GPTConfig
 from ..zero.config import TOP_KEYS as ZERO_TOP_KEYS
@@ -57,12 +58,6 @@ from . import model_source, sources
 from .device import BACKENDS  # noqa: F401  (re-exported: the backends a config may name)
 
 STRATEGIES = ("ddp", "fsdp", "zero", "pipeline")
-MESH_AXES = ("fsdp", "dp", "tp", "pp")
-MESH_ALIASES = {
-    "data": "dp",
-    "model": "tp",
-    "pipeline": "pp",
-}  # the distributed config's axis names
 PRECISIONS = ("no", "fp16", "bf16")
 FSDP_KEYS = tuple(f.name for f in fields(FSDPConfig) if f.name != "extra")
 # FSDP keys that may sit flat under ``distributed:`` (they are moved into ``fsdp:``).
@@ -257,6 +252,7 @@ class TrainConfig(_Section):
     data: DataSection = Field(default_factory=DataSection)
     training: TrainingSection = Field(default_factory=TrainingSection)
     distributed: DistributedSection = Field(default_factory=DistributedSection)
+    _layout: Any = PrivateAttr(None)  # the ParallelLayout, set by validate
 
     @property
     def data_parallel_size(self) -> int:
@@ -288,15 +284,16 @@ class TrainConfig(_Section):
 
     def mesh(self) -> list | None:
         """The mesh as ``[[sizes...], [axis names...]]`` (from model or distributed), or None."""
-        return _given_mesh(self)[1]
+        layout = self.layout()
+        return [list(layout.mesh_sizes), list(layout.mesh_names)] if layout.mesh_key else None
 
-    def pipeline_mesh(self) -> list:
-        """``[[data, stages], [kind, "pp"]]``: the pipeline's mesh, as ``mesh_axes`` builds it."""
-        mesh = self.mesh()
-        kind = (
-            "fsdp" if mesh and dict(zip(mesh[1], mesh[0], strict=True)).get("fsdp", 1) > 1 else "dp"
-        )
-        return [[self.data_parallel_size, self.distributed.pipeline_parallel_size], [kind, "pp"]]
+    def layout(self) -> _C.ParallelLayout:
+        """The parallel layout, resolved once by ``validate`` (the C++ ``ParallelLayout``); a
+        config not validated yet gets its mesh's own (the mesh's product as the world)."""
+        if self._layout is not None:
+            return self._layout
+        meshes = _given_meshes(self)
+        return _C.ParallelLayout(math.prod(meshes[0][1]) if meshes else 1, meshes)
 
     def fsdp_config(self) -> FSDPConfig:
         return FSDPConfig.from_mapping({**(self.distributed.fsdp or {}), "use_fsdp": True})
@@ -528,54 +525,39 @@ def _resolve_precision(cfg: TrainConfig) -> None:
     t.mixed_precision = next(iter(given.values()), "no")
 
 
-def _normalize_mesh(key: str, mesh, names=None) -> list:
-    """``[[sizes], [names]]``, or sizes plus the distributed config's ``mesh_axis_names``."""
+def _mesh_value(key: str, mesh, names=None) -> tuple[str, list[int], list[str]]:
+    """``[[sizes], [names]]``, or sizes plus the distributed config's ``mesh_axis_names``, as
+    (key, sizes, names): only the value's shape is read here; the C++ ``ParallelLayout`` checks
+    the sizes and names."""
     example = 'e.g. [[2, 1], ["fsdp", "tp"]]'
     if names is not None and mesh is not None and all(isinstance(s, int) for s in mesh):
         mesh = [list(mesh), list(names)]
     try:
         sizes, axes = mesh
-        sizes, axes = list(sizes), [MESH_ALIASES.get(str(a), str(a)) for a in axes]
+        sizes, axes = list(sizes), [str(a) for a in axes]
     except (TypeError, ValueError):
         raise ValueError(
             f"{key}: invalid value {mesh!r}; write [[sizes...], [axis names...]], {example}"
         ) from None
-    if len(sizes) != len(axes) or not sizes:
-        raise ValueError(f"{key}: {mesh!r} needs one axis name per size, {example}")
     for size in sizes:
-        if isinstance(size, bool) or not isinstance(size, int) or size < 1:
+        if isinstance(size, bool) or not isinstance(size, int):
             raise ValueError(f"{key}: size {size!r} in {mesh!r} must be a positive integer")
-    for axis in axes:
-        if axis not in MESH_AXES:
-            raise ValueError(
-                f"{key}: axis name {axis!r} in {mesh!r} is not valid; valid: "
-                f"{', '.join(MESH_AXES)} (or {', '.join(MESH_ALIASES)})"
-            )
-    if len(set(axes)) != len(axes):
-        raise ValueError(f"{key}: {mesh!r} names an axis twice; name each axis once")
-    return [sizes, axes]
+    return key, sizes, axes
 
 
-def _given_mesh(cfg: TrainConfig) -> tuple[str | None, list | None]:
+def _given_meshes(cfg: TrainConfig) -> list[tuple[str, list[int], list[str]]]:
+    """Each mesh the config writes (model.mesh_shape, distributed.mesh_shape)."""
     d, found = cfg.distributed, []
     if cfg.model.mesh_shape is not None:
-        found.append(
-            ("model.mesh_shape", _normalize_mesh("model.mesh_shape", cfg.model.mesh_shape))
-        )
+        found.append(_mesh_value("model.mesh_shape", cfg.model.mesh_shape))
     if d.mesh_shape is not None:
-        mesh = _normalize_mesh("distributed.mesh_shape", d.mesh_shape, d.mesh_axis_names)
-        found.append(("distributed.mesh_shape", mesh))
+        found.append(_mesh_value("distributed.mesh_shape", d.mesh_shape, d.mesh_axis_names))
     elif d.mesh_axis_names is not None:
         raise ValueError(
             "distributed.mesh_axis_names is set without distributed.mesh_shape; "
             "set both, or write model.mesh_shape: [[sizes], [names]]"
         )
-    if len(found) == 2 and found[0][1] != found[1][1]:
-        raise ValueError(
-            f"model.mesh_shape {found[0][1]} and distributed.mesh_shape "
-            f"{found[1][1]} differ; set the mesh in one place"
-        )
-    return found[0] if found else (None, None)
+    return found
 
 
 def _from_env(key: str, given: int | None, env: Mapping, var: str) -> int | None:
@@ -601,8 +583,7 @@ def _resolve_layout(cfg: TrainConfig, env: Mapping) -> None:
     d = cfg.distributed
     launch = ("world_size", "rank", "master_addr", "master_port")
     d._launch_given = {k for k in launch if getattr(d, k) is not None}
-    mesh_key, mesh = _given_mesh(cfg)
-    axis = dict(zip(mesh[1], mesh[0], strict=True)) if mesh else {}
+    meshes = _given_meshes(cfg)
     world = _from_env("distributed.world_size", d.world_size, env, "WORLD_SIZE")
     if world is None:
         world = (d.num_nodes or 1) * (d.num_processes_per_node or 1)
@@ -635,11 +616,19 @@ def _resolve_layout(cfg: TrainConfig, env: Mapping) -> None:
     d.master_addr = d.master_addr or env.get("MASTER_ADDR") or None
     if d.master_port is None and env.get("MASTER_PORT"):
         d.master_port = int(env["MASTER_PORT"])
-    d.tensor_parallel_size = _axis_size(d.tensor_parallel_size, axis, "tp", "tensor_parallel_size")
-    d.pipeline_parallel_size = _axis_size(
-        d.pipeline_parallel_size, axis, "pp", "pipeline_parallel_size"
+    # every mesh rule, once (csrc/mesh/parallel_layout.h); the sizes are read from it after
+    layout = _C.ParallelLayout(
+        world, meshes, d.tensor_parallel_size or 0, d.pipeline_parallel_size or 0
     )
-    _check_world_split(cfg, mesh_key, mesh)
+    cfg._layout = layout
+    d.tensor_parallel_size = layout.tensor_parallel_size
+    d.pipeline_parallel_size = layout.pipeline_parallel_size
+    if d.enabled is False and world > 1:
+        raise ValueError(
+            f"distributed.enabled=false but world_size={world}; set "
+            f"distributed.enabled=true or launch one process"
+        )
+    d.enabled = world > 1 if d.enabled is None else d.enabled
 
 
 def _resolve_device(cfg: TrainConfig, cuda_devices: int | None) -> None:
@@ -653,49 +642,12 @@ def _resolve_device(cfg: TrainConfig, cuda_devices: int | None) -> None:
     device_mod.check_backend(d.backend, t.device, count, d.num_processes_per_node)
 
 
-def _axis_size(given: int | None, axis: dict, name: str, key: str) -> int:
-    if given is not None and name in axis and axis[name] != given:
-        raise ValueError(
-            f"distributed.{key}={given} but the mesh's {name!r} axis has size "
-            f"{axis[name]}; make them equal or drop distributed.{key}"
-        )
-    return given if given is not None else axis.get(name, 1)
-
-
-def _check_world_split(cfg: TrainConfig, mesh_key: str | None, mesh: list | None) -> None:
-    d = cfg.distributed
-    world, tp, pp = d.world_size, d.tensor_parallel_size, d.pipeline_parallel_size
-    if tp * pp > world:
-        raise ValueError(
-            f"rule tensor_parallel * pipeline_parallel <= world_size violated: {tp} × {pp} = "
-            f"{tp * pp} > distributed.world_size={world}; lower "
-            f"distributed.pipeline_parallel_size or launch more processes"
-        )
-    if world % (tp * pp):
-        raise ValueError(
-            f"distributed.world_size={world} is not a multiple of tensor × "
-            f"pipeline parallel = {tp * pp}; the data-parallel size must be whole"
-        )
-    if mesh is not None and math.prod(mesh[0]) != world:
-        raise ValueError(
-            f"{mesh_key}: {mesh} has {math.prod(mesh[0])} ranks but distributed.world_size="
-            f"{world}; make the product of the sizes equal the world size"
-        )
-    if d.enabled is False and world > 1:
-        raise ValueError(
-            f"distributed.enabled=false but world_size={world}; set "
-            f"distributed.enabled=true or launch one process"
-        )
-    d.enabled = world > 1 if d.enabled is None else d.enabled
-
-
 def _resolve_strategy(cfg: TrainConfig) -> None:
     """The explicit strategy, else: a pp axis > 1 -> pipeline; an fsdp block (or the FSDP key
     use_fsdp) -> fsdp; a zero block -> zero; an fsdp mesh axis > 1 -> fsdp; else ddp."""
     d = cfg.distributed
     use_fsdp = (d.fsdp or {}).get("use_fsdp", d.fsdp is not None)
-    mesh = cfg.mesh()
-    fsdp_axis = dict(zip(mesh[1], mesh[0], strict=True)).get("fsdp", 1) if mesh else 1
+    fsdp_axis = cfg.layout().axis_size("fsdp")
     if d.strategy is None:
         if d.pipeline_parallel_size > 1:
             d.strategy = "pipeline"
@@ -735,7 +687,7 @@ def _check_tensor_parallel(cfg: TrainConfig) -> None:
     starts."""
     d = cfg.distributed
     tp = d.tensor_parallel_size
-    key = "distributed.tensor_parallel_size" if _given_mesh(cfg)[0] is None else _given_mesh(cfg)[0]
+    key = cfg.layout().mesh_key or "distributed.tensor_parallel_size"
     if d.sequence_parallel_save_gathered and not d.sequence_parallel:
         raise ValueError(
             "distributed.sequence_parallel_save_gathered=true needs "
@@ -748,8 +700,7 @@ def _check_tensor_parallel(cfg: TrainConfig) -> None:
                 "set distributed.tensor_parallel_size or drop sequence_parallel"
             )
         return
-    mesh = cfg.mesh()
-    axes = dict(zip(mesh[1], mesh[0], strict=True)) if mesh else {}
+    layout = cfg.layout()
     if d.strategy == "pipeline":
         p = d.pipeline
         if p.schedule == "zb_h1":
@@ -757,9 +708,9 @@ def _check_tensor_parallel(cfg: TrainConfig) -> None:
                 "distributed.pipeline: with tensor parallelism use a schedule other than zb_h1 "
                 "(its deferred weight gradients are plain nn.Linear's, not tp layers')"
             )
-    data = d.world_size // (tp * d.pipeline_parallel_size)
+    data = layout.data_parallel_size
     if d.strategy == "fsdp":
-        if axes.get("dp", 1) > 1:
+        if layout.axis_size("dp") > 1:
             raise ValueError(
                 f"{key}: the data axis is named 'dp' but distributed.strategy=fsdp; name it "
                 f"'fsdp' (e.g. [[{data}, {tp}], ['fsdp', 'tp']]) or use strategy ddp"
@@ -775,7 +726,7 @@ def _check_tensor_parallel(cfg: TrainConfig) -> None:
                 f"distributed.fsdp.fsdp_sharding_strategy={sharding} with tensor parallelism is "
                 "not supported yet; use full_shard or shard_grad_op"
             )
-    elif axes.get("fsdp", 1) > 1 and d.strategy != "pipeline":  # pipeline stages may shard
+    elif layout.axis_size("fsdp") > 1 and d.strategy != "pipeline":  # pipeline stages may shard
         raise ValueError(
             f"{key}: the data axis is named 'fsdp' but distributed.strategy={d.strategy}; name "
             f"it 'dp' or use strategy fsdp"
@@ -877,10 +828,11 @@ def _check_hybrid_mesh(cfg: TrainConfig) -> None:
     """A mesh with both dp and fsdp axes > 1 is hybrid sharding: it runs as FSDP's hybrid_shard
     over that mesh (the mesh handed to FSDP), or is refused with the fix; never silently as
     full sharding over the whole world."""
-    d, mesh = cfg.distributed, cfg.mesh()
-    axes = dict(zip(mesh[1], mesh[0], strict=True)) if mesh else {}
-    if axes.get("dp", 1) == 1 or axes.get("fsdp", 1) == 1 or d.strategy == "pipeline":
+    d, layout = cfg.distributed, cfg.layout()
+    replicas, shards = layout.axis_size("dp"), layout.axis_size("fsdp")
+    if replicas == 1 or shards == 1 or d.strategy == "pipeline":
         return
+    mesh = cfg.mesh()
     sharding = (d.fsdp or {}).get("fsdp_sharding_strategy")
     if d.strategy != "fsdp" or sharding != "hybrid_shard":
         raise ValueError(
@@ -888,7 +840,7 @@ def _check_hybrid_mesh(cfg: TrainConfig) -> None:
             f"shard within fsdp); set distributed.strategy=fsdp and "
             f"distributed.fsdp.fsdp_sharding_strategy=hybrid_shard, or use one data axis"
         )
-    d.fsdp = {**d.fsdp, "mesh_shape": [[axes["dp"], axes["fsdp"]], ["dp", "fsdp"]]}
+    d.fsdp = {**d.fsdp, "mesh_shape": [[replicas, shards], ["dp", "fsdp"]]}
 
 
 def _check_pipeline(cfg: TrainConfig) -> None:
@@ -897,12 +849,7 @@ def _check_pipeline(cfg: TrainConfig) -> None:
     p, stages = cfg.distributed.pipeline, cfg.distributed.pipeline_parallel_size
     if p.num_microbatches is None:
         p.num_microbatches = stages
-    mesh = cfg.mesh()
-    if (
-        p.schedule == "zb_h1"
-        and mesh
-        and dict(zip(mesh[1], mesh[0], strict=True)).get("fsdp", 1) > 1
-    ):
+    if p.schedule == "zb_h1" and cfg.layout().axis_size("fsdp") > 1:
         raise ValueError(
             "distributed.pipeline.schedule=zb_h1 with an fsdp x pp mesh: FSDP reduces gradients "
             "during the backward, which ZB-H1 splits; use schedule 1f1b, or a dp x pp mesh"

@@ -20,6 +20,7 @@ import functools
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
+from typing import Any
 
 import torch
 import torch.distributed as dist
@@ -46,8 +47,7 @@ class StrategyOptions:
     zero: dict = field(default_factory=dict)  # DeepSpeed keys
     zero_auto: dict = field(default_factory=dict)  # what their "auto" values become
     pipeline: dict = field(default_factory=dict)  # schedule, num_microbatches, split
-    mesh: list | None = None  # [[d, p], [kind, "pp"]] for the pipeline
-    tensor_parallel: int = 1  # the tp axis of the mesh
+    layout: Any = None  # the config's ParallelLayout (TrainConfig.layout(): sizes, mesh)
     sequence_parallel: bool = False
     save_gathered: bool = False  # sequence parallelism: gathered inputs saved for backward
     micro_batch: int = 1  # ZeRO's train_micro_batch_size_per_gpu
@@ -86,13 +86,11 @@ def mesh_axes(strategy: str, options: StrategyOptions, world: int) -> Axes:
     trainer uses too, so both place the same ranks together)."""
     from ..mesh import Mesh
 
-    tp, stages = options.tensor_parallel, 1
-    kind = "fsdp" if strategy == "fsdp" else "dp"
-    if strategy == "pipeline":
-        (_, stages), (kind, _) = options.mesh or [[1, world], ["dp", "pp"]]
-    if tp == 1 and stages == 1:
+    layout = options.layout
+    kind = layout.data_axis(strategy)
+    if layout.tensor_parallel_size == 1 and layout.pipeline_parallel_size == 1:
         return Axes(kind, dist.group.WORLD)
-    mesh = Mesh([[stages, world // (tp * stages), tp], ["pp", kind, "tp"]])
+    mesh = Mesh.from_layout(layout.layout(kind))
     data_group = mesh.group(kind)
     if data_group is None and strategy == "pipeline":
         data_group = _one_rank_group(world)  # stages FSDP-wrapped over their one replica
@@ -101,7 +99,7 @@ def mesh_axes(strategy: str, options: StrategyOptions, world: int) -> Axes:
         data_group,
         mesh.group("pp"),
         mesh.group("tp"),
-        stages,
+        layout.pipeline_parallel_size,
         mesh.coordinate("pp"),
         mesh.describe(),
     )
