@@ -118,28 +118,6 @@ def wrap_names(cfg, args) -> list[str]:
     return [f"{prefix}.{i}" for i in range(cfg.layers)]
 
 
-def flops_per_token(cfg, parameters: int) -> float:
-    """Training FLOPs per token: 6 per parameter (forward and backward matmuls) plus causal
-    attention's 12 x layers x width x sequence (scores and values, forward and backward)."""
-    return 6 * parameters + 12 * cfg.layers * cfg.dim * cfg.seq_len
-
-
-def matmul_tflops(device) -> float:
-    """The measured bf16 matmul rate (8192^3, mean of 10 after 3 warm-ups): MFU's denominator."""
-    import torch
-
-    a = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-    b = torch.randn(8192, 8192, device=device, dtype=torch.bfloat16)
-    for _ in range(3):
-        a @ b
-    torch.cuda.synchronize(device)
-    start = time.perf_counter()
-    for _ in range(10):
-        a @ b
-    torch.cuda.synchronize(device)
-    return 10 * 2 * 8192**3 / (time.perf_counter() - start) / 1e12
-
-
 def run_rank(framework: str, args) -> None:
     import shardwise
     import torch
@@ -263,10 +241,13 @@ def model_name(args) -> str:
 
 
 def mfu(result: dict, cfg, args, peak_tflops: float) -> float:
-    """Model FLOPs utilization of one GPU (``flops_per_token``)."""
+    """Model FLOPs utilization of one GPU, with the trainer's FLOPs per token
+    (``shardwise.train.metrics.flops_per_token``)."""
+    from shardwise.train.metrics import flops_per_token
+
     gpus = 1 if result["framework"] == "compute" else args.world
-    achieved = result["tokens_per_s"] / gpus * flops_per_token(cfg, result["parameters"])
-    return achieved / (peak_tflops * 1e12)
+    per_token = flops_per_token(result["parameters"], cfg.layers, cfg.seq_len, cfg.dim)
+    return result["tokens_per_s"] / gpus * per_token / (peak_tflops * 1e12)
 
 
 def table(results: list[dict], args) -> list[str]:
@@ -308,7 +289,11 @@ def table(results: list[dict], args) -> list[str]:
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     limit = base.get("compute")
-    peak = matmul_tflops(torch.device("cuda", 0)) if cuda else None
+    peak = None
+    if cuda:  # the trainer's MFU denominator: an 8192^3 bf16 matmul on this GPU
+        from shardwise.train.metrics import measured_peak_flops
+
+        peak = measured_peak_flops(torch.bfloat16, 8192, torch.device("cuda", 0)) / 1e12
     if peak:
         lines[-2] = lines[-2] + " MFU |"
         lines[-1] = lines[-1] + "---:|"
