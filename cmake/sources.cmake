@@ -138,6 +138,7 @@ set(SHARDWISE_PYTHON_SOURCES
   csrc/python_bindings.cpp
   csrc/fsdp/fsdp_python.cpp
   csrc/pipeline/pipeline_python.cpp
+  csrc/precision/precision_python.cpp
   csrc/tensor_parallel/tp_python.cpp
   csrc/zero/zero_python.cpp
 )

@@ -28,6 +28,7 @@
 #include "fsdp/fsdp_python.h"
 #include "optim/warmup_schedule.h"
 #include "pipeline/pipeline_python.h"
+#include "precision/precision_python.h"
 #include "sharding/checkpoint_pieces.h"
 #include "tensor_parallel/tp_python.h"
 #include "zero/zero_python.h"
@@ -248,5 +249,6 @@ PYBIND11_MODULE(_C, m) {
   shardwise::fsdp::bind_fsdp(m);
   shardwise::zero::bind_zero(m);
   shardwise::pipeline::bind_pipeline(m);
+  shardwise::precision::bind_precision(m);
   shardwise::tensor_parallel::bind_tensor_parallel(m);
 }

@@ -11,7 +11,8 @@
 # there after every step (for a machine that may be taken back mid-run).
 # PARTS=tests or PARTS=bench: only the tests or only the benchmarks (default both), so that a short
 # lease can run them as two calls on one warm machine; REUSE_BUILD=1 skips the build when
-# shardwise already imports (the second of such calls).
+# shardwise already imports (the second of such calls). BENCHES: the benchmarks to run, a comma
+# list of llama-1b, cast, shard-copies, optim, fsdp (default all).
 # SHARDWISE_LIBRARY_PREFIX (setup.py): the C++ library built elsewhere against the same torch
 # (cmake --install prefix); only the Python module is built here, and the library is built here
 # after all if that module does not import.
@@ -21,6 +22,7 @@ root=$PWD
 PY=${PY:-python3}
 STEP_LIMIT=${STEP_LIMIT:-240}
 PARTS=${PARTS:-tests,bench}
+BENCHES=${BENCHES:-llama-1b,cast,shard-copies,optim,fsdp}
 LOGS=$(realpath -m "${LOGS:-build/gpu-logs}")
 day=$(date +%Y-%m-%d)
 results=benchmarks/results
@@ -105,20 +107,22 @@ run_tests() {
     tests/distributed/test_backend.py::test_cuda_tensors_go_through_nccl
 }
 
+wanted() { [[ ,$BENCHES, == *,$1,* ]]; }
 run_benchmarks() { # in benchmarks/
   local gpus
   gpus=$("$PY" -c 'import torch; print(torch.cuda.device_count())')
   # A Llama-style model of about 1.1B parameters (bf16), with MFU.
-  STEP_LIMIT=$((STEP_LIMIT * 2)) step bench-llama-1b "$PY" bench_fsdp.py --device cuda \
-    --world "$gpus" --model 1b --llama --batch 4 --steps 5 --warmup 2 \
+  ! wanted llama-1b || STEP_LIMIT=$((STEP_LIMIT * 2)) step bench-llama-1b "$PY" bench_fsdp.py \
+    --device cuda --world "$gpus" --model 1b --llama --batch 4 --steps 5 --warmup 2 \
     --frameworks shardwise,fsdp2,ddp,shardwise-mp,fsdp2-mp,compute \
     --output "results/$day-fsdp-llama-1b-gpu.md"
-  step bench-cast "$PY" bench_cast.py --device cuda --min-time 0.1 \
+  ! wanted cast || step bench-cast "$PY" bench_cast.py --device cuda --min-time 0.1 \
     --output "results/$day-cast-gpu.md"
-  step bench-shard-copies "$PY" bench_shard_copies.py --device cuda \
+  ! wanted shard-copies || step bench-shard-copies "$PY" bench_shard_copies.py --device cuda \
     --output "results/$day-shard-copies-gpu.md"
-  step bench-optim "$PY" bench_optim.py --device cuda --output "results/$day-optim-gpu.md"
-  step bench-fsdp "$PY" bench_fsdp.py --device cuda --world "$gpus" --batch 8 \
+  ! wanted optim || step bench-optim "$PY" bench_optim.py --device cuda \
+    --output "results/$day-optim-gpu.md"
+  ! wanted fsdp || step bench-fsdp "$PY" bench_fsdp.py --device cuda --world "$gpus" --batch 8 \
     --output "results/$day-fsdp-gpu.md"
 }
 

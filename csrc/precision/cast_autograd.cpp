@@ -60,16 +60,35 @@ struct CastCheckFiniteFunction : torch::autograd::Function<CastCheckFiniteFuncti
   }
 };
 
+// Whether a call records a graph node; when not (no grad mode, or an input that needs no
+// gradient: every optimizer-side and gathered-weight cast), the op runs below autograd directly
+// and skips building the node and its saved data.
+bool records_graph(const at::Tensor& input) {
+  return at::GradMode::is_enabled() && input.requires_grad();
+}
+
 at::Tensor cast_autograd(const at::Tensor& input, at::ScalarType dtype) {
+  if (!records_graph(input)) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return shardwise::cast(input, dtype);
+  }
   return CastFunction::apply(input, dtype);
 }
 
 at::Tensor cast_stochastic_autograd(const at::Tensor& input, int64_t seed, int64_t offset) {
+  if (!records_graph(input)) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return shardwise::cast_stochastic_bf16(input, seed, offset);
+  }
   return CastStochasticFunction::apply(input, seed, offset);
 }
 
 std::tuple<at::Tensor, at::Tensor> cast_check_finite_autograd(const at::Tensor& input,
                                                               at::ScalarType dtype) {
+  if (!records_graph(input)) {
+    at::AutoDispatchBelowADInplaceOrView guard;
+    return shardwise::cast_check_finite(input, dtype);
+  }
   auto outputs = CastCheckFiniteFunction::apply(input, dtype);
   return {outputs[0], outputs[1]};
 }

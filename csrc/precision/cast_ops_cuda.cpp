@@ -29,8 +29,10 @@ std::pair<at::Tensor, at::Tensor> cast_with_flag(const char* op,
   const c10::cuda::CUDAGuard guard(input.device());
   const at::Tensor in = input.contiguous();
   at::Tensor output = at::empty(input.sizes(), input.options().dtype(dtype));
-  at::Tensor flag = at::zeros({}, input.options().dtype(at::kInt));
-  cast_cuda(span_of(in, output), options, flag.mutable_data_ptr<int32_t>(), current_stream());
+  // Only a checking cast pays for the flag (an allocation and a fill launch).
+  at::Tensor flag = check ? at::zeros({}, input.options().dtype(at::kInt)) : at::Tensor();
+  cast_cuda(span_of(in, output), options, check ? flag.mutable_data_ptr<int32_t>() : nullptr,
+            current_stream());
   return {output, flag};
 }
 

@@ -31,11 +31,13 @@ const char* element_name(Element element);
 // Runs every copy on the CPU (vectorized casts where the conversion allows, see cast_kernels.h).
 void copy_runs_cpu(const CopyRun* runs, int64_t count, const CopyRunsOptions& options);
 
-// CUDA launcher (compiled only with CUDA): `device_runs` points to `count` runs in device memory,
-// `longest` is the largest run's count (it sizes the grid); `stream` is a cudaStream_t.
+// CUDA launcher (compiled only with CUDA): `device_runs` points to `count` runs and
+// `device_tile_starts` to their tile_starts (copy_tiles.h, count + 1 entries), both in device
+// memory; `tiles` is the total (the host's copy of the last entry); `stream` is a cudaStream_t.
 void copy_runs_cuda(const CopyRun* device_runs,
+                    const int64_t* device_tile_starts,
                     int64_t count,
-                    int64_t longest,
+                    int64_t tiles,
                     const CopyRunsOptions& options,
                     void* stream);
 

@@ -10,6 +10,7 @@
 
 #include "precision/cast_math.h"
 #include "sharding/copy_runs.h"
+#include "sharding/copy_tiles.h"
 #include "sharding/flat_layout.h"
 #include "sharding/shard_plans.h"
 
@@ -202,6 +203,53 @@ TEST(CopyRuns, ConversionsScaleAndAccumulateRoundOnce) {
   CopyRun fill{nullptr, zeros.data(), 5};
   copy_runs_cpu(&fill, 1, {});
   EXPECT_EQ(zeros, std::vector<float>(5, 0.0f));
+}
+
+// The CUDA executor's block partition, run here as the kernel runs it: every block (tile) asks
+// run_of_tile and tile_range. Catches a binary search that lands on an empty run or misses the
+// last tile, and tiles that overlap, leave a gap or start off a pack boundary.
+TEST(CopyTiles, EveryElementOfEveryRunBelongsToExactlyOneTile) {
+  const int64_t t = kTileElements;
+  const std::vector<std::vector<int64_t>> sweeps = {
+      {1},
+      {t},
+      {t + 1},
+      {0, 5},
+      {5, 0},
+      {0, 0, t},
+      {3, 0, 0, 7},
+      {t - 1, 1, 2 * t},
+      {7 * t + 3, 0, 1},
+      {},
+  };
+  std::mt19937 random(7);
+  std::vector<std::vector<int64_t>> cases = sweeps;
+  for (int k = 0; k < 20; ++k) {  // random lists: empty, tiny and multi-tile runs
+    std::vector<int64_t> counts(1 + random() % 12);
+    for (int64_t& c : counts) c = random() % 4 == 0 ? 0 : random() % (3 * t);
+    cases.push_back(counts);
+  }
+  for (const std::vector<int64_t>& counts : cases) {
+    std::vector<CopyRun> runs;
+    for (int64_t c : counts) runs.push_back({nullptr, nullptr, c});
+    const auto n = static_cast<int64_t>(runs.size());
+    const std::vector<int64_t> starts = tile_starts_of(runs.data(), n);
+    std::vector<std::vector<int>> covered(runs.size());
+    for (size_t r = 0; r < runs.size(); ++r) covered[r].assign(counts[r], 0);
+    for (int64_t tile = 0; tile < starts.back(); ++tile) {
+      const int64_t r = run_of_tile(starts.data(), n, tile);
+      ASSERT_GE(r, 0);
+      ASSERT_LT(r, n);
+      ASSERT_GT(counts[r], 0) << "tile " << tile << " landed on an empty run";
+      const TileRange range = tile_range(counts[r], tile - starts[r]);
+      EXPECT_EQ(range.begin % 8, 0);  // a pack boundary
+      ASSERT_LT(range.begin, range.end);
+      for (int64_t e = range.begin; e < range.end; ++e) covered[r][e] += 1;
+    }
+    for (size_t r = 0; r < runs.size(); ++r) {
+      for (int c : covered[r]) ASSERT_EQ(c, 1) << "run " << r << " of " << counts.size();
+    }
+  }
 }
 
 }  // namespace

@@ -267,6 +267,67 @@ def opcheck_samples(device):
     )
 
 
+def test_no_grad_casts_record_no_graph():
+    """Catches the no-gradient shortcut of the C++ autograd kernel leaking: a cast of a tensor
+    that needs no gradient (or under no_grad) must give a leaf without grad_fn, and a cast of
+    one that does must still record the reverse cast."""
+    x = torch.randn(8, requires_grad=True)
+    with torch.no_grad():
+        assert shardwise.cast(x, torch.bfloat16).grad_fn is None
+        assert not shardwise.cast_check_finite(x, torch.float16)[0].requires_grad
+    assert shardwise.cast_stochastic_bf16(x.detach(), seed=3).grad_fn is None
+    assert shardwise.cast(x, torch.bfloat16).grad_fn is not None
+
+
+def test_direct_entry_keeps_torch_function_and_dispatch_interception():
+    """Catches the wrappers' direct entry (shardwise._C, which skips torch.ops' argument parsing)
+    bypassing what torch.ops honours: a TorchFunctionMode must still see the op (the wrapper
+    falls back to torch.ops), a TorchDispatchMode must see it through the direct entry, and a
+    __torch_dispatch__ subclass (FakeTensor) must get the fake kernel's result."""
+    from torch.overrides import TorchFunctionMode
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class Record:
+        def __init__(self):
+            self.seen = []
+
+    class FunctionMode(TorchFunctionMode, Record):
+        def __torch_function__(self, func, types, args=(), kwargs=None):
+            self.seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    class DispatchMode(TorchDispatchMode, Record):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.seen.append(func)
+            return func(*args, **(kwargs or {}))
+
+    x = torch.randn(16)
+    out = torch.empty(16, dtype=torch.bfloat16)
+    for mode, calls in (
+        (
+            FunctionMode(),
+            [torch.ops.shardwise.cast.default, torch.ops.shardwise.multi_cast_.default],
+        ),
+        (
+            DispatchMode(),
+            [torch.ops.shardwise.cast.default, torch.ops.shardwise.multi_cast_.default],
+        ),
+    ):
+        Record.__init__(mode)
+        with mode:
+            y = shardwise.cast(x, torch.bfloat16)
+            shardwise.multi_cast_([x], [out])
+        assert [f for f in mode.seen if f in calls] == calls, type(mode).__name__
+        assert_same_bits(y, x.to(torch.bfloat16))
+        assert_same_bits(out, x.to(torch.bfloat16))
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode() as fake:
+        f = fake.from_tensor(x)
+        y = shardwise.cast(f, torch.bfloat16)
+    assert type(y).__name__ == "FakeTensor" and y.dtype == torch.bfloat16 and y.shape == x.shape
+
+
 @pytest.mark.parametrize("device", ["cpu", pytest.param("cuda", marks=requires_cuda)])
 def test_opcheck(device):
     for op, args in opcheck_samples(device):

@@ -6,6 +6,8 @@ The rounding rules are in ``csrc/precision/cast_math.h``; autograd is registered
 
 import torch
 
+from .. import _C
+
 _SUPPORTED = {
     (torch.float32, torch.bfloat16),
     (torch.float32, torch.float16),
@@ -14,13 +16,36 @@ _SUPPORTED = {
 }
 
 
+_PLAIN = (torch.Tensor, torch.nn.Parameter)
+
+
+def _direct(*tensors: torch.Tensor) -> bool:
+    """Whether a call may take the op's direct entry (``shardwise._C``) instead of torch.ops.
+
+    Both reach the same dispatcher entry, so autograd, devices, Python dispatch modes and
+    ``__torch_dispatch__`` subclasses behave alike; the direct entry skips torch.ops' argument
+    parsing (a few microseconds, which is most of a small cast's cost). torch.ops stays the path
+    under torch.compile and wherever ``__torch_function__`` may intercept the call (a subclass,
+    or a TorchFunctionMode), which only torch.ops honours.
+    """
+    return (
+        all(type(t) in _PLAIN for t in tensors)
+        and not torch._C._is_torch_function_mode_enabled()
+        and not torch.compiler.is_compiling()
+    )
+
+
 def cast(input: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     """float32 -> bfloat16/float16 (round to nearest even), or bfloat16/float16 -> float32."""
+    if _direct(input):
+        return _C.cast(input, dtype)
     return torch.ops.shardwise.cast.default(input, dtype)
 
 
 def cast_check_finite(input: torch.Tensor, dtype: torch.dtype) -> tuple[torch.Tensor, torch.Tensor]:
     """``cast`` plus a 0-dim bool tensor, computed in the same pass: any output Inf or NaN."""
+    if _direct(input):
+        return _C.cast_check_finite(input, dtype)
     return torch.ops.shardwise.cast_check_finite.default(input, dtype)
 
 
@@ -41,6 +66,8 @@ def multi_cast_(inputs: list[torch.Tensor], outputs: list[torch.Tensor]) -> torc
     """
     if not inputs and not outputs:
         return torch.tensor(False)
+    if _direct(*inputs, *outputs):
+        return _C.multi_cast_(inputs, outputs)
     return torch.ops.shardwise.multi_cast_.default(inputs, outputs)
 
 
