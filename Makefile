@@ -225,12 +225,13 @@ gpu-wheels: venv ## where PyPI is reachable: .whl/ with what test-gpu needs beyo
 format: venv ## clang-format and ruff format, in place
 	$(VENV)/bin/clang-format -i $$(git ls-files 'csrc/*.h' 'csrc/*.hpp' 'csrc/*.cc' 'csrc/*.cpp' 'csrc/*.cu' 'csrc/*.cuh' 'tests/cpp/*.h' 'tests/cpp/*.cc' 'tests/fuzz/*.cc' 'examples/cpp/*.cc' 'examples/cpp/*.cpp' 'examples/cpp/*.h')
 	$(VENV)/bin/ruff format python tests benchmarks examples setup.py
-	$(VENV)/bin/ruff check --fix python tests benchmarks examples setup.py
+	$(VENV)/bin/ruff check --fix python tests benchmarks examples setup.py scripts
 
-lint: venv ## the same checks, changing nothing
+lint: venv ## the same checks, changing nothing, and the house rules (scripts/check_structure.py)
 	$(VENV)/bin/clang-format --dry-run -Werror $$(git ls-files 'csrc/*.h' 'csrc/*.hpp' 'csrc/*.cc' 'csrc/*.cpp' 'csrc/*.cu' 'csrc/*.cuh' 'tests/cpp/*.h' 'tests/cpp/*.cc' 'tests/fuzz/*.cc' 'examples/cpp/*.cc' 'examples/cpp/*.cpp' 'examples/cpp/*.h')
 	$(VENV)/bin/ruff format --check python tests benchmarks examples setup.py
-	$(VENV)/bin/ruff check python tests benchmarks examples setup.py
+	$(VENV)/bin/ruff check python tests benchmarks examples setup.py scripts
+	$(VENV)/bin/python scripts/check_structure.py
 
 clean: ## build outputs in the clone (the caches under $(CACHE) stay)
 	rm -rf build python/shardwise/*.so python/shardwise/lib python/shardwise/include \

@@ -139,6 +139,7 @@ set(SHARDWISE_PYTHON_SOURCES
   csrc/fsdp/fsdp_python.cpp
   csrc/pipeline/pipeline_python.cpp
   csrc/precision/precision_python.cpp
+  csrc/sharding/sharding_python.cpp
   csrc/tensor_parallel/tp_python.cpp
   csrc/zero/zero_python.cpp
 )

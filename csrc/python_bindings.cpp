@@ -30,6 +30,7 @@
 #include "pipeline/pipeline_python.h"
 #include "precision/precision_python.h"
 #include "sharding/checkpoint_pieces.h"
+#include "sharding/sharding_python.h"
 #include "tensor_parallel/tp_python.h"
 #include "zero/zero_python.h"
 
@@ -250,5 +251,6 @@ PYBIND11_MODULE(_C, m) {
   shardwise::zero::bind_zero(m);
   shardwise::pipeline::bind_pipeline(m);
   shardwise::precision::bind_precision(m);
+  shardwise::sharding::bind_sharding(m);
   shardwise::tensor_parallel::bind_tensor_parallel(m);
 }

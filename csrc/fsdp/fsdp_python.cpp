@@ -6,6 +6,8 @@
 #include <limits>
 #include <optional>
 #include <string>
+#include <tuple>
+#include <vector>
 
 #include "fsdp/fsdp_engine.h"
 
@@ -92,6 +94,14 @@ void bind_fsdp(py::module& m) {
            })
       .def("shard_views", [](FsdpEngine& e, int u) { return e.unit(u).shard_views(); })
       .def("grad_shard_views", [](FsdpEngine& e, int u) { return e.unit(u).grad_shard_views(); })
+      .def("owned_slices",
+           [](FsdpEngine& e, int u) {
+             std::vector<std::tuple<int64_t, int64_t, int64_t>> slices;
+             for (const OwnedSlice& s : e.unit(u).owned_slices()) {
+               slices.emplace_back(s.start, s.valid, s.numel);
+             }
+             return slices;
+           })
       .def("shard_rank", [](FsdpEngine& e, int u) { return e.unit(u).shard_rank(); })
       .def("shard_size", [](FsdpEngine& e, int u) { return e.unit(u).shard_size(); })
       .def("param_bytes", [](FsdpEngine& e, int u) { return e.unit(u).sharded_param_bytes(); })

@@ -3,6 +3,8 @@
 #include <ATen/ATen.h>
 #include <c10/util/Exception.h>
 
+#include <algorithm>
+
 #include "fsdp/storage.h"
 #include "sharding/shard_ops.h"
 
@@ -320,6 +322,16 @@ at::Tensor FsdpUnit::reduce_buffer(at::Tensor* scratch) const {
     lanes_->allocated(*scratch, Lane::kReduceScatter, "reduce-scatter input");
   }
   return scratch->narrow(0, 0, bytes).view(reduce_dtype_);
+}
+
+std::vector<OwnedSlice> FsdpUnit::owned_slices() const {
+  std::vector<OwnedSlice> slices;
+  for (int64_t i = 0; i < layout_.num_params(); ++i) {
+    const int64_t numel = layout_.numel(i);
+    slices.push_back(
+        {std::min(layout_.start(i, shard_rank_), numel), layout_.valid(i, shard_rank_), numel});
+  }
+  return slices;
 }
 
 std::vector<at::Tensor> FsdpUnit::grad_shard_views() const {

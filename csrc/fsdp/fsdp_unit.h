@@ -47,6 +47,15 @@ struct UnitOptions {
   std::shared_ptr<Lanes> lanes;  // null: make_lanes(the parameters' device)
 };
 
+// What a rank holds of one parameter (the layout's rule, sharding/flat_layout.h): elements
+// [start, start + valid) of the flattened original of `numel` elements. A rank that holds none of
+// it has valid 0 and start numel.
+struct OwnedSlice {
+  int64_t start = 0;
+  int64_t valid = 0;
+  int64_t numel = 0;
+};
+
 class FsdpUnit {
  public:
   // Shards `params` (leaf tensors, same dtype and device, identical on every rank) in place.
@@ -89,6 +98,8 @@ class FsdpUnit {
   void load_full_parameters(const std::vector<at::Tensor>& full);
   // This rank's valid pieces (views of the master shard), and the gradient pieces (or undefined).
   std::vector<at::Tensor> shard_views() const { return shard_views_; }
+  // This rank's slice of each parameter, in params() order (the shard views hold exactly these).
+  std::vector<OwnedSlice> owned_slices() const;
   std::vector<at::Tensor> grad_shard_views() const;
   const std::vector<int64_t>& shape(int64_t i) const { return shapes_[i]; }
 

@@ -162,6 +162,44 @@ def fsdp_hybrid_shard_matches_single_process(rank, world, gloo):
     _parity(rank, world, sharding_strategy="hybrid_shard", mesh=mesh)
 
 
+def fsdp_owned_slices_tile_every_parameter(rank, world, gloo):
+    """units() and owned_slices() (the ownership the trainer's checkpoints and ZeRO-3 read):
+    catches a slice whose start or length disagrees with the data the rank really holds, ranks
+    whose slices overlap or leave a gap, and a unit list that misses a unit. Hybrid
+    sharding too: there the slices cut each parameter over the shard group, not the world."""
+    for kwargs in ({}, {"sharding_strategy": "hybrid_shard", "mesh": (2, world // 2)}):
+        if kwargs and world < 4:
+            continue
+        reference = make_model()
+        full = dict(reference.named_parameters())
+        wrap = [f"layers.{i}" for i in range(3)]
+        model = shardwise.FullyShardedDataParallel(make_model(), wrap=wrap, **kwargs)
+        assert sorted(model.units()) == sorted([*wrap, "<root>"]), model.units()
+        slices = model.owned_slices()
+        assert [s.name for s in slices] == [
+            s.name for u in range(len(model.units())) for s in model.owned_slices(u)
+        ]
+        assert sorted(s.name for s in slices) == sorted(full), "every parameter once"
+        shard_size = world // 2 if kwargs else world
+        covered = {}
+        for s in slices:
+            expected = full[s.name].detach().reshape(-1)[s.start : s.start + s.valid]
+            assert s.numel == full[s.name].numel() and s.parameter.numel() == s.valid, s
+            assert torch.equal(s.parameter.detach().reshape(-1), expected), s.name
+            covered[s.name] = (s.start, s.valid)
+        gathered = [None] * world
+        dist.all_gather_object(gathered, covered)
+        group_ranks = [r for r in range(world) if r // shard_size == rank // shard_size]
+        for name, p in full.items():
+            pieces = sorted(gathered[r][name] for r in group_ranks)
+            cursor = 0
+            for start, valid in pieces:
+                if valid:
+                    assert start == cursor, (name, pieces)
+                    cursor += valid
+            assert cursor == p.numel(), (name, pieces)
+
+
 def fsdp_prefetch_offload_checkpointing_match(rank, world, gloo):
     """Forward prefetch, BACKWARD_POST, CPU offload of shards and activation checkpointing
     change when things happen, never the numbers; sync_module_states makes ranks that built

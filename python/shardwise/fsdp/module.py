@@ -12,6 +12,7 @@ import contextlib
 import functools
 import os
 from collections.abc import Callable
+from typing import NamedTuple
 
 import torch
 import torch.distributed as dist
@@ -24,6 +25,20 @@ from . import auto_wrap, torch_args
 from .config import ConfigError, FSDPConfig, dtype_of, mesh_axes
 
 ROOT = "<root>"
+
+
+class OwnedSlice(NamedTuple):
+    """What this rank holds of one parameter: elements ``[start, start + valid)`` of its
+    flattened original of ``numel`` elements (the flat layout's rule, computed by the C++ unit;
+    a rank holding none of it has ``valid`` 0 and ``start`` ``numel``). ``parameter`` is the
+    sharded parameter, whose data is exactly that slice; ``name`` its name in the wrapped module
+    (the first, for a tied parameter)."""
+
+    name: str
+    parameter: nn.Parameter
+    start: int
+    valid: int
+    numel: int
 
 
 def _dtype_name(dtype: torch.dtype | None) -> str | None:
@@ -121,6 +136,7 @@ class FullyShardedDataParallel(nn.Module):
         units = _plan_units(module, wrap or [])
         self._engine = _C.FsdpEngine(forward_prefetch, backward_prefetch, world)
         self._unit_params: list[list[nn.Parameter]] = []
+        self._unit_names: list[str] = []
         reshard = sharding_strategy in ("full_shard", "hybrid_shard")
         for name, params in units:
             index = self._engine.add_unit(
@@ -134,6 +150,7 @@ class FullyShardedDataParallel(nn.Module):
                 cpu_offload,
             )
             self._unit_params.append(params)
+            self._unit_names.append(name)
             if name == ROOT:
                 self._engine.set_root(index)
                 self._root = index
@@ -199,6 +216,24 @@ class FullyShardedDataParallel(nn.Module):
             "parameters": sum(self._engine.param_bytes(u) for u in units),
             "gradients": sum(self._engine.grad_bytes(u) for u in units),
         }
+
+    # --- ownership --------------------------------------------------------------------------
+
+    def units(self) -> list[str]:
+        """The units in the engine's order: each wrapped submodule's name, ``"<root>"`` for the
+        root unit (the parameters no wrapped submodule owns)."""
+        return list(self._unit_names)
+
+    def owned_slices(self, unit: int | None = None) -> list[OwnedSlice]:
+        """This rank's slice of every parameter of ``unit`` (an index into ``units()``), or of
+        every unit when ``None``, in unit and parameter order."""
+        indices = range(len(self._unit_names)) if unit is None else [unit]
+        slices = []
+        for u in indices:
+            params = self._unit_params[u]
+            for p, (start, valid, numel) in zip(params, self._engine.owned_slices(u), strict=True):
+                slices.append(OwnedSlice(self._names[id(p)][0], p, start, valid, numel))
+        return slices
 
     # --- state dicts ----------------------------------------------------------------------
 

@@ -1,31 +1,30 @@
 """The fused sharding copies around FSDP's collectives (C++: ``csrc/sharding/``).
 
 Layout (``csrc/sharding/flat_layout.h``): parameter ``i`` is cut into ``world_size`` pieces of
-``chunk(i) = ceil(numel[i] / world_size)`` elements rounded up to a multiple of 16; rank ``r``'s
-shard is its piece of every parameter, end to end; the communication buffer is the shards of all
-ranks, rank-major. These wrappers and fake kernels only compute shapes; the work is in C++.
+``chunk(i) = ceil(numel[i] / world_size)`` elements rounded up to a multiple of
+``_C.FlatLayout.align``; rank ``r``'s shard is its piece of every parameter, end to end; the
+communication buffer is the shards of all ranks, rank-major. The sizes come from that C++ layout
+(``_C.FlatLayout``); these wrappers and fake kernels only compute shapes; the work is in C++.
 """
 
 import torch
 
-ALIGN = 16  # kShardAlign in csrc/sharding/shard_ops.h
+from .. import _C
 
 
 def chunk(numel: int, world_size: int) -> int:
     """Elements of one rank's piece of a parameter of ``numel`` elements (padding included)."""
-    per_rank = -(-numel // world_size)
-    return -(-per_rank // ALIGN) * ALIGN
+    return _C.FlatLayout([numel], world_size).chunk(0)
 
 
 def shard_numel(numels, world_size: int) -> int:
     """Elements of one rank's shard of a group of parameters."""
-    return sum(chunk(n, world_size) for n in numels)
+    return _C.FlatLayout(list(numels), world_size).shard_numel()
 
 
 def valid(numel: int, world_size: int, rank: int) -> int:
     """Elements of a parameter that ``rank`` holds (the rest of its piece is padding)."""
-    c = chunk(numel, world_size)
-    return max(0, min(c, numel - rank * c))
+    return _C.FlatLayout([numel], world_size).valid(0, rank)
 
 
 def all_gather_copy_in(shards, numels, world_size: int, rank: int, dtype) -> torch.Tensor:

@@ -339,15 +339,13 @@ def data_parallel(par: Parallel) -> None:
         from ..fsdp import wrap
         from ..fsdp.config import FSDPConfig
 
-        full = {n: p.numel() for n, p in model.named_parameters()}
         cfg = FSDPConfig.from_mapping(
             {**o.fsdp, "use_fsdp": True, "gradient_checkpointing": o.checkpointing}
         )
         wrapped = wrap(model, cfg, process_group=par.axes.data_group)
         named = dict(model.named_parameters())
         par.owned = {
-            k: (n, a, c, par.tp_runs(n, named[n]))
-            for k, (n, a, c) in _fsdp_slots(wrapped, full).items()
+            k: (n, a, c, par.tp_runs(n, named[n])) for k, (n, a, c) in _fsdp_slots(wrapped).items()
         }
         par.autocast = o.bf16 and not cfg.fsdp_mixed_precision
         par.fp16_autocast = o.fp16 and not cfg.fsdp_mixed_precision
@@ -398,9 +396,8 @@ def _pipeline_data_parallel(par: Parallel) -> None:
         local = dict(stage.named_parameters())
         runs = {n: par.tp_runs(to_global[n.removeprefix("body.")], t) for n, t in local.items()}
         if fsdp:
-            full = {n: t.numel() for n, t in local.items()}
             stage = FullyShardedDataParallel(stage, process_group=axes.data_group)
-            for k, (n, a, c) in _fsdp_slots(stage, full).items():
+            for k, (n, a, c) in _fsdp_slots(stage).items():
                 par.owned[k] = (to_global[n.removeprefix("body.")], a, c, runs[n])
         else:
             for n, t in local.items():
@@ -430,16 +427,6 @@ def _pipeline_data_parallel(par: Parallel) -> None:
     par.params = [t for st in par.stages.values() for t in st.parameters()]
 
 
-def _fsdp_slots(fsdp, full_numels: dict[str, int]) -> dict[int, tuple[str, int, int]]:
+def _fsdp_slots(fsdp) -> dict[int, tuple[str, int, int]]:
     """id(shard parameter) -> (name, start, valid elements) of what this rank owns."""
-    from ..ops import sharding as layout
-
-    engine, owned = fsdp._engine, {}
-    for unit, params in enumerate(fsdp._unit_params):
-        rank, size = engine.shard_rank(unit), engine.shard_size(unit)
-        for p in params:
-            name = fsdp._names[id(p)][0]
-            full = full_numels[name]
-            start = min(rank * layout.chunk(full, size), full) if size > 1 else 0
-            owned[id(p)] = (name, start, max(0, min(p.numel(), full - start)))
-    return owned
+    return {id(s.parameter): (s.name, s.start, s.valid) for s in fsdp.owned_slices()}

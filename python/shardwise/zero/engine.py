@@ -13,7 +13,6 @@ from torch import nn
 
 from .. import _C
 from ..fsdp import FullyShardedDataParallel, auto_wrap
-from ..ops import sharding as layout
 from . import config as zero_config
 from .deepspeed_keys import auto_from_hidden_size
 
@@ -64,7 +63,6 @@ class ZeroEngine(nn.Module):
 
     def _shard(self, model: nn.Module, group) -> nn.Module:
         ids = {id(p): i for i, p in enumerate(model.parameters())}
-        numels = {id(p): p.numel() for p in model.parameters()}  # before sharding
         tp = self._tp(list(model.parameters()))
         mixed = self.dtype != torch.float32
         zero = self.config["zero_optimization"]
@@ -80,17 +78,11 @@ class ZeroEngine(nn.Module):
             cpu_offload=native["offload_optimizer"] or native["offload_param"],
             process_group=group,
         )
-        engine = fsdp._engine
         shards, pieces = [], []
-        for unit, params in enumerate(fsdp._unit_params):
-            rank, size = engine.shard_rank(unit), engine.shard_size(unit)
-            for p, shard in zip(params, engine.shard_views(unit), strict=True):
-                if not p.requires_grad:
-                    continue
-                full = numels[id(p)]
-                start = min(rank * layout.chunk(full, size), full) if size > 1 else 0
-                pieces.append((ids[id(p)], start, shard.numel(), full))
-                shards.append(p)
+        for owned in fsdp.owned_slices():
+            if owned.parameter.requires_grad:
+                pieces.append((ids[id(owned.parameter)], owned.start, owned.valid, owned.numel))
+                shards.append(owned.parameter)
         self.optimizer = _C.ZeroOptimizer.local(
             shards,
             pieces,
