@@ -14,7 +14,9 @@ set(SHARDWISE_CORE_SOURCES
   csrc/collectives/reduce.cc
   csrc/collectives/recv_any.cc
   csrc/collectives/reduce_scatter.cc
+  csrc/collectives/shm_segment.cc
   csrc/collectives/shm_transport.cc
+  csrc/collectives/shm_transport_setup.cc
   csrc/collectives/tcp_transport.cc
   csrc/collectives/transport.cc
   csrc/collectives/wait_chain.cc

@@ -44,6 +44,8 @@ def test_a_file_over_600_lines_is_refused_and_a_ratchet_may_only_shrink(check, t
     check.LONG_FILES["csrc/a.cc"] = 650
     write(tmp_path, "csrc/a.cc", "x\n" * 651)
     assert "may only shrink" in check.long_files([long])[0]
+    write(tmp_path, "csrc/a.cc", "x\n" * 500)  # fixed: its ratchet entry must go
+    assert "remove its entry" in check.long_files([long])[0]
 
 
 def test_an_import_cycle_is_found_even_through_a_lazy_import(check, tmp_path):
@@ -67,3 +69,18 @@ def test_a_read_of_fsdp_private_state_outside_fsdp_is_refused(check, tmp_path):
     )
     errors = check.private_read_errors([reader])
     assert len(errors) == 1 and errors[0].startswith("python/shardwise/zero/engine.py:3:")
+
+
+def test_a_library_module_importing_the_trainer_is_refused(check, tmp_path):
+    write(tmp_path, "python/shardwise/train/checkpoint.py", "")
+    write(tmp_path, "python/shardwise/train/__init__.py", "")
+    write(
+        tmp_path,
+        "python/shardwise/zero/engine.py",
+        "def f():\n    from ..train import checkpoint\n",
+    )
+    write(tmp_path, "python/shardwise/deepspeed.py", "from .train import checkpoint\n")
+    errors = check.layering_errors()
+    assert len(errors) == 1 and errors[0].startswith(
+        "shardwise.zero.engine imports shardwise.train.checkpoint"
+    )

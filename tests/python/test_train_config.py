@@ -1,4 +1,4 @@
-"""Tests of ``shardwise.train.config``: the distributed-config rules, value and key errors
+"""Tests of ``shardwise.train.config``: value and key errors
 (with the dotted path and a suggestion), an FSDP config block taken unchanged, dotted
 overrides, the derived batch size and learning rate, and the bundled example configs."""
 
@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 import torch.distributed as dist
+from conftest import load_train_config as load
+from conftest import train_config_error as error_of
 from shardwise.train.config import (
-    TrainConfig,
-    load_config,
     scale_learning_rate,
     validate,
 )
@@ -63,16 +63,6 @@ training:
 """
 
 
-def load(*overrides, env=None, path=None) -> TrainConfig:
-    return load_config(path, list(overrides), env={} if env is None else env)
-
-
-def error_of(*overrides, env=None, path=None) -> str:
-    with pytest.raises(ValueError) as info:
-        load(*overrides, env=env, path=path)
-    return str(info.value)
-
-
 def test_defaults_are_a_single_process_ddp_run():
     cfg = load()
     assert cfg.distributed.strategy == "ddp"
@@ -83,159 +73,6 @@ def test_defaults_are_a_single_process_ddp_run():
     )
     assert cfg.distributed.enabled is False
     assert cfg.gpt_config().dim == 64  # the tiny preset
-
-
-# ---------------------------------------------------------------- distributed-config rules
-
-
-def test_the_distributed_layout_is_accepted_with_derived_values():
-    cfg = load(
-        "distributed.world_size=8",
-        "distributed.num_nodes=2",
-        "distributed.num_processes_per_node=4",
-        "distributed.pipeline_parallel_size=2",
-        env={"RANK": "5", "LOCAL_RANK": "1"},
-    )
-    d = cfg.distributed
-    assert d.get_data_parallel_size() == 4 == cfg.data_parallel_size
-    assert d.strategy == "pipeline"  # derived from pipeline_parallel_size > 1
-    assert not d.is_main_process() and not d.is_local_main_process()
-
-
-def test_rule_world_size_equals_nodes_times_processes():
-    message = error_of(
-        "distributed.world_size=8",
-        "distributed.num_nodes=2",
-        "distributed.num_processes_per_node=3",
-    )
-    assert "world_size == num_nodes * num_processes_per_node" in message
-    assert "distributed.num_processes_per_node=3" in message
-
-
-def test_rule_tensor_times_pipeline_at_most_world_size():
-    message = error_of("distributed.world_size=2", "distributed.pipeline_parallel_size=4")
-    assert "tensor_parallel * pipeline_parallel <= world_size" in message
-    assert "4 > distributed.world_size=2" in message
-
-
-def test_rule_rank_below_world_size():
-    message = error_of("distributed.world_size=4", "distributed.rank=4")
-    assert "rank < world_size" in message and "distributed.rank=4" in message
-    assert "rank < world_size" in error_of(env={"WORLD_SIZE": "2", "RANK": "2"})
-
-
-def test_world_size_rank_and_local_rank_default_from_torchrun_env():
-    env = {"WORLD_SIZE": "4", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}
-    d = load(env=env).distributed
-    assert (d.world_size, d.rank, d.local_rank) == (4, 0, 0)
-    assert (d.num_nodes, d.num_processes_per_node) == (2, 2)
-    assert d.is_main_process() and d.is_local_main_process() and d.enabled
-
-
-def test_resolution_does_not_leak_between_configs():
-    first = load(env={"WORLD_SIZE": "4"})
-    second = load()
-    assert (first.distributed.world_size, second.distributed.world_size) == (4, 1)
-    assert TrainConfig().distributed.world_size is None
-
-
-def test_explicit_world_size_must_match_the_launcher():
-    message = error_of("distributed.world_size=2", env={"WORLD_SIZE": "4"})
-    assert "distributed.world_size=2" in message and "WORLD_SIZE=4" in message
-
-
-def test_every_example_mesh_validates():
-    """[[1,2]], [[2,1]], [[2,2]] fsdp x tp, and [[8,2]] for 16 ranks on 2 nodes."""
-    cfg = load("distributed.world_size=2", 'model.mesh_shape=[[1,2],["fsdp","tp"]]')
-    assert (cfg.distributed.tensor_parallel_size, cfg.distributed.strategy) == (2, "ddp")
-    cfg = load("distributed.world_size=2", 'model.mesh_shape=[[2,1],["fsdp","tp"]]')
-    assert (cfg.distributed.tensor_parallel_size, cfg.distributed.strategy) == (1, "fsdp")
-    cfg = load("distributed.world_size=4", 'model.mesh_shape=[[2,2],["fsdp","tp"]]')
-    assert (cfg.distributed.tensor_parallel_size, cfg.distributed.strategy) == (2, "fsdp")
-    assert cfg.data_parallel_size == 2
-    cfg = load(
-        "distributed.world_size=16",
-        "distributed.num_nodes=2",
-        'model.mesh_shape=[[8,2],["fsdp","tp"]]',
-        "model.heads=8",
-    )
-    assert (cfg.distributed.tensor_parallel_size, cfg.data_parallel_size) == (2, 8)
-
-
-def test_distributed_axis_names_and_sizes():
-    cfg = load(
-        "distributed.world_size=4",
-        "distributed.mesh_shape=[2,2]",
-        "distributed.mesh_axis_names=[data,model]",
-    )
-    assert cfg.distributed.tensor_parallel_size == 2 and cfg.data_parallel_size == 2
-    cfg = load("distributed.world_size=4", "distributed.tensor_parallel_size=2")
-    assert cfg.distributed.strategy == "ddp" and cfg.data_parallel_size == 2
-
-
-def test_tensor_parallel_refusals_name_the_key_and_the_fix():
-    mesh = 'model.mesh_shape=[[1,4],["fsdp","tp"]]'
-    message = error_of("distributed.world_size=4", mesh, "model.heads=6", "model.dim=96")
-    assert "model.heads = 6 is not divisible by the tensor-parallel size 4" in message
-    message = error_of("distributed.world_size=4", mesh, "model.vocab_size=258")
-    assert "model.vocab_size = 258" in message and "choose a tp size" in message
-    message = error_of(
-        "distributed.world_size=4", mesh, "distributed.sequence_parallel=true", "data.seq_len=30"
-    )
-    assert "data.seq_len (sequence parallelism) = 30" in message
-    message = error_of("distributed.world_size=2", "distributed.sequence_parallel=true")
-    assert "needs tensor parallelism" in message
-    message = error_of(
-        "distributed.world_size=2",
-        mesh.replace("1,4", "1,2"),
-        "distributed.sequence_parallel_save_gathered=true",
-    )
-    assert "needs distributed.sequence_parallel=true" in message
-    message = error_of("distributed.world_size=4", mesh, "distributed.strategy=zero")
-    assert "ZeRO over a data axis of size 1 partitions nothing" in message
-    assert "strategy ddp with tp=4" in message
-    message = error_of(
-        "distributed.world_size=4",
-        'model.mesh_shape=[[2,2],["dp","tp"]]',
-        "distributed.strategy=fsdp",
-    )
-    assert "name it 'fsdp'" in message
-    message = error_of(
-        "distributed.world_size=2", mesh.replace("1,4", "1,2"), "distributed.strategy=fsdp"
-    )
-    assert "shards nothing" in message
-
-
-def test_mesh_product_must_equal_world_size():
-    message = error_of("distributed.world_size=4", 'model.mesh_shape=[[2,1],["fsdp","tp"]]')
-    assert "model.mesh_shape" in message and "world_size=4" in message
-
-
-def test_mesh_axis_names_are_checked():
-    message = error_of("distributed.world_size=2", 'model.mesh_shape=[[2],["tensor"]]')
-    assert "'tensor'" in message and "fsdp, dp, tp, pp" in message
-
-
-def test_mesh_in_model_and_distributed_must_agree():
-    message = error_of(
-        "distributed.world_size=2",
-        'model.mesh_shape=[[2,1],["fsdp","tp"]]',
-        'distributed.mesh_shape=[[2,1],["dp","tp"]]',
-    )
-    assert "model.mesh_shape" in message and "distributed.mesh_shape" in message
-
-
-def test_distributed_mesh_shape_with_axis_names():
-    cfg = load(
-        "distributed.world_size=4",
-        "distributed.mesh_shape=[2,2]",
-        'distributed.mesh_axis_names=["dp","pp"]',
-    )
-    assert cfg.mesh() == [[2, 2], ["dp", "pp"]]
-    assert cfg.distributed.strategy == "pipeline"
-    layout = cfg.layout()
-    assert (layout.pipeline_parallel_size, layout.data_parallel_size) == (2, 2)
-    assert layout.data_axis("pipeline") == "dp"
 
 
 # ---------------------------------------------------------------- bad values and unknown keys

@@ -11,7 +11,8 @@ import pytest
 import torch
 from shardwise.models.gpt import GPT, PRESETS
 from shardwise.train import planner
-from shardwise.train.planner import activation_bytes, gpt_gather_bytes, main, plan
+from shardwise.train.plan_cli import main
+from shardwise.train.planner import activation_bytes, gpt_gather_bytes, plan
 
 GB = 10**9
 PHI = 7 * GB  # 7e9 parameters
@@ -195,7 +196,7 @@ def test_cli_bad_arguments_exit_2_naming_the_argument(capsys, argv, names):
 def test_module_runs_as_a_script():
     argv = ["--params", "1e9", "--gpus", "1", "--gpu-mem", "80", "--json"]
     done = subprocess.run(
-        [sys.executable, "-m", "shardwise.train.planner", *argv], capture_output=True, text=True
+        [sys.executable, "-m", "shardwise.train.plan_cli", *argv], capture_output=True, text=True
     )
     assert done.returncode == 0, done.stderr
     assert json.loads(done.stdout)["recommendation"]["strategy"] == "single"

@@ -10,9 +10,7 @@ Layout::
 Every file is written atomically: to a temporary file in the same directory, flushed and
 ``fsync``-ed, then ``os.replace``-d onto its name (and the directory is fsync-ed), so a reader
 sees either the old file or the complete new one, and a failed write leaves no temporary file
-behind. The ZeRO engine (``shardwise.zero.engine``) does the same inline for its optimizer
-pieces (not as a reusable helper); here it is one helper, ``atomic_write`` /
-``atomic_write_path``, which also removes the temporary file when the write fails.
+behind (``shardwise.atomic_file``, which the ZeRO engine's optimizer pieces use too).
 
 A checkpoint is complete only when its manifest exists: rank 0 writes it after a barrier
 (a callable the caller supplies; by default ``torch.distributed.barrier`` when a process group
@@ -38,13 +36,14 @@ import contextlib
 import json
 import os
 import signal
-import tempfile
 import warnings
 from collections import OrderedDict
 from collections.abc import Callable
 from pathlib import Path
 
 import torch
+
+from ..atomic_file import atomic_write, atomic_write_path
 
 MANIFEST = "manifest.json"
 _SCALARS = (bool, int, float, str, type(None), torch.dtype, torch.device)
@@ -60,43 +59,6 @@ def step_dir_name(step: int) -> str:
 
 def rank_file_name(rank: int) -> str:
     return f"rank-{rank:05d}.pt"
-
-
-def _fsync_dir(directory: Path) -> None:
-    with contextlib.suppress(OSError):  # not every platform/filesystem allows this
-        fd = os.open(directory, os.O_RDONLY)
-        try:
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-
-
-def atomic_write_path(path: str | Path, write_to: Callable[[str], None]) -> None:
-    """Calls ``write_to(tmp_path)`` for a temporary file next to ``path``, fsyncs it and renames
-    it onto ``path``. On any exception the temporary file is removed and the exception re-raised."""
-    path = Path(path)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
-    try:
-        write_to(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        with contextlib.suppress(FileNotFoundError):
-            os.unlink(tmp)
-        raise
-    _fsync_dir(path.parent)
-
-
-def atomic_write(path: str | Path, write: Callable) -> None:
-    """Like ``atomic_write_path`` but calls ``write(binary_file)``."""
-
-    def write_to(tmp: str) -> None:
-        with open(tmp, "wb") as f:
-            write(f)
-
-    atomic_write_path(path, write_to)
 
 
 def check_payload(obj, where: str = "payload") -> None:

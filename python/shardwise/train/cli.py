@@ -19,6 +19,7 @@ from pathlib import Path
 
 from . import planner
 from .config import TrainConfig, load_config
+from .device import device_memory_bytes
 from .parallelize import StrategyOptions
 from .trainer import RunSpec, Trainer
 
@@ -53,16 +54,6 @@ def _plan_row(cfg: TrainConfig) -> str:
         sharding = cfg.fsdp_config().fsdp_sharding_strategy
         return {"shard_grad_op": "fsdp_shard_grad_op", "no_shard": "ddp"}.get(sharding, "zero3")
     return "ddp"
-
-
-def device_memory_bytes(local_world: int, device: str = "cpu") -> int:
-    """The memory one rank trains in: on ``cuda`` its GPU's, on the CPU this host's memory
-    shared by its ranks."""
-    import torch
-
-    if device == "cuda":
-        return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
-    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // max(1, local_world)
 
 
 def run_spec(cfg: TrainConfig, resume: bool, memory_note: str) -> RunSpec:

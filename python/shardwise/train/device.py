@@ -14,11 +14,13 @@ Rules, checked at validation before anything starts:
 - a backend that uses NCCL is refused on CPU, and on GPUs when a node runs more processes than it
   has GPUs (NCCL refuses two ranks on one device).
 
-Nothing here has run on a GPU yet (issue 16): on CPU machines the CUDA branches are checked only
-by the rules above and by unit tests of the pure parts (the peak table, the backend strings).
+On CPU machines the CUDA branches are checked by the rules above and by unit tests of the pure
+parts (the peak table, the backend strings); ``make test-gpu`` runs them on a GPU.
 """
 
 from __future__ import annotations
+
+import os
 
 import torch
 
@@ -130,3 +132,11 @@ def gpu_memory_mb(device: torch.device) -> list[float]:
         torch.cuda.memory_reserved(device) / 2**20,
         torch.cuda.max_memory_allocated(device) / 2**20,
     ]
+
+
+def device_memory_bytes(local_world: int, device: str = "cpu") -> int:
+    """The memory one rank trains in: on ``cuda`` its GPU's, on the CPU this host's memory
+    shared by its ranks."""
+    if device == "cuda":
+        return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // max(1, local_world)

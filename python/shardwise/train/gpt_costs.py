@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from .state_bytes import state_bytes_per_param
+
 
 def gpt_tp_parameters(cfg, tp: int, sequence_parallel: bool = False) -> int:
     """Parameters per tensor-parallel rank of the bundled GPT under ``gpt_plan`` (exact: counted
@@ -133,8 +135,6 @@ def gpt_gather_bytes(gpt_config, mixed_precision: str = "bf16", tp: int = 1) -> 
     final norm); at worst the largest unit and the prefetched next one are gathered, plus the
     largest unit's unsharded gradients before the reduce-scatter, i.e.
     ``largest × (2 × param bytes + grad bytes)``; a tp rank's units are about 1 / tp of that."""
-    from .planner import state_bytes_per_param
-
     param_b, grad_b, _ = state_bytes_per_param(mixed_precision, "adamw")
     root = (gpt_config.vocab_size + gpt_config.seq_len + 2) * gpt_config.dim
     block = (gpt_config.num_parameters() - root) // gpt_config.layers

@@ -183,7 +183,7 @@ class ZeroEngine(nn.Module):
         """Each rank writes its pieces to ``directory/zero_rank{r}.pt`` atomically (a temporary
         ``.zero_rank{r}.pt.<x>.tmp``, removed if the write fails; one a killed write left is
         what ``shardwise.train.checkpoint.remove_temporary_files`` deletes)."""
-        from ..train.checkpoint import atomic_write
+        from ..atomic_file import atomic_write
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
