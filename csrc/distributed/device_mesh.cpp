@@ -1,5 +1,7 @@
 #include "distributed/device_mesh.h"
 
+#include <stdexcept>
+#include <string>
 #include <utility>
 
 namespace shardwise::distributed {
@@ -11,6 +13,16 @@ DeviceMesh::DeviceMesh(World world,
     : world_(std::move(world)),
       layout_(sizes, names, world_.size()),
       options_(std::move(options)) {}
+
+DeviceMesh::DeviceMesh(World world, mesh::MeshLayout layout, ProcessGroupOptions options)
+    : world_(std::move(world)), layout_(std::move(layout)), options_(std::move(options)) {
+  if (layout_.world_size() != world_.size()) {
+    throw std::invalid_argument("DeviceMesh: the layout covers " +
+                                std::to_string(layout_.world_size()) + " ranks but the world has " +
+                                std::to_string(world_.size()) +
+                                "; resolve the layout for this world size");
+  }
+}
 
 c10::intrusive_ptr<c10d::ProcessGroup> DeviceMesh::group(const std::vector<std::string>& axes) {
   const std::vector<int> ranks = layout_.group_of(rank(), axes);

@@ -6,6 +6,10 @@
 //   shardwise::distributed::DeviceMesh mesh(world, {2, 2}, {"fsdp", "tp"});
 //   auto tp = mesh.group({"tp"});
 //
+// or from a run's resolved layout (mesh/parallel_layout.h), as the trainers do:
+//   mesh::ParallelLayout layout({world.size(), {}, /*tp=*/2, /*pp=*/1});
+//   shardwise::distributed::DeviceMesh mesh(world, layout.layout("fsdp"));
+//
 // group() is collective over that group's members: they must ask for the same axes in the same
 // order (each group's rendezvous is keyed by its axes and ranks).
 #pragma once
@@ -28,6 +32,9 @@ class DeviceMesh {
              const std::vector<int>& sizes,
              const std::vector<std::string>& names,
              ProcessGroupOptions options = {});
+  // The mesh of a layout already resolved (mesh::ParallelLayout::layout(data_kind)), whose world
+  // size must be the World's.
+  DeviceMesh(World world, mesh::MeshLayout layout, ProcessGroupOptions options = {});
 
   const mesh::MeshLayout& layout() const { return layout_; }
   int rank() const { return world_.rank(); }

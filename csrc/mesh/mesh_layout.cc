@@ -26,14 +26,23 @@ std::string join(const std::vector<int>& ranks) {
 
 std::string canonical_axis(const std::string& name) {
   static const std::map<std::string, std::string> aliases{
-      {"pp", "pp"},   {"dp", "dp"},       {"fsdp", "fsdp"}, {"tp", "tp"},
-      {"data", "dp"}, {"pipeline", "pp"}, {"model", "tp"},
+      {"pp", "pp"},
+      {"dp", "dp"},
+      {"fsdp", "fsdp"},
+      {"tp", "tp"},
+      {"data", "dp"},
+      {"pipeline", "pp"},
+      {"model", "tp"},
+      // torch's HSDP mesh names and Accelerate's: the replicated and the sharded data axes
+      {"replicate", "dp"},
+      {"ddp", "dp"},
+      {"shard", "fsdp"},
   };
   const auto it = aliases.find(name);
   if (it == aliases.end()) {
     throw std::invalid_argument("mesh axis name '" + name +
                                 "' is not valid; valid: pp, dp, fsdp, tp (or the aliases "
-                                "pipeline, data, model)");
+                                "pipeline, data, replicate, ddp, shard, model)");
   }
   return it->second;
 }

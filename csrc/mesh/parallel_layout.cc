@@ -37,7 +37,8 @@ MeshSpec canonical(const MeshSpec& spec) {
   for (const std::string& name : spec.names) {
     if (!known_axis(name)) {
       fail(spec.key + ": axis name '" + name + "' in " + shown +
-           " is not valid; valid: fsdp, dp, tp, pp (or data, model, pipeline)");
+           " is not valid; valid: fsdp, dp, tp, pp (or data, replicate, ddp, shard, model, "
+           "pipeline)");
     }
     const std::string axis = canonical_axis(name);
     if (std::find(out.names.begin(), out.names.end(), axis) != out.names.end()) {
@@ -86,7 +87,7 @@ std::string mesh_text(const std::vector<int>& sizes, const std::vector<std::stri
 ParallelLayout::ParallelLayout(const ParallelLayoutOptions& options)
     : world_size_(options.world_size) {
   if (world_size_ < 1) {
-    fail("distributed.world_size=" + std::to_string(world_size_) + " must be at least 1");
+    fail(options.keys.world_size + "=" + std::to_string(world_size_) + " must be at least 1");
   }
   for (const MeshSpec& spec : options.meshes) {
     MeshSpec mesh = canonical(spec);
@@ -99,15 +100,17 @@ ParallelLayout::ParallelLayout(const ParallelLayoutOptions& options)
     mesh_names_ = mesh.names;
   }
   if (!options.meshes.empty()) mesh_key_ = options.meshes.front().key;
+  const ParallelLayoutKeys& keys = options.keys;
   tp_ = resolve_size(options.tensor_parallel_size, axis_size("tp"), has_mesh(), "tp",
-                     "distributed.tensor_parallel_size");
+                     keys.tensor_parallel_size);
   pp_ = resolve_size(options.pipeline_parallel_size, axis_size("pp"), has_mesh(), "pp",
-                     "distributed.pipeline_parallel_size");
-  const std::string world = "distributed.world_size=" + std::to_string(world_size_);
+                     keys.pipeline_parallel_size);
+  const std::string world = keys.world_size + "=" + std::to_string(world_size_);
   if (tp_ * pp_ > world_size_) {
     fail("rule tensor_parallel * pipeline_parallel <= world_size violated: " + std::to_string(tp_) +
          " × " + std::to_string(pp_) + " = " + std::to_string(tp_ * pp_) + " > " + world +
-         "; lower distributed.pipeline_parallel_size or launch more processes");
+         "; lower " + keys.tensor_parallel_size + " or " + keys.pipeline_parallel_size +
+         ", or launch more processes");
   }
   if (world_size_ % (tp_ * pp_) != 0) {
     fail(world + " is not a multiple of tensor × pipeline parallel = " + std::to_string(tp_ * pp_) +

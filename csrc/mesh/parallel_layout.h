@@ -24,7 +24,15 @@ namespace shardwise::mesh {
 struct MeshSpec {
   std::string key;                 // where the config wrote it, e.g. "model.mesh_shape"
   std::vector<int> sizes;          // ranks along each axis
-  std::vector<std::string> names;  // dp, fsdp, tp, pp or the aliases data, model, pipeline
+  std::vector<std::string> names;  // dp, fsdp, tp, pp or an alias (mesh_layout.h)
+};
+
+// How the caller spells the three sizes, for the errors: the YAML keys of a config, or a command
+// line's flags (train_gpt: --world, --tp, --pp).
+struct ParallelLayoutKeys {
+  std::string world_size = "distributed.world_size";
+  std::string tensor_parallel_size = "distributed.tensor_parallel_size";
+  std::string pipeline_parallel_size = "distributed.pipeline_parallel_size";
 };
 
 struct ParallelLayoutOptions {
@@ -32,6 +40,7 @@ struct ParallelLayoutOptions {
   std::vector<MeshSpec> meshes;    // every mesh the config gives (more than one must agree)
   int tensor_parallel_size = 0;    // 0: not given (the mesh's tp axis, else 1)
   int pipeline_parallel_size = 0;  // 0: not given (the mesh's pp axis, else 1)
+  ParallelLayoutKeys keys;
 };
 
 class ParallelLayout {

@@ -12,19 +12,24 @@ import torch.distributed as dist
 from . import _C
 
 
-def normalize_shape(shape, names=None) -> tuple[list[int], list[str]]:
-    """``[[sizes], [names]]``, or ``sizes`` plus ``names``, as (sizes, canonical names)."""
-    if names is None:
-        if not (isinstance(shape, (list, tuple)) and len(shape) == 2):
-            raise ValueError(
-                f"mesh_shape {shape!r}: write [[sizes...], [axis names...]], e.g. "
-                '[[2, 2], ["fsdp", "tp"]], or pass the names separately'
-            )
-        shape, names = shape
-    sizes, names = list(shape), list(names)
-    if len(sizes) != len(names):
-        raise ValueError(f"mesh_shape {sizes} has {len(sizes)} sizes but {len(names)} names")
-    return [int(s) for s in sizes], [_C.canonical_mesh_axis(str(n)) for n in names]
+def mesh_spec(value, names=None, key: str = "mesh_shape") -> tuple[str, list[int], list[str]]:
+    """A mesh as a config writes it, ``[[sizes...], [axis names...]]`` (or sizes plus ``names``),
+    as ``(key, sizes, names)``: only the value's shape is read here; the sizes and names are
+    checked by the C++ layout (``MeshLayout``, ``ParallelLayout``), and errors name ``key``."""
+    example = 'e.g. [[2, 1], ["fsdp", "tp"]]'
+    if names is not None and value is not None and all(isinstance(s, int) for s in value):
+        value = [list(value), list(names)]
+    try:
+        sizes, axes = value
+        sizes, axes = list(sizes), [str(a) for a in axes]
+    except (TypeError, ValueError):
+        raise ValueError(
+            f"{key}: invalid value {value!r}; write [[sizes...], [axis names...]], {example}"
+        ) from None
+    for size in sizes:
+        if isinstance(size, bool) or not isinstance(size, int):
+            raise ValueError(f"{key}: size {size!r} in {value!r} must be a positive integer")
+    return key, sizes, axes
 
 
 class Mesh:
@@ -35,9 +40,13 @@ class Mesh:
     AXES = ("pp", "dp", "fsdp", "tp")
 
     def __init__(self, shape, names=None, *, world_size=None, rank=None, create_groups=True):
-        sizes, names = normalize_shape(shape, names)
+        key, sizes, names = mesh_spec(shape, names)
         world = world_size if world_size is not None else dist.get_world_size()
-        self._start(_C.MeshLayout(sizes, names, world), rank, create_groups)
+        try:
+            layout = _C.MeshLayout(sizes, names, world)
+        except ValueError as error:
+            raise ValueError(f"{key}: {error}") from None
+        self._start(layout, rank, create_groups)
 
     @classmethod
     def from_layout(cls, layout, *, rank=None, create_groups=True) -> Mesh:

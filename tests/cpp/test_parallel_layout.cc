@@ -117,6 +117,23 @@ TEST(ParallelLayout, AliasesAreTheAxesTheyName) {
   EXPECT_EQ(layout.mesh_names(), (std::vector<std::string>{"dp", "pp", "tp"}));
   EXPECT_EQ(layout.tensor_parallel_size(), 2);
   EXPECT_EQ(layout.pipeline_parallel_size(), 2);
+  // torch's HSDP mesh names, and Accelerate's "ddp"
+  const ParallelLayout hsdp(with_mesh(4, {2, 2}, {"replicate", "shard"}));
+  EXPECT_EQ(hsdp.mesh_names(), (std::vector<std::string>{"dp", "fsdp"}));
+  EXPECT_EQ(ParallelLayout(with_mesh(2, {2}, {"ddp"})).axis_size("dp"), 2);
+}
+
+// A command line names its own flags: train_gpt's --tp and --pp, not the YAML keys.
+TEST(ParallelLayout, ErrorsNameTheCallersKeys) {
+  ParallelLayoutOptions flags;
+  flags.world_size = 1;
+  flags.tensor_parallel_size = 2;
+  flags.keys = {"WORLD_SIZE", "--tp", "--pp"};
+  EXPECT_NE(error_of(flags).find("2 × 1 = 2 > WORLD_SIZE=1; lower --tp or --pp, or launch more"),
+            std::string::npos)
+      << error_of(flags);
+  flags.world_size = 3;
+  EXPECT_NE(error_of(flags).find("WORLD_SIZE=3 is not a multiple"), std::string::npos);
 }
 
 TEST(ParallelLayout, TheDataAxisIsTheStrategysOrThePipelineMeshs) {

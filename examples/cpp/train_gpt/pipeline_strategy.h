@@ -120,9 +120,7 @@ inline Strategy pipelined(GPT model,
                           const Flags& flags,
                           const shardwise::distributed::World& world) {
   const int pp = static_cast<int>(flags.pp), tp = static_cast<int>(flags.tp);
-  std::vector<std::pair<std::string, int>> inner{{"pp", pp}};
-  if (tp > 1) inner.push_back({"tp", tp});
-  auto mesh = data_parallel_mesh(model, inner, world);
+  auto mesh = data_parallel_mesh(model, tp, pp, world);
   auto sharded = tp > 1 ? std::make_shared<TensorParallelGPT>(model, mesh->group({"tp"})) : nullptr;
   const torch::Tensor head = (sharded ? sharded->parameter("embed.weight") : model->embed->weight)
                                  .detach()

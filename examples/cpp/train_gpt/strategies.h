@@ -43,31 +43,19 @@ inline std::function<void(double)> lr_setter(std::shared_ptr<torch::optim::Optim
   };
 }
 
-// The (dp, inner...) mesh: the `inner` axes (name, size) and the world / their product data
-// parallel, laid out as mesh::MeshLayout does (tp ranks adjacent, pp outermost); every replica
-// starts from rank 0's weights.
+// The run's mesh: --tp and --pp resolved with the world by the one layout rule (ParallelLayout:
+// tp ranks adjacent, pp outermost, the rest data parallel), the same layout shardwise-train
+// builds; every replica starts from rank 0's weights.
 inline std::shared_ptr<shardwise::distributed::DeviceMesh> data_parallel_mesh(
-    GPT model,
-    const std::vector<std::pair<std::string, int>>& inner,
-    const shardwise::distributed::World& world) {
-  int product = 1;
-  std::string flags;
-  std::vector<int> sizes{0};
-  std::vector<std::string> names{"dp"};
-  for (const auto& [axis, size] : inner) {
-    product *= size;
-    flags += (flags.empty() ? "--" : " x --") + axis + " " + std::to_string(size);
-    sizes.push_back(size);
-    names.push_back(axis);
-  }
-  if (inner.size() > 1) flags += " (" + std::to_string(product) + ")";
-  if (world.size() % product != 0) {
-    throw std::invalid_argument(flags + " must divide the world size " +
-                                std::to_string(world.size()));
-  }
-  sizes[0] = world.size() / product;
+    GPT model, int tp, int pp, const shardwise::distributed::World& world) {
+  shardwise::mesh::ParallelLayoutOptions options;
+  options.world_size = world.size();
+  options.tensor_parallel_size = tp;
+  options.pipeline_parallel_size = pp;
+  options.keys = {"WORLD_SIZE", "--tp", "--pp"};
+  const shardwise::mesh::ParallelLayout layout(options);
   shardwise::distributed::broadcast_module(*model, *world.group);
-  return std::make_shared<shardwise::distributed::DeviceMesh>(world, sizes, names);
+  return std::make_shared<shardwise::distributed::DeviceMesh>(world, layout.layout("dp"));
 }
 
 // Which of the parameters a rank holds it writes into a checkpoint: only the first data-parallel
@@ -156,7 +144,7 @@ inline Strategy zero(GPT model, const Flags& flags, const shardwise::distributed
 inline Strategy tensor_parallel(GPT model,
                                 const Flags& flags,
                                 const shardwise::distributed::World& world) {
-  auto mesh = data_parallel_mesh(model, {{"tp", static_cast<int>(flags.tp)}}, world);
+  auto mesh = data_parallel_mesh(model, static_cast<int>(flags.tp), 1, world);
   auto tp_group = mesh->group({"tp"});
   auto dp_group = mesh->size("dp") > 1 ? mesh->group({"dp"}) : nullptr;
   auto sharded = std::make_shared<TensorParallelGPT>(model, tp_group);

@@ -7,10 +7,14 @@ valid ones (and suggest the closest key)."""
 from __future__ import annotations
 
 import difflib
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
 import torch
+
+from .. import _C
+from ..mesh import mesh_spec
 
 STRATEGIES = ("full_shard", "shard_grad_op", "no_shard", "hybrid_shard")
 BACKWARD_PREFETCH = ("backward_pre", "backward_post", "none")
@@ -189,30 +193,21 @@ def dtype_of(key: str, name) -> torch.dtype:
     return DTYPES[text]
 
 
-REPLICATE_AXES = ("dp", "replicate", "ddp")
-SHARD_AXES = ("fsdp", "shard")
-
-
 def mesh_axes(mesh_shape) -> tuple[int, int]:
-    """(replicas, shards) from a 2-D mesh such as [[2, 2], ["dp", "fsdp"]]."""
+    """(replicas, shards) of a hybrid mesh such as [[2, 2], ["dp", "fsdp"]] (torch's HSDP names
+    ``replicate`` and ``shard`` work too): the value read by ``shardwise.mesh.mesh_spec``, the
+    axes resolved by the C++ layout, which FSDP then asks for its two data axes."""
     try:
-        sizes, names = mesh_shape
-        sizes, names = [int(s) for s in sizes], [str(n) for n in names]
-    except (TypeError, ValueError) as error:
-        raise ConfigError(
-            f"mesh_shape {mesh_shape!r} must look like [[2, 2], ['dp', 'fsdp']]"
-        ) from error
-    if len(sizes) != len(names) or any(s < 1 for s in sizes):
-        raise ConfigError(f"mesh_shape {mesh_shape!r}: one positive size per axis name")
-    replicas = shards = 1
-    for size, name in zip(sizes, names, strict=True):
-        if name in REPLICATE_AXES:
-            replicas *= size
-        elif name in SHARD_AXES:
-            shards *= size
-        elif size != 1:
+        key, sizes, names = mesh_spec(mesh_shape)
+        # the world is the mesh's (at least 1, so a size < 1 is named as such by the layout)
+        layout = _C.ParallelLayout(max(1, math.prod(sizes)), [(key, sizes, names)])
+    except ValueError as error:
+        raise ConfigError(str(error)) from None
+    for axis in ("tp", "pp"):
+        if layout.axis_size(axis) != 1:
             raise ConfigError(
-                f"mesh_shape axis {name!r} of size {size}: FSDP uses only the axes "
-                f"{REPLICATE_AXES + SHARD_AXES}; other axes must have size 1"
+                f"mesh_shape {mesh_shape!r}: axis {axis!r} of size {layout.axis_size(axis)}; "
+                "FSDP shards and replicates over the data axes only (dp/replicate, fsdp/shard): "
+                "give other axes size 1, or use shardwise-train for tensor or pipeline parallelism"
             )
-    return replicas, shards
+    return layout.axis_size("dp"), layout.axis_size("fsdp")

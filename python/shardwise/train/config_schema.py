@@ -26,6 +26,7 @@ from pydantic import (
 
 from .. import _C
 from ..fsdp.config import FSDPConfig
+from ..mesh import mesh_spec
 from ..models.gpt import PRESETS, GPTConfig
 from ..zero.config import load as load_zero
 from ..zero.deepspeed_keys import auto_from_hidden_size
@@ -382,33 +383,13 @@ def _check_keys(path: str, given: Mapping, valid: Sequence[str]) -> None:
             raise ValueError(_unknown_key(f"{path}.{key}", [f"{path}.{k}" for k in valid]))
 
 
-def _mesh_value(key: str, mesh, names=None) -> tuple[str, list[int], list[str]]:
-    """``[[sizes], [names]]``, or sizes plus the distributed config's ``mesh_axis_names``, as
-    (key, sizes, names): only the value's shape is read here; the C++ ``ParallelLayout`` checks
-    the sizes and names."""
-    example = 'e.g. [[2, 1], ["fsdp", "tp"]]'
-    if names is not None and mesh is not None and all(isinstance(s, int) for s in mesh):
-        mesh = [list(mesh), list(names)]
-    try:
-        sizes, axes = mesh
-        sizes, axes = list(sizes), [str(a) for a in axes]
-    except (TypeError, ValueError):
-        raise ValueError(
-            f"{key}: invalid value {mesh!r}; write [[sizes...], [axis names...]], {example}"
-        ) from None
-    for size in sizes:
-        if isinstance(size, bool) or not isinstance(size, int):
-            raise ValueError(f"{key}: size {size!r} in {mesh!r} must be a positive integer")
-    return key, sizes, axes
-
-
 def _given_meshes(cfg: TrainConfig) -> list[tuple[str, list[int], list[str]]]:
     """Each mesh the config writes (model.mesh_shape, distributed.mesh_shape)."""
     d, found = cfg.distributed, []
     if cfg.model.mesh_shape is not None:
-        found.append(_mesh_value("model.mesh_shape", cfg.model.mesh_shape))
+        found.append(mesh_spec(cfg.model.mesh_shape, key="model.mesh_shape"))
     if d.mesh_shape is not None:
-        found.append(_mesh_value("distributed.mesh_shape", d.mesh_shape, d.mesh_axis_names))
+        found.append(mesh_spec(d.mesh_shape, d.mesh_axis_names, key="distributed.mesh_shape"))
     elif d.mesh_axis_names is not None:
         raise ValueError(
             "distributed.mesh_axis_names is set without distributed.mesh_shape; "
