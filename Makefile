@@ -30,7 +30,7 @@ ifdef CUDA_HOME
 export PYTORCH_NVCC ?= ccache $(CUDA_HOME)/bin/nvcc
 endif
 
-.PHONY: demo demo-cpp test test-cpp test-python test-cpu-torch test-torch-oldest test-package build venv \
+.PHONY: demo demo-cpp test test-cpp test-python test-cpu-torch test-torch-oldest test-package test-package-slow build venv \
 	cpu-venv oldest-venv \
 	test-conformance test-conformance-world8 test-conformance-ci test-sanitize test-sanitize-core fuzz fuzz-build fuzz-ci soak \
 	system-deps bench test-gpu gpu-diagnose gpu-wheels \
@@ -95,9 +95,12 @@ test-package: test-cpp test-cpu-torch build ## the installed C++ package, consum
 	cmake --install $(CMAKE_BUILD) --prefix $(CMAKE_BUILD)/install > /dev/null
 	SHARDWISE_INSTALL_PREFIX=$(CURDIR)/$(CMAKE_BUILD)/install \
 	SHARDWISE_OTHER_TORCH="$$($(PY) -c 'import torch; print(torch.utils.cmake_prefix_path)')" \
-		$(CPU_PY) -m pytest -ra -p no:cacheprovider tests/package
+		$(CPU_PY) -m pytest -ra -p no:cacheprovider -m "not slow" tests/package
 	SHARDWISE_OTHER_TORCH="$$($(CPU_PY) -c 'import torch; print(torch.utils.cmake_prefix_path)')" \
-		$(PY) -m pytest -ra -p no:cacheprovider tests/package
+		$(PY) -m pytest -ra -p no:cacheprovider -m "not slow" tests/package
+
+test-package-slow: test-cpp build ## tests/package's 8-process checks: both trainers place dp x pp x tp alike
+	$(PY) -m pytest -ra -p no:cacheprovider -m slow tests/package
 
 test-python: build ## pytest: ops, exhaustive casts, distributed (multi-process)
 	$(PY) -m pytest -ra tests/python $(wildcard tests/distributed) || { rc=$$?; \

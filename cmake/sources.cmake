@@ -37,6 +37,8 @@ set(SHARDWISE_CORE_SOURCES
   csrc/pipeline/partition.cc
   csrc/mesh/mesh_layout.cc
   csrc/mesh/parallel_layout.cc
+  csrc/training/lr_schedule.cc
+  csrc/training/checkpoint_writer.cc
   csrc/tensor_parallel/tp_shapes.cc
   csrc/distributed/torchrun_env.cc
   csrc/checkpoint/safetensors_header.cc
@@ -64,6 +66,7 @@ set(SHARDWISE_CORE_TEST_SOURCES
   tests/cpp/test_pipeline_partition.cc
   tests/cpp/test_mesh_layout.cc
   tests/cpp/test_parallel_layout.cc
+  tests/cpp/test_training_rules.cc
   tests/cpp/test_torchrun_env.cc
   tests/cpp/test_safetensors_header.cc
   tests/cpp/test_checkpoint_dir.cc
@@ -122,6 +125,11 @@ set(SHARDWISE_TORCH_SOURCES
   csrc/checkpoint/safetensors.cpp
   csrc/checkpoint/training_checkpoint.cpp
   csrc/optim/adamw_slots.cpp
+  csrc/training/checkpoint_hooks.cpp
+  csrc/training/run_checkpoint.cpp
+  csrc/training/mesh_clip.cpp
+  csrc/training/full_state.cpp
+  csrc/training/run_stats.cpp
 )
 # Built when CUDA is (SHARDWISE_WITH_CUDA); their *_stub.cpp counterparts compile to nothing then.
 set(SHARDWISE_CUDA_SOURCES
@@ -143,6 +151,7 @@ set(SHARDWISE_PYTHON_SOURCES
   csrc/precision/precision_python.cpp
   csrc/sharding/sharding_python.cpp
   csrc/tensor_parallel/tp_python.cpp
+  csrc/training/training_python.cpp
   csrc/zero/zero_python.cpp
 )
 set(SHARDWISE_TORCH_TEST_SOURCES
@@ -157,5 +166,6 @@ set(SHARDWISE_TORCH_TEST_SOURCES
   tests/cpp/torch/test_grad_scaler_libtorch.cc
   tests/cpp/torch/test_fully_shard_libtorch.cc
   tests/cpp/torch/test_training_checkpoint_libtorch.cc
+  tests/cpp/torch/test_training_composition_libtorch.cc
   tests/cpp/torch/test_torch_optim_adapters_libtorch.cc
 )

@@ -32,6 +32,7 @@
 #include "sharding/checkpoint_pieces.h"
 #include "sharding/sharding_python.h"
 #include "tensor_parallel/tp_python.h"
+#include "training/training_python.h"
 #include "zero/zero_python.h"
 
 namespace py = pybind11;
@@ -252,5 +253,6 @@ PYBIND11_MODULE(_C, m) {
   shardwise::pipeline::bind_pipeline(m);
   shardwise::precision::bind_precision(m);
   shardwise::sharding::bind_sharding(m);
+  shardwise::training::bind_training(m);
   shardwise::tensor_parallel::bind_tensor_parallel(m);
 }

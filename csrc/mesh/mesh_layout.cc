@@ -96,6 +96,13 @@ int MeshLayout::coordinate(int rank, const std::string& axis) const {
   return rank / stride(axis) % size(axis);
 }
 
+bool MeshLayout::is_writer(int rank, const std::vector<std::string>& replicated_over) const {
+  for (const auto& axis : replicated_over) {
+    if (coordinate(rank, axis) != 0) return false;
+  }
+  return true;
+}
+
 std::vector<int> MeshLayout::group_of(int rank, const std::vector<std::string>& axes) const {
   // Clear the coordinates along `axes`, then enumerate them in mixed radix (outer axis first).
   int base = rank;

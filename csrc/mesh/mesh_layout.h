@@ -39,6 +39,9 @@ class MeshLayout {
   std::vector<std::vector<int>> groups(const std::vector<std::string>& axes) const;
   // The group along `axes` that holds `rank`.
   std::vector<int> group_of(int rank, const std::vector<std::string>& axes) const;
+  // Whether `rank` writes a tensor that every rank along `replicated_over` holds alike: the one
+  // at coordinate 0 of each of those axes does (training/checkpoint_writer.h names the axes).
+  bool is_writer(int rank, const std::vector<std::string>& replicated_over) const;
   // The axes of size > 1 with their sizes, e.g. "fsdp=2 x tp=2", then each axis's groups.
   std::string describe() const;
 

@@ -55,6 +55,7 @@ void bind_mesh(py::module& m) {
       .def("coordinate", &MeshLayout::coordinate, py::arg("rank"), py::arg("axis"))
       .def("groups", &MeshLayout::groups, py::arg("axes"))
       .def("group_of", &MeshLayout::group_of, py::arg("rank"), py::arg("axes"))
+      .def("is_writer", &MeshLayout::is_writer, py::arg("rank"), py::arg("replicated_over"))
       .def("describe", &MeshLayout::describe);
   using mesh::ParallelLayout;
   py::class_<ParallelLayout>(m, "ParallelLayout",

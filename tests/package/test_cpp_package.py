@@ -355,20 +355,37 @@ def _mesh_lines(output: str) -> list[str]:
     return block
 
 
-def test_both_trainers_place_the_ranks_alike(pip_train_gpt, corpus, tmp_path):
-    """Catches the C++ trainer and shardwise-train laying one dp × pp mesh out differently
-    (which ranks form a pipeline decides which traffic crosses the slow links): at world 4 with
-    2 stages, both print the same mesh, pp outermost as the C++ MeshLayout has it."""
+@pytest.mark.parametrize(
+    "world, mesh, flags, pipelines",
+    [
+        (4, [[2, 2], ["dp", "pp"]], ["--pp", "2"], "  pp groups: [0, 2] [1, 3]"),
+        pytest.param(
+            8,
+            [[2, 2, 2], ["dp", "pp", "tp"]],
+            ["--pp", "2", "--tp", "2"],
+            "  pp groups: [0, 4] [1, 5] [2, 6] [3, 7]",
+            marks=pytest.mark.slow,
+        ),
+    ],
+    ids=["world4-dp-pp", "world8-dp-pp-tp"],
+)
+def test_both_trainers_place_the_ranks_alike(
+    pip_train_gpt, corpus, tmp_path, world, mesh, flags, pipelines
+):
+    """Catches the C++ trainer and shardwise-train laying one mesh out differently (which ranks
+    form a pipeline or a tensor-parallel group decides which traffic crosses the slow links):
+    at world 4 (dp × pp) and world 8 (dp × pp × tp, ``make test-package-slow``) both print the
+    same mesh, pp outermost and tp innermost as the C++ MeshLayout has it."""
     for module in ("omegaconf", "pydantic"):  # the CPU venv installs shardwise with --no-deps
         pytest.importorskip(module, reason="shardwise-train's dependencies are not installed here")
-    launch = [str(TORCHRUN), "--standalone", "--nproc_per_node=4"]
-    flags = ["--data", str(corpus), *MODEL[:8], "--steps", "1", "--threads", "1"]
-    cpp = _run([*launch, "--no-python", str(pip_train_gpt), *flags, "--pp", "2"])
-    config = tmp_path / "dp_x_pp.json"
+    launch = [str(TORCHRUN), "--standalone", f"--nproc_per_node={world}"]
+    common = ["--data", str(corpus), *MODEL[:8], "--steps", "1", "--threads", "1"]
+    cpp = _run([*launch, "--no-python", str(pip_train_gpt), *common, *flags])
+    config = tmp_path / "mesh.json"
     config.write_text(
         json.dumps(
             {
-                "model": {"preset": "tiny", "mesh_shape": [[2, 2], ["dp", "pp"]]},
+                "model": {"preset": "tiny", "mesh_shape": mesh},
                 "training": {
                     "max_steps": 1,
                     "warmup_steps": 0,
@@ -380,4 +397,4 @@ def test_both_trainers_place_the_ranks_alike(pip_train_gpt, corpus, tmp_path):
     )
     python = _run([*launch, "-m", "shardwise.train", "--config", str(config)])
     assert _mesh_lines(cpp) == _mesh_lines(python), (cpp, python)
-    assert "  pp groups: [0, 2] [1, 3]" in _mesh_lines(python), python
+    assert pipelines in _mesh_lines(python), python

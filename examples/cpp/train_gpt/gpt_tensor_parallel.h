@@ -17,7 +17,6 @@
 #include <utility>
 #include <vector>
 
-#include "checkpointing.h"
 #include "gpt.h"
 #include "gpt_pipeline.h"
 
@@ -96,14 +95,15 @@ class TensorParallelGPT {
   }
 
   // What this rank holds of parameter `name` (the head's copy of the tie: embed.weight's).
-  ParameterSource source(const std::string& name, const torch::Tensor& value) const {
+  shardwise::training::ParameterSource source(const std::string& name,
+                                              const torch::Tensor& value) const {
     const std::string full = model_name(name);
     return {full, value, spec(full), full_shapes_.at(full)};
   }
 
   // Every parameter's source, in the full model's order.
-  std::vector<ParameterSource> sources() const {
-    std::vector<ParameterSource> out;
+  std::vector<shardwise::training::ParameterSource> sources() const {
+    std::vector<shardwise::training::ParameterSource> out;
     for (const auto& name : order_) out.push_back(source(name, p(name)));
     return out;
   }

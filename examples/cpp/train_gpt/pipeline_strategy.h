@@ -8,19 +8,11 @@
 #include <string>
 #include <vector>
 
-#include "checkpointing.h"
 #include "flags.h"
 #include "gpt.h"
 #include "gpt_pipeline.h"
 #include "gpt_tensor_parallel.h"
 #include "strategies.h"
-
-// Scales `grads` by max_norm / (norm + 1e-6) when that is below 1 (torch's clip_grad_norm_).
-inline void scale_to(const std::vector<torch::Tensor>& grads, double norm, double max_norm) {
-  if (max_norm / (norm + 1e-6) < 1.0) {
-    for (const auto& g : grads) g.mul_(max_norm / (norm + 1e-6));
-  }
-}
 
 // This rank's view of the cut: every block of the GPT (this rank's tp shards with --tp), the
 // blocks of each stage, and this rank's stage.
@@ -30,70 +22,64 @@ struct StageCut {
   int stage = 0;
 };
 
-// The pipeline's norm clip of this rank's stage. With tp shards the norm sums the squares of the
-// split gradients over the tp group and of all over the stages, the head's copy of the tie left
-// out (tensor_parallel::clip_grad_norm_); without, Pipeline::clip_grad_norm_.
-inline std::function<void()> pipeline_clip(std::shared_ptr<shardwise::pipeline::Pipeline> pipeline,
-                                           std::shared_ptr<TensorParallelGPT> sharded,
+// The whole model's norm clip (training::clip_grad_norm_over_mesh): the stages summed, with tp
+// shards their squares summed over the tp group, the head's copy of the tie scaled but counted
+// on the first stage only.
+inline std::function<void()> pipeline_clip(std::shared_ptr<TensorParallelGPT> sharded,
                                            shardwise::pipeline::PipelineStage mine,
                                            c10::intrusive_ptr<c10d::ProcessGroup> stage_group,
                                            double max_norm) {
-  if (!sharded) return [pipeline, max_norm] { pipeline->clip_grad_norm_(max_norm); };
   return [sharded, mine, stage_group, max_norm] {
-    std::vector<torch::Tensor> split, replicated, all;
+    shardwise::training::MeshGradients grads;
     for (const auto& [name, p] : mine.parameters) {
       if (!p.grad().defined()) continue;
-      all.push_back(p.grad());
-      if (name != "head.weight") (sharded->split(name) ? split : replicated).push_back(p.grad());
+      const bool split = sharded && sharded->split(name);
+      (name == "head.weight" ? grads.copies
+       : split               ? grads.split
+                             : grads.replicated)
+          .push_back(p.grad());
     }
-    shardwise::tensor_parallel::ClipOptions options;  // max_norm 0: measure only
-    options.tp_group = sharded->group();
+    shardwise::tensor_parallel::ClipOptions options;
+    options.max_norm = max_norm;
+    if (sharded) options.tp_group = sharded->group();
     options.stage_group = stage_group;
-    scale_to(all, shardwise::tensor_parallel::clip_grad_norm_(split, replicated, options),
-             max_norm);
+    shardwise::training::clip_grad_norm_over_mesh(grads, options);
   };
 }
 
-// The full parameters on rank 0 (collective): the first pipeline's stages gather their tp shards
-// and tp rank 0's pipeline sends them to its stage 0.
-inline std::function<torch::OrderedDict<std::string, torch::Tensor>()> pipeline_full_state(
-    std::shared_ptr<shardwise::distributed::DeviceMesh> mesh,
-    StageCut cut,
-    std::shared_ptr<TensorParallelGPT> sharded) {
-  return [mesh, cut, sharded, group = mesh->group({"pp"})] {
-    torch::OrderedDict<std::string, torch::Tensor> full;
-    if (mesh->coordinate("dp") != 0) return full;
-    const bool sends = mesh->coordinate("tp") == 0;
-    const int stage = cut.stage;
-    for (int s = 0; s < static_cast<int>(cut.groups.size()); ++s) {
-      for (int i : cut.groups[s]) {
-        for (const auto& [name, p] : cut.blocks[i].parameters) {
-          if (name == "head.weight") continue;  // the tie's copy (saved as embed.weight's)
-          std::vector<torch::Tensor> tensor{p.detach().contiguous()};
-          if (s == stage && sharded) tensor[0] = sharded->gather(name, p);  // collective over tp
-          if (s != stage && stage == 0 && sends) {
-            tensor[0] = torch::empty(sharded ? sharded->full_shape(name) : p.sizes().vec());
-            group->recv(tensor, s, 0)->wait();
-          }
-          if (s == stage && stage != 0 && sends) group->send(tensor, 0, 0)->wait();
-          if (stage == 0 && sends) full.insert(name, tensor[0].clone());
-        }
+// Every stage's parameters by the full model's names (the head's copy of the tie left out: it is
+// saved as embed.weight), this rank's values on its own stage.
+inline std::vector<std::vector<shardwise::training::StagedParameter>> staged_parameters(
+    const StageCut& cut, const std::shared_ptr<TensorParallelGPT>& sharded) {
+  std::vector<std::vector<shardwise::training::StagedParameter>> stages(cut.groups.size());
+  for (size_t s = 0; s < cut.groups.size(); ++s) {
+    for (int i : cut.groups[s]) {
+      for (const auto& [name, p] : cut.blocks[i].parameters) {
+        if (name == "head.weight") continue;
+        stages[s].push_back({name, sharded ? sharded->full_shape(name) : p.sizes().vec(),
+                             static_cast<int>(s) == cut.stage ? p : torch::Tensor()});
       }
     }
-    return full;
-  };
+  }
+  return stages;
 }
 
-// The checkpoint slots of this rank's stage (the head's copy of the tie as embed.weight's).
-inline ParameterSlots pipeline_slots(std::shared_ptr<shardwise::distributed::DeviceMesh> mesh,
-                                     shardwise::pipeline::PipelineStage mine,
-                                     std::shared_ptr<TensorParallelGPT> sharded) {
+// The checkpoint slots of this rank's stage (the head's copy of the tie as embed.weight's,
+// written from the first stage only).
+inline shardwise::training::ParameterSlots pipeline_slots(
+    std::shared_ptr<shardwise::distributed::DeviceMesh> mesh,
+    shardwise::pipeline::PipelineStage mine,
+    std::shared_ptr<TensorParallelGPT> sharded) {
+  namespace training = shardwise::training;
   return [mesh, mine, sharded](bool saving) {
-    std::vector<ParameterSource> sources;
+    std::vector<training::ParameterSource> sources;
     for (const auto& [name, p] : mine.parameters) {
-      sources.push_back(sharded ? sharded->source(name, p) : ParameterSource{model_name(name), p});
+      sources.push_back(sharded ? sharded->source(name, p)
+                                : training::ParameterSource{model_name(name), p});
     }
-    return source_slots(saving ? written(sources, *mesh, /*holds_the_head_copy=*/true) : sources);
+    if (saving)
+      sources = training::written_sources(sources, mesh->layout(), mesh->rank(), {"embed.weight"});
+    return training::source_slots(sources);
   };
 }
 
@@ -145,8 +131,7 @@ inline Strategy pipelined(GPT model,
   auto pipeline = std::make_shared<shardwise::pipeline::Pipeline>(
       std::vector<shardwise::pipeline::PipelineStage>{mine}, options);
   auto optimizer = fused_adamw(pipeline->parameters(), flags);
-  auto step = [pipeline, optimizer,
-               clip = pipeline_clip(pipeline, sharded, mine, options.group, flags.clip),
+  auto step = [pipeline, optimizer, clip = pipeline_clip(sharded, mine, options.group, flags.clip),
                max_norm = flags.clip, last = cut.stage == pp - 1](const torch::Tensor& inputs,
                                                                   const torch::Tensor& targets) {
     const auto result = pipeline->step(inputs, targets);
@@ -156,10 +141,15 @@ inline Strategy pipelined(GPT model,
     return last ? torch::tensor(result.loss, torch::kFloat64) : torch::Tensor();
   };
   return {step,
-          pipeline_full_state(mesh, cut, sharded),
+          [mesh, stages = staged_parameters(cut, sharded), sharded] {
+            shardwise::training::GatherTp gather;
+            if (sharded)
+              gather = [sharded](const auto& n, const auto& v) { return sharded->gather(n, v); };
+            return shardwise::training::gather_full_state(*mesh, stages, gather);
+          },
           mesh->coordinate("dp"),
           mesh->size("dp"),
           lr_setter(optimizer),
-          adamw_checkpoint(pipeline_slots(mesh, mine, sharded), optimizer),
+          shardwise::training::adamw_checkpoint(pipeline_slots(mesh, mine, sharded), optimizer),
           mesh->layout().describe()};
 }

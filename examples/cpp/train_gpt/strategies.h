@@ -12,7 +12,6 @@
 #include <utility>
 #include <vector>
 
-#include "checkpointing.h"
 #include "flags.h"
 #include "gpt.h"
 #include "gpt_tensor_parallel.h"
@@ -32,7 +31,7 @@ struct Strategy {
   std::function<torch::OrderedDict<std::string, torch::Tensor>()> full_state;
   int data_rank = 0, data_world = 1;
   std::function<void(double)> set_lr;
-  CheckpointHooks checkpoint;
+  shardwise::training::CheckpointHooks checkpoint;
   std::string mesh;  // the mesh's layout (MeshLayout::describe()); empty without one
 };
 
@@ -56,24 +55,6 @@ inline std::shared_ptr<shardwise::distributed::DeviceMesh> data_parallel_mesh(
   const shardwise::mesh::ParallelLayout layout(options);
   shardwise::distributed::broadcast_module(*model, *world.group);
   return std::make_shared<shardwise::distributed::DeviceMesh>(world, layout.layout("dp"));
-}
-
-// Which of the parameters a rank holds it writes into a checkpoint: only the first data-parallel
-// replica writes; a parameter replicated over the tp group only on tp rank 0; the tie only from
-// the first stage (not the head's copy).
-inline std::vector<ParameterSource> written(std::vector<ParameterSource> sources,
-                                            const shardwise::distributed::DeviceMesh& mesh,
-                                            bool holds_the_head_copy) {
-  std::vector<ParameterSource> out;  // mesh.coordinate of an axis the mesh lacks is 0
-  if (mesh.coordinate("dp") != 0) return out;
-  for (auto& source : sources) {
-    if (!source.split && mesh.coordinate("tp") != 0) continue;
-    if (holds_the_head_copy && source.name == "embed.weight" && mesh.coordinate("pp") != 0) {
-      continue;
-    }
-    out.push_back(std::move(source));
-  }
-  return out;
 }
 
 // The fused AdamW every strategy but ZeRO uses (shardwise-train's betas and weight decay).
@@ -105,7 +86,7 @@ inline Strategy fsdp(GPT model, const Flags& flags, const shardwise::distributed
       },
       [wrapper] { return wrapper->full_state_dict(); }, world.rank(), world.size(),
       lr_setter(optimizer)};
-  out.checkpoint = adamw_checkpoint(
+  out.checkpoint = shardwise::training::adamw_checkpoint(
       [wrapper](bool) { return std::make_pair(wrapper->shard_slices(), wrapper->parameters()); },
       optimizer);
   return out;
@@ -135,7 +116,7 @@ inline Strategy zero(GPT model, const Flags& flags, const shardwise::distributed
           world.rank(),
           world.size(),
           lr_setter(optimizer),
-          zero_checkpoint(optimizer)};
+          shardwise::training::zero_checkpoint(optimizer)};
 }
 
 // Tensor parallelism over groups of --tp adjacent ranks, the world / --tp groups data parallel
@@ -168,13 +149,15 @@ inline Strategy tensor_parallel(GPT model,
   };
   auto slots = [sharded, mesh](bool saving) {
     auto sources = sharded->sources();
-    return source_slots(saving ? written(sources, *mesh, /*holds_the_head_copy=*/false) : sources);
+    namespace training = shardwise::training;
+    return training::source_slots(
+        saving ? training::written_sources(sources, mesh->layout(), mesh->rank()) : sources);
   };
   return {step,
           [sharded] { return sharded->full_state(); },
           mesh->coordinate("dp"),
           mesh->size("dp"),
           lr_setter(optimizer),
-          adamw_checkpoint(slots, optimizer),
+          shardwise::training::adamw_checkpoint(slots, optimizer),
           mesh->layout().describe()};
 }

@@ -12,39 +12,20 @@
 // tokens/s (from the median step time of the slowest rank, the first step left out) and the
 // largest peak RSS of any rank.
 #include <shardwise/shardwise.h>
-#include <sys/resource.h>
 #include <torch/torch.h>
 
-#include <algorithm>
 #include <chrono>
-#include <cmath>
 #include <cstdio>
-#include <cstdlib>
-#include <functional>
 #include <iostream>
-#include <map>
-#include <stdexcept>
 #include <string>
 #include <vector>
 
-#include "checkpointing.h"
 #include "flags.h"
 #include "gpt.h"
 #include "pipeline_strategy.h"
 #include "strategies.h"
 
 namespace {
-
-// shardwise-train's schedule: linear warm-up to the peak, then cosine decay to 10% of it at the
-// last step.
-double lr_at(int64_t step, const Flags& flags) {
-  if (flags.warmup_steps > 0 && step <= flags.warmup_steps) {
-    return flags.lr * static_cast<double>(step) / static_cast<double>(flags.warmup_steps);
-  }
-  const double span = static_cast<double>(std::max<int64_t>(1, flags.steps - flags.warmup_steps));
-  const double progress = std::min(1.0, static_cast<double>(step - flags.warmup_steps) / span);
-  return flags.lr * (0.1 + 0.9 * 0.5 * (1 + std::cos(M_PI * progress)));
-}
 
 // The run's settings, recorded in each checkpoint's manifest.
 std::string config_text(const Flags& f) {
@@ -57,45 +38,31 @@ std::string config_text(const Flags& f) {
          "}\n";
 }
 
-double peak_rss_mib() {
-  rusage usage{};
-  getrusage(RUSAGE_SELF, &usage);
-  return static_cast<double>(usage.ru_maxrss) / 1024.0;  // ru_maxrss is in KiB on Linux
-}
-
-// The largest `value` of any rank.
-double max_over_ranks(c10d::ProcessGroup& group, double value) {
-  std::vector<at::Tensor> tensors{torch::tensor({value}, torch::kFloat64)};
-  c10d::AllreduceOptions options;
-  options.reduceOp = c10d::ReduceOp::MAX;
-  group.allreduce(tensors, options)->wait();
-  return tensors[0].item<double>();
-}
-
-// The mean of `loss` over the ranks where it is defined (all, or a pipeline's last stages).
-double mean_over_ranks_with_a_loss(c10d::ProcessGroup& group, const torch::Tensor& loss) {
-  std::vector<at::Tensor> tensors{torch::tensor(
-      {loss.defined() ? loss.item<double>() : 0.0, loss.defined() ? 1.0 : 0.0}, torch::kFloat64)};
-  group.allreduce(tensors)->wait();
-  return tensors[0][0].item<double>() / tensors[0][1].item<double>();
-}
-
-// The median over steps (the first, warm-up step left out when there are others) of each step's
-// slowest rank: shardwise-train's step_s.
-double median_step_seconds(c10d::ProcessGroup& group, const std::vector<double>& seconds) {
-  std::vector<at::Tensor> tensors{torch::tensor(seconds, torch::kFloat64)};
-  c10d::AllreduceOptions options;
-  options.reduceOp = c10d::ReduceOp::MAX;
-  group.allreduce(tensors, options)->wait();
-  at::Tensor slowest = tensors[0];
-  if (slowest.numel() > 1) slowest = slowest.slice(0, 1);
-  return slowest.median().item<double>();
+// Loads the newest checkpoint under --checkpoint-dir; the steps already done (0: none).
+int64_t resume(const Flags& flags,
+               const Strategy& strategy,
+               shardwise::data::TokenStream& stream,
+               const shardwise::distributed::World& world) {
+  const auto resumed = shardwise::training::resume_training(flags.checkpoint_dir,
+                                                            strategy.checkpoint, stream, world);
+  if (world.rank() == 0) {
+    for (const auto& path : resumed.removed)
+      std::printf("removed %s: a write that never finished\n", path.c_str());
+    for (const auto& reason : resumed.skipped) std::printf("warning: %s\n", reason.c_str());
+    if (resumed.step > 0) {
+      std::printf("resumed from %s (step %lld, saved by %d ranks)\n", resumed.path.c_str(),
+                  static_cast<long long>(resumed.step), resumed.saved_world);
+    }
+    std::fflush(stdout);
+  }
+  return resumed.step;
 }
 
 int run(const Flags& flags) {
   if (flags.threads > 0) torch::set_num_threads(static_cast<int>(flags.threads));
   auto world = shardwise::distributed::init_from_env_or_single();
-  auto& group = *world.group;
+  namespace training = shardwise::training;
+  const auto& group = world.group;
 
   // Every rank builds the same model from the same seed (and rank 0's weights are broadcast).
   torch::manual_seed(static_cast<uint64_t>(flags.seed));
@@ -127,18 +94,19 @@ int run(const Flags& flags) {
   std::vector<double> step_seconds;
   auto interval_start = std::chrono::steady_clock::now();
   int64_t first_step = 1;
-  if (!flags.checkpoint_dir.empty()) {
-    first_step += resume_from(flags.checkpoint_dir, strategy.checkpoint, stream, world);
-  }
+  if (!flags.checkpoint_dir.empty()) first_step += resume(flags, strategy, stream, world);
+  training::WarmupCosineOptions schedule{flags.lr, flags.warmup_steps, flags.steps};
+  training::RunCheckpointOptions saving{flags.checkpoint_dir, static_cast<int>(flags.keep_last),
+                                        config_text(flags)};
   for (int64_t step = first_step; step <= flags.steps; ++step) {
     const auto step_start = std::chrono::steady_clock::now();
     auto [inputs, targets] = stream.next();
-    strategy.set_lr(lr_at(step, flags));
+    strategy.set_lr(training::warmup_cosine_lr(schedule, step));
     const torch::Tensor loss = strategy.step(inputs, targets);
     const auto now = std::chrono::steady_clock::now();
     step_seconds.push_back(std::chrono::duration<double>(now - step_start).count());
     if (step % flags.log_every == 0 || step == flags.steps) {
-      const double mean_loss = mean_over_ranks_with_a_loss(group, loss);
+      const double mean_loss = training::mean_loss_over_ranks(group, loss);
       const int64_t steps_in_interval =
           step % flags.log_every == 0 ? flags.log_every : step % flags.log_every;
       const double seconds = std::chrono::duration<double>(now - interval_start).count();
@@ -150,8 +118,7 @@ int run(const Flags& flags) {
       interval_start = std::chrono::steady_clock::now();
     }
     if (!flags.checkpoint_dir.empty() && (step % flags.save_every == 0 || step == flags.steps)) {
-      save_to(flags.checkpoint_dir, step, static_cast<int>(flags.keep_last), config_text(flags),
-              strategy.checkpoint, stream, world);
+      training::save_training_step(step, strategy.checkpoint, stream, world, saving);
     }
   }
   if (!flags.save.empty()) {
@@ -164,8 +131,8 @@ int run(const Flags& flags) {
       std::printf("saved %zu tensors to %s\n", full.size(), flags.save.c_str());
     }
   }
-  const double rss = max_over_ranks(group, peak_rss_mib());
-  const double step_s = median_step_seconds(group, step_seconds);
+  const double rss = training::max_over_ranks(group, training::peak_rss_mib());
+  const double step_s = training::median_step_seconds(group, step_seconds);
   if (world.rank() == 0) {
     std::printf("summary world %d tokens/s %.1f step_s %.5f peak_rss_mib %.1f\n", world.size(),
                 tokens_per_step / step_s, step_s, rss);

@@ -70,6 +70,7 @@ class Axes:
     pipeline_size: int = 1
     pipeline_rank: int = 0
     description: str = ""  # Mesh.describe() of a mesh with a pp or tp axis
+    mesh: Any = None  # the run's shardwise.mesh.Mesh (its layout and this rank's place)
 
     @property
     def data_size(self) -> int:
@@ -89,7 +90,8 @@ def mesh_axes(strategy: str, options: StrategyOptions, world: int) -> Axes:
     layout = options.layout
     kind = layout.data_axis(strategy)
     if layout.tensor_parallel_size == 1 and layout.pipeline_parallel_size == 1:
-        return Axes(kind, dist.group.WORLD)
+        mesh = Mesh.from_layout(layout.layout(kind), create_groups=False)
+        return Axes(kind, dist.group.WORLD, mesh=mesh)
     mesh = Mesh.from_layout(layout.layout(kind))
     data_group = mesh.group(kind)
     if data_group is None and strategy == "pipeline":
@@ -102,6 +104,7 @@ def mesh_axes(strategy: str, options: StrategyOptions, world: int) -> Axes:
         layout.pipeline_parallel_size,
         mesh.coordinate("pp"),
         mesh.describe(),
+        mesh,
     )
 
 

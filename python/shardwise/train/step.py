@@ -22,6 +22,7 @@ import time
 import torch
 import torch.distributed as dist
 
+from .. import _C
 from ..optim import FusedAdamW
 from .parallelize import Axes, Parallel, StrategyOptions, autocast_context, mesh_axes, parallelize
 from .pieces import Slot
@@ -194,25 +195,24 @@ class TrainStep:
         return norm
 
     def clip_grad_norm_(self, params: list[torch.Tensor], max_norm: float | None) -> float:
-        """The global norm (C++ ``tensor_parallel::clip_grad_norm_``): split parameters summed
-        over tp, shards over the fsdp axis, stages over the pp axis; replicated parameters and
-        the head's copy of a tied embedding count once. Gradients scaled if above ``max_norm``."""
+        """The global norm (C++ ``training::clip_grad_norm_over_mesh``): split parameters
+        summed over tp, shards over the fsdp axis, stages over the pp axis; replicated
+        parameters count once and the head's copy of a tied embedding not at all (it is scaled
+        with the rest). Gradients scaled if above ``max_norm``."""
         par, axes = self.par, self.axes
         if par.kind == "fsdp" and par.pipe is None and axes.tp_group is None:
             return float(par.forward.clip_grad_norm_(max_norm or math.inf))  # FSDP's own layout
-        from .. import tensor_parallel as tp
-
-        norm = tp.clip_grad_norm_(
-            [p for p in params if id(p) != par.head_copy],
-            0.0,
+        held, split = [p for p in params if p.grad is not None], par.split
+        counted = [p for p in held if id(p) != par.head_copy]
+        return _C.clip_grad_norm_over_mesh(
+            [p.grad for p in counted if id(p) in split],
+            [p.grad for p in counted if id(p) not in split],
+            [p.grad for p in held if id(p) == par.head_copy],
+            max_norm or 0.0,
             axes.tp_group,
-            split=par.split,
-            shard_group=axes.data_group if par.kind == "fsdp" else None,
-            stage_group=axes.pipeline_group if par.pipe is not None else None,
+            axes.data_group if par.kind == "fsdp" else None,
+            axes.pipeline_group if par.pipe is not None else None,
         )
-        if max_norm and norm > max_norm:
-            torch._foreach_mul_([p.grad for p in params], max_norm / (norm + 1e-6))
-        return norm
 
     # --- state ---------------------------------------------------------------------------
 
@@ -255,16 +255,18 @@ class TrainStep:
             self.scaler.load_state(state)
 
     def save_slots(self) -> list[Slot]:
-        """What this rank writes: replicated copies (dp ranks other than 0, tp ranks other than
-        0 for replicated parameters, the head's copy of the tie) are left to their owner."""
-        if self.par.kind == "ddp" and self.axes.data_rank != 0:
-            return []
-        slots = self.load_slots()
-        if self.axes.tp_group is not None and dist.get_rank(self.axes.tp_group) != 0:
-            slots = [s for s in slots if s.tp_split]
-        if self.par.pipe is not None and 0 not in self.par.stages:
-            slots = [s for s in slots if not s.name.startswith("embed.weight")]
-        return slots
+        """What this rank writes (C++ ``training/checkpoint_writer.h``, the rule the LibTorch
+        trainer follows too): of the ranks holding equal copies, the first along each axis they
+        are replicated over (dp; tp unless tp-split; pp for the pipeline's tied embedding)."""
+        mesh = self.axes.mesh
+        tied = set(self.par.aliases.values()) if self.par.pipe is not None else set()
+        return [
+            s
+            for s in self.load_slots()
+            if _C.checkpoint_writes(
+                mesh.layout, mesh.rank, s.tp_split, s.name.split(":")[0] in tied
+            )
+        ]
 
     def load_slots(self) -> list[Slot]:
         """Views of every parameter and AdamW moment this rank holds."""

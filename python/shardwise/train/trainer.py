@@ -14,7 +14,6 @@ optimizer step, this rank's RNG state and the data position; the manifest holds 
 from __future__ import annotations
 
 import datetime
-import math
 import os
 import signal
 import socket
@@ -25,6 +24,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from .. import _C
 from ..models.causal_lm import export_names
 from ..models.gpt import GPT, GPTConfig
 from . import checkpoint as ckpt
@@ -99,12 +99,9 @@ def init_distributed(
 
 
 def lr_at(step: int, spec: RunSpec) -> float:
-    """Linear warm-up to the peak, then cosine decay to 10% of it at max_steps."""
-    if spec.warmup_steps and step <= spec.warmup_steps:
-        return spec.learning_rate * step / spec.warmup_steps
-    span = max(1, spec.max_steps - spec.warmup_steps)
-    progress = min(1.0, (step - spec.warmup_steps) / span)
-    return spec.learning_rate * (0.1 + 0.9 * 0.5 * (1 + math.cos(math.pi * progress)))
+    """Linear warm-up to the peak, then cosine decay to 10% of it at max_steps (the C++
+    ``training/lr_schedule.h``, which the LibTorch trainer reads too)."""
+    return _C.warmup_cosine_lr(step, spec.learning_rate, spec.warmup_steps, spec.max_steps)
 
 
 class Trainer:

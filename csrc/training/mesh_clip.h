@@ -1,0 +1,34 @@
+// One gradient-norm clip over the whole mesh, as torch.nn.utils.clip_grad_norm_ computes it on
+// the unsharded model: the L2 norm of every gradient of the full model, each element counted
+// once, whatever the strategy holds where. This rank's gradients come in three kinds:
+//
+//   - split: tensor-parallel shards; their squares are summed over `tp_group`;
+//   - replicated: equal on every tp rank; counted once (not summed over tp);
+//   - copies: the second copy of a tie across pipeline stages (a GPT head's copy of the token
+//     embedding, on the last stage); left out of the norm (the first stage counts the tie) but
+//     scaled with the rest.
+//
+// Both kinds' squares are summed over `shard_group` (FSDP shards) and `stage_group` (pipeline
+// stages hold disjoint parameters): tensor_parallel::global_norm. When the norm exceeds max_norm
+// (> 0), every gradient, copies included, is multiplied by max_norm / (norm + 1e-6). Returns the
+// norm before clipping. Collective over the groups given.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <vector>
+
+#include "tensor_parallel/grad_norm.h"
+
+namespace shardwise::training {
+
+struct MeshGradients {
+  std::vector<at::Tensor> split;
+  std::vector<at::Tensor> replicated;
+  std::vector<at::Tensor> copies;
+};
+
+double clip_grad_norm_over_mesh(const MeshGradients& grads,
+                                const tensor_parallel::ClipOptions& options);
+
+}  // namespace shardwise::training

@@ -1,0 +1,53 @@
+// shardwise._C's training rules: the learning-rate schedule (lr_schedule.h), the checkpoint
+// writer rule (checkpoint_writer.h) and the mesh-wide clip (mesh_clip.h).
+#include "training/training_python.h"
+
+#include <pybind11/stl.h>
+#include <torch/csrc/utils/pybind.h>
+
+#include <optional>
+#include <vector>
+
+#include "training/checkpoint_writer.h"
+#include "training/lr_schedule.h"
+#include "training/mesh_clip.h"
+
+namespace py = pybind11;
+
+namespace shardwise::training {
+
+void bind_training(py::module& m) {
+  using Group = tensor_parallel::Group;
+  m.def(
+      "warmup_cosine_lr",
+      [](int64_t step, double peak_lr, int64_t warmup_steps, int64_t max_steps,
+         double final_ratio) {
+        return warmup_cosine_lr({peak_lr, warmup_steps, max_steps, final_ratio}, step);
+      },
+      py::arg("step"), py::arg("peak_lr"), py::arg("warmup_steps"), py::arg("max_steps"),
+      py::arg("final_ratio") = 0.1, "training/lr_schedule.h: linear warm-up, then cosine decay.");
+  m.def(
+      "checkpoint_writes",
+      [](const mesh::MeshLayout& layout, int rank, bool tp_split, bool tied) {
+        return writes(layout, rank, {tp_split, tied});
+      },
+      py::arg("layout"), py::arg("rank"), py::arg("tp_split"), py::arg("tied"),
+      "training/checkpoint_writer.h: whether `rank` writes a parameter placed so.");
+  m.def(
+      "clip_grad_norm_over_mesh",
+      [](std::vector<at::Tensor> split, std::vector<at::Tensor> replicated,
+         std::vector<at::Tensor> copies, double max_norm, std::optional<Group> tp_group,
+         std::optional<Group> shard_group, std::optional<Group> stage_group) {
+        tensor_parallel::ClipOptions options{max_norm, tp_group.value_or(Group()),
+                                             shard_group.value_or(Group()),
+                                             stage_group.value_or(Group())};
+        return clip_grad_norm_over_mesh(
+            {std::move(split), std::move(replicated), std::move(copies)}, options);
+      },
+      py::arg("split"), py::arg("replicated"), py::arg("copies"), py::arg("max_norm"),
+      py::arg("tp_group") = py::none(), py::arg("shard_group") = py::none(),
+      py::arg("stage_group") = py::none(), py::call_guard<py::gil_scoped_release>(),
+      "training/mesh_clip.h: the whole model's gradient norm over the mesh, then the clip.");
+}
+
+}  // namespace shardwise::training

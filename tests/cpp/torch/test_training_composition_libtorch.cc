@@ -1,0 +1,344 @@
+// The training rules composed as a LibTorch user composes them (csrc/training), on 8 thread ranks:
+// a mesh of pp 2 x dp 2 x tp 2 (ParallelLayout, DeviceMesh), a two-stage model whose MLPs are
+// tensor parallel (Megatron's column then row split) with a weight tied across the stages, run by
+// pipeline::Pipeline under 1F1B with its replicas data parallel; the mesh-wide clip, the warm-up /
+// cosine learning rate, then the full state gathered to rank 0 and the checkpoint pieces written
+// by the writer rule. A second mesh, dp 2 x tp 2, runs ZeRO-2 over the data axis of the same
+// tensor-parallel MLPs. Each is compared with the unsharded model trained on the whole batch in
+// one thread with torch's own clip and AdamW.
+//
+// Catches: a tie counted twice (or its copy left unscaled) in the clip, split gradients not summed
+// over tp (or replicated ones summed), the data replicas' gradients not averaged, the full state
+// missing a stage's or a shard's part, and a checkpoint whose pieces miss or repeat an element.
+#include <gtest/gtest.h>
+#include <torch/torch.h>
+
+#include <map>
+#include <mutex>
+#include <string>
+#include <vector>
+
+#include "distributed/device_mesh.h"
+#include "mesh/parallel_layout.h"
+#include "pipeline/pipeline.h"
+#include "sharding/checkpoint_pieces.h"
+#include "tensor_parallel/parallel_linear.h"
+#include "tensor_parallel/shard_tensor.h"
+#include "thread_group.h"
+#include "training/checkpoint_hooks.h"
+#include "training/full_state.h"
+#include "training/lr_schedule.h"
+#include "training/mesh_clip.h"
+#include "zero/zero_redundancy_optimizer.h"
+
+namespace {
+
+namespace sw = shardwise;
+using Params = std::map<std::string, torch::Tensor>;
+
+constexpr int64_t kDim = 8, kHidden = 16, kBatch = 8, kSteps = 3;
+constexpr double kMaxNorm = 0.05;  // small enough that every step clips
+
+const sw::training::WarmupCosineOptions kSchedule{1e-2, 1, kSteps, 0.1};
+
+// How each MLP parameter is split over tp (nullopt: replicated).
+std::optional<sw::tensor_parallel::ShardSpec> spec(const std::string& name, int rank, int size) {
+  const auto ends = [&](const std::string& s) {
+    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
+  };
+  if (ends("up.weight") || ends("up.bias"))
+    return sw::tensor_parallel::ShardSpec{0, 1, rank, size, name, "w"};
+  if (ends("down.weight")) return sw::tensor_parallel::ShardSpec{1, 1, rank, size, name, "w"};
+  return std::nullopt;
+}
+
+// The full model's parameters by stage: the tie on stage 0, an MLP on each stage.
+std::vector<std::vector<std::string>> stage_names() {
+  return {{"tie", "s0.up.weight", "s0.up.bias", "s0.down.weight", "s0.down.bias"},
+          {"s1.up.weight", "s1.up.bias", "s1.down.weight", "s1.down.bias"}};
+}
+
+const Params& initial_model();
+
+// A copy of the initial weights.
+Params full_model() {
+  Params out;
+  for (const auto& [name, t] : initial_model()) out[name] = t.clone();
+  return out;
+}
+
+// x + down(gelu(up(x))), tensor parallel when `tp` is given.
+torch::Tensor mlp(const torch::Tensor& x,
+                  const Params& p,
+                  const std::string& s,
+                  const sw::tensor_parallel::Group& tp) {
+  if (!tp) {
+    auto h = torch::gelu(torch::linear(x, p.at(s + "up.weight"), p.at(s + "up.bias")));
+    return x + torch::linear(h, p.at(s + "down.weight"), p.at(s + "down.bias"));
+  }
+  sw::tensor_parallel::ParallelOptions o;
+  o.group = tp;
+  auto h = torch::gelu(sw::tensor_parallel::column_parallel_linear(x, p.at(s + "up.weight"),
+                                                                   p.at(s + "up.bias"), o));
+  return x + sw::tensor_parallel::row_parallel_linear(h, p.at(s + "down.weight"),
+                                                      p.at(s + "down.bias"), o);
+}
+
+struct Data {
+  torch::Tensor x, y;
+};
+// Step `step`'s batch (1-based), drawn once before the threads start (the default generator is
+// not for concurrent use).
+const std::vector<Data>& batches() {
+  static const std::vector<Data> all = [] {
+    std::vector<Data> out(kSteps + 1);
+    torch::manual_seed(100);
+    for (auto& d : out) d = {torch::randn({kBatch, kDim}), torch::randn({kBatch, kDim})};
+    return out;
+  }();
+  return all;
+}
+const Data& batch(int step) { return batches().at(step); }
+
+// The full model's initial weights, drawn once likewise.
+const Params& initial_model() {
+  static const Params all = [] {
+    torch::manual_seed(0);
+    Params p{{"tie", torch::randn({kDim, kDim}) * 0.3}};
+    for (const std::string s : {"s0.", "s1."}) {
+      p[s + "up.weight"] = torch::randn({kHidden, kDim}) * 0.3;
+      p[s + "up.bias"] = torch::randn({kHidden}) * 0.1;
+      p[s + "down.weight"] = torch::randn({kDim, kHidden}) * 0.3;
+      p[s + "down.bias"] = torch::randn({kDim}) * 0.1;
+    }
+    return p;
+  }();
+  return all;
+}
+
+// The unsharded model's output: with the tie, its input projection and (transposed) its head.
+torch::Tensor reference_forward(const Params& p, const torch::Tensor& x) {
+  if (!p.count("tie")) return mlp(mlp(x, p, "s0.", {}), p, "s1.", {});
+  auto h = mlp(mlp(torch::matmul(x, p.at("tie")), p, "s0.", {}), p, "s1.", {});
+  return torch::matmul(h, p.at("tie").t());
+}
+
+// The unsharded model on the whole batch: torch's clip and AdamW. Returns the norms per step.
+std::vector<double> train_reference(Params& p) {
+  std::vector<torch::Tensor> params;
+  for (auto& [name, t] : p) params.push_back(t.requires_grad_(true));
+  torch::optim::AdamW optimizer(params, torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  std::vector<double> norms;
+  for (int step = 1; step <= kSteps; ++step) {
+    const Data& d = batch(step);
+    torch::mse_loss(reference_forward(p, d.x), d.y).backward();
+    norms.push_back(torch::nn::utils::clip_grad_norm_(params, kMaxNorm));
+    for (auto& group : optimizer.param_groups()) {
+      group.options().set_lr(sw::training::warmup_cosine_lr(kSchedule, step));
+    }
+    optimizer.step();
+    optimizer.zero_grad();
+  }
+  return norms;
+}
+
+sw::distributed::World thread_world(int rank,
+                                    int world,
+                                    const c10::intrusive_ptr<c10d::Store>& store) {
+  sw::distributed::World w;
+  w.env.rank = rank;
+  w.env.world_size = world;
+  w.store = store;
+  w.group = make_thread_group(store, rank, world, "world");
+  return w;
+}
+
+// This rank's tensors of stage `stage`'s parameters (tp shards of the split ones).
+Params stage_params(const Params& full, int stage, int tp_rank, int tp_size) {
+  Params out;
+  const auto names = stage_names();
+  for (const auto& name : names[stage]) {
+    const auto s = spec(name, tp_rank, tp_size);
+    out[name] = (s ? sw::tensor_parallel::shard_tensor(full.at(name), *s) : full.at(name).clone())
+                    .requires_grad_(true);
+  }
+  if (stage == 1) out["tie_copy"] = full.at("tie").clone().requires_grad_(true);
+  return out;
+}
+
+struct Saved {
+  std::mutex mutex;
+  std::vector<sw::sharding::TensorSlice> pieces;
+  Params full;
+  std::vector<double> norms;
+};
+
+void pipeline_rank(int rank, const c10::intrusive_ptr<c10d::Store>& store, Saved& saved) {
+  auto world = thread_world(rank, 8, store);
+  sw::mesh::ParallelLayout layout({8, {}, /*tp=*/2, /*pp=*/2});
+  sw::distributed::DeviceMesh mesh(world, layout.layout("dp"));
+  const auto tp = mesh.group({"tp"});
+  const int stage = mesh.coordinate("pp");
+  Params mine = stage_params(full_model(), stage, mesh.coordinate("tp"), 2);
+  sw::pipeline::PipelineStage piece;
+  piece.id = stage;
+  for (auto& [name, t] : mine) piece.parameters.push_back({name, t});
+  piece.forward = [mine, stage, tp](const torch::Tensor& x) {
+    if (stage == 0) return mlp(torch::matmul(x, mine.at("tie")), mine, "s0.", tp);
+    return torch::matmul(mlp(x, mine, "s1.", tp), mine.at("tie_copy").t());
+  };
+  sw::pipeline::PipelineOptions options;
+  options.schedule = sw::pipeline::make_schedule({sw::pipeline::ScheduleKind::k1F1B, 2, 2, 1});
+  options.rank = stage;
+  options.group = mesh.group({"pp"});
+  options.data_parallel_group = mesh.group({"dp"});
+  options.tied = {{0, "tie", 1, "tie_copy"}};
+  options.loss = [](const torch::Tensor& out, const torch::Tensor& y) {
+    return torch::mse_loss(out, y);
+  };
+  sw::pipeline::Pipeline pipeline({piece}, options);
+  auto optimizer = std::make_shared<torch::optim::AdamW>(
+      pipeline.parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  const int64_t rows = kBatch / 2, first = mesh.coordinate("dp") * rows;
+  for (int step = 1; step <= kSteps; ++step) {
+    const Data& d = batch(step);
+    pipeline.step(d.x.slice(0, first, first + rows), d.y.slice(0, first, first + rows));
+    sw::training::MeshGradients grads;
+    for (const auto& [name, t] : mine) {
+      auto& kind = name == "tie_copy" ? grads.copies
+                   : spec(name, 0, 2) ? grads.split
+                                      : grads.replicated;
+      kind.push_back(t.grad());
+    }
+    sw::tensor_parallel::ClipOptions clip{kMaxNorm, tp, sw::tensor_parallel::Group(),
+                                          mesh.group({"pp"})};
+    const double norm = sw::training::clip_grad_norm_over_mesh(grads, clip);
+    if (rank == 0) saved.norms.push_back(norm);
+    for (auto& group : optimizer->param_groups()) {
+      group.options().set_lr(sw::training::warmup_cosine_lr(kSchedule, step));
+    }
+    optimizer->step();
+    optimizer->zero_grad();
+  }
+  // The full state on rank 0: every stage's parameters, the tie once (its copy left out).
+  std::vector<std::vector<sw::training::StagedParameter>> stages(2);
+  const Params shapes = full_model();
+  const auto names = stage_names();
+  for (int s = 0; s < 2; ++s) {
+    for (const auto& name : names[s]) {
+      stages[s].push_back(
+          {name, shapes.at(name).sizes().vec(), s == stage ? mine.at(name) : torch::Tensor()});
+    }
+  }
+  auto full = sw::training::gather_full_state(
+      mesh, stages, [&](const std::string& name, const torch::Tensor& v) {
+        const auto s = spec(name, mesh.coordinate("tp"), 2);
+        return s ? sw::tensor_parallel::gather_shards(v, *s, tp) : v.detach().clone();
+      });
+  // The checkpoint pieces this rank writes, by the writer rule (the copy under the tie's name).
+  auto slots = [&](bool saving) {
+    std::vector<sw::training::ParameterSource> sources;
+    for (const auto& [name, t] : mine) {
+      const std::string model = name == "tie_copy" ? "tie" : name;
+      sources.push_back(
+          {model, t, spec(model, mesh.coordinate("tp"), 2), shapes.at(model).sizes().vec()});
+    }
+    if (saving) sources = sw::training::written_sources(sources, mesh.layout(), rank, {"tie"});
+    return sw::training::source_slots(sources);
+  };
+  sw::checkpoint::TrainingState state;
+  sw::training::adamw_checkpoint(slots, optimizer).save(state);
+  std::lock_guard<std::mutex> lock(saved.mutex);
+  saved.pieces.insert(saved.pieces.end(), state.pieces.begin(), state.pieces.end());
+  for (const auto& item : full) saved.full[item.key()] = item.value();
+}
+
+TEST(TrainingComposition, PipelineOfTensorParallelStagesOverDataReplicasMatchesOneProcess) {
+  batches();
+  Params reference = full_model();
+  const std::vector<double> norms = train_reference(reference);
+  Saved saved;
+  on_threads_with_store(8, [&](int rank, const c10::intrusive_ptr<c10d::Store>& store) {
+    pipeline_rank(rank, store, saved);
+  });
+  ASSERT_EQ(saved.norms.size(), norms.size());
+  for (size_t i = 0; i < norms.size(); ++i) {
+    EXPECT_NEAR(saved.norms[i], norms[i], 1e-5 * norms[i]) << "step " << i + 1;
+    EXPECT_GT(norms[i], kMaxNorm);  // the clip acted
+  }
+  ASSERT_EQ(saved.full.size(), reference.size());
+  std::map<std::string, int64_t> written;
+  for (const auto& piece : saved.pieces) {
+    if (piece.name.find(':') == std::string::npos) written[piece.name] += piece.values.numel();
+  }
+  for (const auto& [name, expected] : reference) {
+    EXPECT_TRUE(torch::allclose(saved.full.at(name), expected.detach(), 1e-4, 1e-6)) << name;
+    EXPECT_EQ(written[name], expected.numel()) << name << ": each element written once";
+    // The pieces rebuild the same tensor.
+    torch::Tensor rebuilt = torch::empty({expected.numel()});
+    sw::sharding::fill_from_pieces({{name, 0, rebuilt}}, saved.pieces, /*strict=*/true);
+    EXPECT_TRUE(torch::equal(rebuilt.view(expected.sizes()), saved.full.at(name))) << name;
+  }
+}
+
+// dp 2 x tp 2: ZeRO-2 over the data axis steps the tensor-parallel MLPs, its clip told which
+// parameters are split over tp (ZeroTensorParallel).
+void zero_rank(int rank, const c10::intrusive_ptr<c10d::Store>& store, Saved& saved) {
+  auto world = thread_world(rank, 4, store);
+  sw::mesh::ParallelLayout layout({4, {}, /*tp=*/2, /*pp=*/1});
+  sw::distributed::DeviceMesh mesh(world, layout.layout("dp"));
+  const auto tp = mesh.group({"tp"});
+  Params full = full_model();
+  full.erase("tie");
+  std::vector<torch::Tensor> params;
+  std::vector<bool> split;
+  std::vector<sw::training::StagedParameter> staged;
+  Params mine;
+  for (const auto& [name, t] : full) {
+    const auto s = spec(name, mesh.coordinate("tp"), 2);
+    mine[name] = (s ? sw::tensor_parallel::shard_tensor(t, *s) : t.clone()).requires_grad_(true);
+    params.push_back(mine[name]);
+    split.push_back(s.has_value());
+    staged.push_back({name, t.sizes().vec(), mine[name]});
+  }
+  sw::zero::ZeroOptions options;
+  options.stage = 2;
+  options.group = mesh.group({"dp"});
+  options.gradient_clipping = kMaxNorm;
+  options.optimizer.weight_decay = 0.1;
+  options.tensor_parallel = {tp, split};
+  sw::zero::ZeroRedundancyOptimizer optimizer(params, options);
+  const int64_t rows = kBatch / 2, first = mesh.coordinate("dp") * rows;
+  for (int step = 1; step <= kSteps; ++step) {
+    const Data& d = batch(step);
+    auto h = mlp(mlp(d.x.slice(0, first, first + rows), mine, "s0.", tp), mine, "s1.", tp);
+    torch::mse_loss(h, d.y.slice(0, first, first + rows)).backward();
+    optimizer.param_groups()[0].options().set_lr(sw::training::warmup_cosine_lr(kSchedule, step));
+    optimizer.step();
+    optimizer.zero_grad();
+  }
+  auto gathered = sw::training::gather_full_state(
+      mesh, {staged}, [&](const std::string& name, const torch::Tensor& v) {
+        const auto s = spec(name, mesh.coordinate("tp"), 2);
+        return s ? sw::tensor_parallel::gather_shards(v, *s, tp) : v.detach().clone();
+      });
+  std::lock_guard<std::mutex> lock(saved.mutex);
+  for (const auto& item : gathered) saved.full[item.key()] = item.value();
+}
+
+TEST(TrainingComposition, ZeroOverTheDataAxisOfTensorParallelMlpsMatchesOneProcess) {
+  batches();
+  Params reference = full_model();
+  reference.erase("tie");
+  train_reference(reference);
+  Saved saved;
+  on_threads_with_store(4, [&](int rank, const c10::intrusive_ptr<c10d::Store>& store) {
+    zero_rank(rank, store, saved);
+  });
+  ASSERT_EQ(saved.full.size(), reference.size());
+  for (const auto& [name, expected] : reference) {
+    EXPECT_TRUE(torch::allclose(saved.full.at(name), expected.detach(), 1e-4, 1e-6)) << name;
+  }
+}
+
+}  // namespace
