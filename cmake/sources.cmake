@@ -107,6 +107,7 @@ set(SHARDWISE_TORCH_SOURCES
   csrc/pipeline/pipeline.cpp
   csrc/pipeline/tied_parameters.cpp
   csrc/pipeline/split_by_time.cpp
+  csrc/pipeline/block_stages.cpp
   csrc/optim/fused_optim_checks.cpp
   csrc/optim/fused_optim_ops.cpp
   csrc/optim/fused_adamw.cpp
@@ -115,6 +116,7 @@ set(SHARDWISE_TORCH_SOURCES
   csrc/tensor_parallel/parallel_attention.cpp
   csrc/tensor_parallel/vocab_parallel.cpp
   csrc/tensor_parallel/shard_tensor.cpp
+  csrc/tensor_parallel/sharded_parameters.cpp
   csrc/tensor_parallel/grad_norm.cpp
   csrc/distributed/process_group.cpp
   csrc/distributed/device_mesh.cpp

@@ -16,6 +16,9 @@
 
 #include <ATen/core/Tensor.h>
 
+#include <functional>
+#include <string>
+#include <utility>
 #include <vector>
 
 #include "tensor_parallel/grad_norm.h"
@@ -27,6 +30,13 @@ struct MeshGradients {
   std::vector<at::Tensor> replicated;
   std::vector<at::Tensor> copies;
 };
+
+// The gradients of `named` parameters sorted into the three kinds: a name in `copies` is a tie's
+// copy, one that `split` says is split a tp shard, the rest replicated; parameters without a
+// gradient are left out.
+MeshGradients mesh_gradients(const std::vector<std::pair<std::string, at::Tensor>>& named,
+                             const std::function<bool(const std::string&)>& split,
+                             const std::vector<std::string>& copies = {});
 
 double clip_grad_norm_over_mesh(const MeshGradients& grads,
                                 const tensor_parallel::ClipOptions& options);

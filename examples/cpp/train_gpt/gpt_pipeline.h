@@ -1,8 +1,9 @@
 // The GPT of gpt.h cut into pipeline stages for shardwise::pipeline::Pipeline. The blocks, in
 // order: the embedding (token + position), each transformer block, and the head (final norm, then
-// a copy of the token embedding's weight, tied to it across the stages). split_by_parameters cuts
-// them into contiguous stages; stage s runs on the pipeline rank s (a 1F1B or GPipe schedule).
-// Parameter names are the model's, so a stage's parameters are found (and exported) by them.
+// a copy of the token embedding's weight, tied to it across the stages).
+// pipeline::cut_by_parameters cuts them into contiguous stages; stage s runs on the pipeline rank s
+// (a 1F1B or GPipe schedule). Parameter names are the model's, so a stage's parameters are found
+// (and exported) by them.
 #pragma once
 
 #include <shardwise/shardwise.h>
@@ -19,10 +20,7 @@ inline std::string model_name(const std::string& name) {
   return name == "head.weight" ? "embed.weight" : name;
 }
 
-struct GPTBlock {
-  std::function<torch::Tensor(const torch::Tensor&)> forward;
-  std::vector<std::pair<std::string, torch::Tensor>> parameters;  // by the GPT's names
-};
+using GPTBlock = shardwise::pipeline::PipelineBlock;  // a forward and its parameters by name
 
 // `head_weight`: the last block's own copy of embed.weight (the pipeline ties the two).
 inline std::vector<GPTBlock> gpt_blocks(GPT model, const torch::Tensor& head_weight) {
@@ -55,23 +53,4 @@ inline std::vector<GPTBlock> gpt_blocks(GPT model, const torch::Tensor& head_wei
   head.parameters.push_back({"head.weight", head_weight});
   blocks.push_back(std::move(head));
   return blocks;
-}
-
-// This rank's stage: the blocks of `group` run in order, their parameters together.
-inline shardwise::pipeline::PipelineStage gpt_stage(const std::vector<GPTBlock>& blocks,
-                                                    const std::vector<int>& group,
-                                                    int stage) {
-  shardwise::pipeline::PipelineStage out;
-  out.id = stage;
-  std::vector<std::function<torch::Tensor(const torch::Tensor&)>> forwards;
-  for (int i : group) {
-    forwards.push_back(blocks[i].forward);
-    for (const auto& p : blocks[i].parameters) out.parameters.push_back(p);
-  }
-  out.forward = [forwards](const torch::Tensor& input) {
-    torch::Tensor x = input;
-    for (const auto& f : forwards) x = f(x);
-    return x;
-  };
-  return out;
 }

@@ -30,20 +30,15 @@ inline std::function<void()> pipeline_clip(std::shared_ptr<TensorParallelGPT> sh
                                            c10::intrusive_ptr<c10d::ProcessGroup> stage_group,
                                            double max_norm) {
   return [sharded, mine, stage_group, max_norm] {
-    shardwise::training::MeshGradients grads;
-    for (const auto& [name, p] : mine.parameters) {
-      if (!p.grad().defined()) continue;
-      const bool split = sharded && sharded->split(name);
-      (name == "head.weight" ? grads.copies
-       : split               ? grads.split
-                             : grads.replicated)
-          .push_back(p.grad());
-    }
+    auto split = [sharded](const std::string& name) {
+      return sharded && sharded->params().split(name);
+    };
     shardwise::tensor_parallel::ClipOptions options;
     options.max_norm = max_norm;
-    if (sharded) options.tp_group = sharded->group();
+    if (sharded) options.tp_group = sharded->params().group();
     options.stage_group = stage_group;
-    shardwise::training::clip_grad_norm_over_mesh(grads, options);
+    shardwise::training::clip_grad_norm_over_mesh(
+        shardwise::training::mesh_gradients(mine.parameters, split, {"head.weight"}), options);
   };
 }
 
@@ -56,7 +51,7 @@ inline std::vector<std::vector<shardwise::training::StagedParameter>> staged_par
     for (int i : cut.groups[s]) {
       for (const auto& [name, p] : cut.blocks[i].parameters) {
         if (name == "head.weight") continue;
-        stages[s].push_back({name, sharded ? sharded->full_shape(name) : p.sizes().vec(),
+        stages[s].push_back({name, sharded ? sharded->params().full_shape(name) : p.sizes().vec(),
                              static_cast<int>(s) == cut.stage ? p : torch::Tensor()});
       }
     }
@@ -85,18 +80,11 @@ inline shardwise::training::ParameterSlots pipeline_slots(
 
 // This rank's cut: the blocks split by parameters into `pp` contiguous stages.
 inline StageCut stage_cut(std::vector<GPTBlock> blocks, int pp, int stage) {
-  std::vector<std::vector<torch::Tensor>> block_parameters;
-  for (const auto& b : blocks) {
-    block_parameters.emplace_back();
-    for (const auto& [name, p] : b.parameters) block_parameters.back().push_back(p);
-  }
-  auto groups = shardwise::pipeline::stage_groups(
-      shardwise::pipeline::split_by_parameters(block_parameters, pp),
-      static_cast<int>(blocks.size()));
+  auto groups = shardwise::pipeline::cut_by_parameters(blocks, pp);
   return {std::move(blocks), std::move(groups), stage};
 }
 
-// A pipeline of --pp stages (split_by_parameters over the GPT's blocks), one per rank of each
+// A pipeline of --pp stages (cut_by_parameters over the GPT's blocks), one per rank of each
 // pipeline, with --tp each stage's blocks tensor parallel (TensorParallelGPT) over groups of --tp
 // adjacent ranks; the world / (pp x tp) pipelines are data parallel (their replicated stages'
 // gradients averaged by the Pipeline). The token embedding on the first stage and the head's copy
@@ -108,7 +96,7 @@ inline Strategy pipelined(GPT model,
   const int pp = static_cast<int>(flags.pp), tp = static_cast<int>(flags.tp);
   auto mesh = data_parallel_mesh(model, tp, pp, world);
   auto sharded = tp > 1 ? std::make_shared<TensorParallelGPT>(model, mesh->group({"tp"})) : nullptr;
-  const torch::Tensor head = (sharded ? sharded->parameter("embed.weight") : model->embed->weight)
+  const torch::Tensor head = (sharded ? sharded->params().at("embed.weight") : model->embed->weight)
                                  .detach()
                                  .clone()
                                  .requires_grad_(true);
@@ -127,7 +115,7 @@ inline Strategy pipelined(GPT model,
   if (sharded) {
     options.loss = [sharded](const auto& o, const auto& t) { return sharded->loss(o, t); };
   }
-  const auto mine = gpt_stage(cut.blocks, cut.groups[cut.stage], cut.stage);
+  const auto mine = shardwise::pipeline::stage_of(cut.blocks, cut.groups[cut.stage], cut.stage);
   auto pipeline = std::make_shared<shardwise::pipeline::Pipeline>(
       std::vector<shardwise::pipeline::PipelineStage>{mine}, options);
   auto optimizer = fused_adamw(pipeline->parameters(), flags);
@@ -144,7 +132,9 @@ inline Strategy pipelined(GPT model,
           [mesh, stages = staged_parameters(cut, sharded), sharded] {
             shardwise::training::GatherTp gather;
             if (sharded)
-              gather = [sharded](const auto& n, const auto& v) { return sharded->gather(n, v); };
+              gather = [sharded](const auto& n, const auto& v) {
+                return sharded->params().gather(n, v);
+              };
             return shardwise::training::gather_full_state(*mesh, stages, gather);
           },
           mesh->coordinate("dp"),

@@ -129,19 +129,22 @@ inline Strategy tensor_parallel(GPT model,
   auto tp_group = mesh->group({"tp"});
   auto dp_group = mesh->size("dp") > 1 ? mesh->group({"dp"}) : nullptr;
   auto sharded = std::make_shared<TensorParallelGPT>(model, tp_group);
-  auto optimizer = fused_adamw(sharded->parameters(), flags);
+  auto optimizer = fused_adamw(sharded->params().tensors(), flags);
   const double clip = flags.clip;
   auto step = [sharded, optimizer, clip, tp_group, dp_group](const torch::Tensor& inputs,
                                                              const torch::Tensor& targets) {
     auto loss = sharded->loss(sharded->forward(inputs), targets);
     loss.backward();
-    if (dp_group) shardwise::distributed::average_gradients(sharded->parameters(), *dp_group);
+    const auto& params = sharded->params();
+    if (dp_group) shardwise::distributed::average_gradients(params.tensors(), *dp_group);
     if (clip > 0) {
-      const auto [split, replicated] = sharded->split_and_replicated_grads();
       shardwise::tensor_parallel::ClipOptions options;
       options.max_norm = clip;
       options.tp_group = tp_group;
-      shardwise::tensor_parallel::clip_grad_norm_(split, replicated, options);
+      shardwise::training::clip_grad_norm_over_mesh(
+          shardwise::training::mesh_gradients(
+              params.named(), [&params](const std::string& n) { return params.split(n); }),
+          options);
     }
     optimizer->step();
     optimizer->zero_grad();

@@ -13,6 +13,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <vector>
 
+#include "pipeline/block_stages.h"
 #include "pipeline/deferred_linear.h"
 #include "pipeline/executor.h"
 #include "pipeline/pipeline.h"
@@ -182,6 +183,33 @@ TEST(PipelineLibTorch, TiedParametersAndDataParallelAveragingMatchTheUnshardedMo
     EXPECT_TRUE(torch::allclose(middle_grads[2 * data + 1], ref_middle->weight.grad(), 1e-5, 1e-7))
         << "replica " << data;
   }
+}
+
+// A model as blocks cut by parameter count: the heavy middle block stands alone, each stage runs
+// its blocks in order with their parameters by name, and more stages than blocks is refused.
+// Catches a cut that is not contiguous or unbalanced, a stage that drops or reorders a block's
+// forward, and a silent empty stage.
+TEST(PipelineLibTorch, BlocksAreCutByParametersAndComposedIntoStages) {
+  auto block = [](const std::string& name, int64_t numel, double add) {
+    shardwise::pipeline::PipelineBlock b;
+    b.forward = [add](const torch::Tensor& x) { return x * 2 + add; };
+    b.parameters = {{name, torch::zeros({numel})}};
+    return b;
+  };
+  const std::vector<shardwise::pipeline::PipelineBlock> blocks{
+      block("a", 10, 1), block("b", 100, 2), block("c", 10, 3), block("d", 10, 4)};
+  const auto groups = shardwise::pipeline::cut_by_parameters(blocks, 2);
+  ASSERT_EQ(groups.size(), 2u);
+  EXPECT_EQ(groups[0], (std::vector<int>{0, 1}));  // 110 | 20: the nearest balance
+  EXPECT_EQ(groups[1], (std::vector<int>{2, 3}));
+  const auto last = shardwise::pipeline::stage_of(blocks, groups[1], 1);
+  EXPECT_EQ(last.id, 1);
+  ASSERT_EQ(last.parameters.size(), 2u);
+  EXPECT_EQ(last.parameters[0].first, "c");
+  EXPECT_EQ(last.parameters[1].first, "d");
+  // (x * 2 + 3) * 2 + 4 at x = 1: c then d.
+  EXPECT_EQ(last.forward(torch::ones({1})).item<double>(), 14.0);
+  EXPECT_THROW(shardwise::pipeline::cut_by_parameters(blocks, 5), std::invalid_argument);
 }
 
 }  // namespace

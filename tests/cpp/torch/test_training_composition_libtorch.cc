@@ -23,7 +23,7 @@
 #include "pipeline/pipeline.h"
 #include "sharding/checkpoint_pieces.h"
 #include "tensor_parallel/parallel_linear.h"
-#include "tensor_parallel/shard_tensor.h"
+#include "tensor_parallel/sharded_parameters.h"
 #include "thread_group.h"
 #include "training/checkpoint_hooks.h"
 #include "training/full_state.h"
@@ -41,21 +41,22 @@ constexpr double kMaxNorm = 0.05;  // small enough that every step clips
 
 const sw::training::WarmupCosineOptions kSchedule{1e-2, 1, kSteps, 0.1};
 
-// How each MLP parameter is split over tp (nullopt: replicated).
-std::optional<sw::tensor_parallel::ShardSpec> spec(const std::string& name, int rank, int size) {
+// How each MLP parameter is split over tp (nullopt: replicated): Megatron's column then row split.
+std::optional<sw::tensor_parallel::SplitDim> split_rule(const std::string& name) {
   const auto ends = [&](const std::string& s) {
     return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
   };
-  if (ends("up.weight") || ends("up.bias"))
-    return sw::tensor_parallel::ShardSpec{0, 1, rank, size, name, "w"};
-  if (ends("down.weight")) return sw::tensor_parallel::ShardSpec{1, 1, rank, size, name, "w"};
+  if (ends("up.weight") || ends("up.bias")) return sw::tensor_parallel::SplitDim{0};
+  if (ends("down.weight")) return sw::tensor_parallel::SplitDim{1};
   return std::nullopt;
 }
 
 // The full model's parameters by stage: the tie on stage 0, an MLP on each stage.
-std::vector<std::vector<std::string>> stage_names() {
-  return {{"tie", "s0.up.weight", "s0.up.bias", "s0.down.weight", "s0.down.bias"},
-          {"s1.up.weight", "s1.up.bias", "s1.down.weight", "s1.down.bias"}};
+const std::vector<std::vector<std::string>>& stage_names() {
+  static const std::vector<std::vector<std::string>> names{
+      {"tie", "s0.up.weight", "s0.up.bias", "s0.down.weight", "s0.down.bias"},
+      {"s1.up.weight", "s1.up.bias", "s1.down.weight", "s1.down.bias"}};
+  return names;
 }
 
 const Params& initial_model();
@@ -67,9 +68,10 @@ Params full_model() {
   return out;
 }
 
-// x + down(gelu(up(x))), tensor parallel when `tp` is given.
+// x + down(gelu(up(x))), tensor parallel when `tp` is given (`p`: Params or ShardedParameters).
+template <typename P>
 torch::Tensor mlp(const torch::Tensor& x,
-                  const Params& p,
+                  const P& p,
                   const std::string& s,
                   const sw::tensor_parallel::Group& tp) {
   if (!tp) {
@@ -153,17 +155,15 @@ sw::distributed::World thread_world(int rank,
   return w;
 }
 
-// This rank's tensors of stage `stage`'s parameters (tp shards of the split ones).
-Params stage_params(const Params& full, int stage, int tp_rank, int tp_size) {
-  Params out;
-  const auto names = stage_names();
-  for (const auto& name : names[stage]) {
-    const auto s = spec(name, tp_rank, tp_size);
-    out[name] = (s ? sw::tensor_parallel::shard_tensor(full.at(name), *s) : full.at(name).clone())
-                    .requires_grad_(true);
-  }
-  if (stage == 1) out["tie_copy"] = full.at("tie").clone().requires_grad_(true);
-  return out;
+// This rank's tensors of stage `stage`'s parameters (tp shards of the split ones); the last stage
+// holds its own copy of the tie.
+sw::tensor_parallel::ShardedParameters stage_params(const Params& full,
+                                                    int stage,
+                                                    const sw::tensor_parallel::Group& tp) {
+  std::vector<std::pair<std::string, torch::Tensor>> named;
+  for (const auto& name : stage_names()[stage]) named.emplace_back(name, full.at(name));
+  if (stage == 1) named.emplace_back("tie_copy", full.at("tie"));
+  return sw::tensor_parallel::ShardedParameters(named, split_rule, tp);
 }
 
 struct Saved {
@@ -179,10 +179,10 @@ void pipeline_rank(int rank, const c10::intrusive_ptr<c10d::Store>& store, Saved
   sw::distributed::DeviceMesh mesh(world, layout.layout("dp"));
   const auto tp = mesh.group({"tp"});
   const int stage = mesh.coordinate("pp");
-  Params mine = stage_params(full_model(), stage, mesh.coordinate("tp"), 2);
+  const auto mine = stage_params(full_model(), stage, tp);
   sw::pipeline::PipelineStage piece;
   piece.id = stage;
-  for (auto& [name, t] : mine) piece.parameters.push_back({name, t});
+  piece.parameters = mine.named();
   piece.forward = [mine, stage, tp](const torch::Tensor& x) {
     if (stage == 0) return mlp(torch::matmul(x, mine.at("tie")), mine, "s0.", tp);
     return torch::matmul(mlp(x, mine, "s1.", tp), mine.at("tie_copy").t());
@@ -203,13 +203,8 @@ void pipeline_rank(int rank, const c10::intrusive_ptr<c10d::Store>& store, Saved
   for (int step = 1; step <= kSteps; ++step) {
     const Data& d = batch(step);
     pipeline.step(d.x.slice(0, first, first + rows), d.y.slice(0, first, first + rows));
-    sw::training::MeshGradients grads;
-    for (const auto& [name, t] : mine) {
-      auto& kind = name == "tie_copy" ? grads.copies
-                   : spec(name, 0, 2) ? grads.split
-                                      : grads.replicated;
-      kind.push_back(t.grad());
-    }
+    const auto grads = sw::training::mesh_gradients(
+        mine.named(), [&](const std::string& name) { return mine.split(name); }, {"tie_copy"});
     sw::tensor_parallel::ClipOptions clip{kMaxNorm, tp, sw::tensor_parallel::Group(),
                                           mesh.group({"pp"})};
     const double norm = sw::training::clip_grad_norm_over_mesh(grads, clip);
@@ -223,25 +218,21 @@ void pipeline_rank(int rank, const c10::intrusive_ptr<c10d::Store>& store, Saved
   // The full state on rank 0: every stage's parameters, the tie once (its copy left out).
   std::vector<std::vector<sw::training::StagedParameter>> stages(2);
   const Params shapes = full_model();
-  const auto names = stage_names();
   for (int s = 0; s < 2; ++s) {
-    for (const auto& name : names[s]) {
+    for (const auto& name : stage_names()[s]) {
       stages[s].push_back(
           {name, shapes.at(name).sizes().vec(), s == stage ? mine.at(name) : torch::Tensor()});
     }
   }
   auto full = sw::training::gather_full_state(
-      mesh, stages, [&](const std::string& name, const torch::Tensor& v) {
-        const auto s = spec(name, mesh.coordinate("tp"), 2);
-        return s ? sw::tensor_parallel::gather_shards(v, *s, tp) : v.detach().clone();
-      });
+      mesh, stages,
+      [&](const std::string& name, const torch::Tensor& v) { return mine.gather(name, v); });
   // The checkpoint pieces this rank writes, by the writer rule (the copy under the tie's name).
   auto slots = [&](bool saving) {
     std::vector<sw::training::ParameterSource> sources;
-    for (const auto& [name, t] : mine) {
+    for (const auto& [name, t] : mine.named()) {
       const std::string model = name == "tie_copy" ? "tie" : name;
-      sources.push_back(
-          {model, t, spec(model, mesh.coordinate("tp"), 2), shapes.at(model).sizes().vec()});
+      sources.push_back({model, t, mine.spec(name), shapes.at(model).sizes().vec()});
     }
     if (saving) sources = sw::training::written_sources(sources, mesh.layout(), rank, {"tie"});
     return sw::training::source_slots(sources);
@@ -290,16 +281,12 @@ void zero_rank(int rank, const c10::intrusive_ptr<c10d::Store>& store, Saved& sa
   const auto tp = mesh.group({"tp"});
   Params full = full_model();
   full.erase("tie");
-  std::vector<torch::Tensor> params;
+  const sw::tensor_parallel::ShardedParameters mine({full.begin(), full.end()}, split_rule, tp);
   std::vector<bool> split;
   std::vector<sw::training::StagedParameter> staged;
-  Params mine;
-  for (const auto& [name, t] : full) {
-    const auto s = spec(name, mesh.coordinate("tp"), 2);
-    mine[name] = (s ? sw::tensor_parallel::shard_tensor(t, *s) : t.clone()).requires_grad_(true);
-    params.push_back(mine[name]);
-    split.push_back(s.has_value());
-    staged.push_back({name, t.sizes().vec(), mine[name]});
+  for (const auto& [name, t] : mine.named()) {
+    split.push_back(mine.split(name));
+    staged.push_back({name, mine.full_shape(name), t});
   }
   sw::zero::ZeroOptions options;
   options.stage = 2;
@@ -307,7 +294,7 @@ void zero_rank(int rank, const c10::intrusive_ptr<c10d::Store>& store, Saved& sa
   options.gradient_clipping = kMaxNorm;
   options.optimizer.weight_decay = 0.1;
   options.tensor_parallel = {tp, split};
-  sw::zero::ZeroRedundancyOptimizer optimizer(params, options);
+  sw::zero::ZeroRedundancyOptimizer optimizer(mine.tensors(), options);
   const int64_t rows = kBatch / 2, first = mesh.coordinate("dp") * rows;
   for (int step = 1; step <= kSteps; ++step) {
     const Data& d = batch(step);
@@ -318,10 +305,8 @@ void zero_rank(int rank, const c10::intrusive_ptr<c10d::Store>& store, Saved& sa
     optimizer.zero_grad();
   }
   auto gathered = sw::training::gather_full_state(
-      mesh, {staged}, [&](const std::string& name, const torch::Tensor& v) {
-        const auto s = spec(name, mesh.coordinate("tp"), 2);
-        return s ? sw::tensor_parallel::gather_shards(v, *s, tp) : v.detach().clone();
-      });
+      mesh, {staged},
+      [&](const std::string& name, const torch::Tensor& v) { return mine.gather(name, v); });
   std::lock_guard<std::mutex> lock(saved.mutex);
   for (const auto& item : gathered) saved.full[item.key()] = item.value();
 }
