@@ -160,19 +160,30 @@ def test_fsdp_config_batch_size_and_micro_batch_size_are_one_setting():
 def test_the_collective_timeout_reaches_the_run():
     """distributed.timeout_s is what init_process_group gets (a cut link is noticed only by it:
     the fault soak's link-cut trials); unset, torch's default stays."""
-    from shardwise.train.cli import run_spec
+    from shardwise.train import trainer
 
-    assert run_spec(load("distributed.timeout_s=12.5"), True, "").timeout_s == 12.5
-    assert run_spec(load(), True, "").timeout_s is None
+    class Stop(Exception):
+        pass
+
+    seen = {}
+
+    def init_distributed(backend, env, timeout_s):
+        seen["timeout_s"] = timeout_s
+        raise Stop
+
+    for overrides, expected in ((["distributed.timeout_s=12.5"], 12.5), ([], None)):
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(trainer, "init_distributed", init_distributed)
+            with pytest.raises(Stop):
+                trainer.Trainer(load(*overrides))
+        assert seen.pop("timeout_s") == expected
 
 
 def test_the_shuffle_seed_orders_the_batches():
     """data.shuffle_seed seeds the batches' order (it was parsed and then ignored); unset, the
     order follows training.seed as before."""
-    from shardwise.train.cli import run_spec
-
-    assert run_spec(load("data.shuffle_seed=5", "training.seed=3"), True, "").data_seed == 5
-    assert run_spec(load("training.seed=3"), True, "").data_seed == 3
+    assert load("data.shuffle_seed=5", "training.seed=3").data_seed == 5
+    assert load("training.seed=3").data_seed == 3
 
 
 def test_mixed_precision_must_be_set_consistently():

@@ -5,7 +5,7 @@ import json
 
 import pytest
 from shardwise.models import PRESETS
-from shardwise.train import metrics, pieces, trainer
+from shardwise.train import metrics, pieces
 
 
 def test_straggler_is_the_rank_far_above_the_median():
@@ -38,18 +38,15 @@ def test_jsonl_sink_writes_every_record(tmp_path):
 
 
 def test_learning_rate_warms_up_then_decays_to_a_tenth():
-    spec = trainer.RunSpec(
-        gpt=PRESETS["tiny"],
-        strategy="ddp",
-        options=None,
-        learning_rate=1.0,
-        warmup_steps=10,
-        max_steps=110,
-    )
-    assert trainer.lr_at(5, spec) == pytest.approx(0.5)
-    assert trainer.lr_at(10, spec) == pytest.approx(1.0)
-    assert trainer.lr_at(60, spec) == pytest.approx(0.55)
-    assert trainer.lr_at(110, spec) == pytest.approx(0.1)
+    """The trainer's schedule (the C++ rule train_gpt shares), from Python."""
+    from shardwise import _C
+
+    assert _C.warmup_cosine_lr(5, 1.0, 10, 110) == pytest.approx(0.5)
+    assert _C.warmup_cosine_lr(10, 1.0, 10, 110) == pytest.approx(1.0)
+    assert _C.warmup_cosine_lr(60, 1.0, 10, 110) == pytest.approx(0.55)
+    assert _C.warmup_cosine_lr(110, 1.0, 10, 110) == pytest.approx(0.1)
+    with pytest.raises(ValueError, match="warmup_steps 20"):
+        _C.warmup_cosine_lr(1, 1.0, 20, 10)
 
 
 def test_pieces_fill_copies_overlaps_and_reports_gaps():

@@ -15,13 +15,11 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-from pathlib import Path
 
 from . import planner
 from .config import TrainConfig, load_config
 from .device import device_memory_bytes
-from .parallelize import StrategyOptions
-from .trainer import RunSpec, Trainer
+from .trainer import Trainer
 
 
 def memory_check(cfg: TrainConfig, device_bytes: int) -> tuple[bool, str]:
@@ -54,72 +52,6 @@ def _plan_row(cfg: TrainConfig) -> str:
         sharding = cfg.fsdp_config().fsdp_sharding_strategy
         return {"shard_grad_op": "fsdp_shard_grad_op", "no_shard": "ddp"}.get(sharding, "zero3")
     return "ddp"
-
-
-def run_spec(cfg: TrainConfig, resume: bool, memory_note: str) -> RunSpec:
-    t, d = cfg.training, cfg.distributed
-    gpt = cfg.gpt_config()
-    if cfg.data.seq_len:
-        from dataclasses import replace
-
-        gpt = replace(gpt, seq_len=cfg.data.seq_len)
-    options = StrategyOptions(
-        gpt=gpt,
-        seed=t.seed,
-        clip=t.gradient_clip_norm or None,
-        bf16=cfg.mixed_precision == "bf16",
-        fp16=cfg.mixed_precision == "fp16",
-        initial_loss_scale=2.0**t.initial_loss_scale_power,
-        checkpointing=t.gradient_checkpointing,
-        fsdp=dict(d.fsdp or {}),
-        zero=dict(d.zero or {}),
-        zero_auto=cfg.zero_auto(),
-        pipeline=d.pipeline.model_dump() if d.pipeline else {},
-        layout=cfg.layout(),
-        sequence_parallel=d.sequence_parallel,
-        save_gathered=d.sequence_parallel_save_gathered,
-        micro_batch=t.micro_batch_size,
-        accumulation=t.gradient_accumulation_steps,
-        sync_every=t.sync_gradients_every,
-        device=t.device,
-        build=cfg.model._builder,
-    )
-    return RunSpec(
-        gpt=gpt,
-        strategy=d.strategy,
-        options=options,
-        micro_batch_size=t.micro_batch_size,
-        accumulation=t.gradient_accumulation_steps,
-        learning_rate=cfg.scaled_learning_rate,
-        warmup_steps=t.warmup_steps,
-        max_steps=t.max_steps,
-        data_seed=t.seed if cfg.data.shuffle_seed is None else cfg.data.shuffle_seed,
-        backend=d.backend,
-        device=t.device,
-        local_rank=d.local_rank,
-        layout={
-            "WORLD_SIZE": d.world_size,
-            "RANK": d.rank,
-            "LOCAL_RANK": d.local_rank,
-            "LOCAL_WORLD_SIZE": d.num_processes_per_node,
-            "MASTER_ADDR": d.master_addr,
-            "MASTER_PORT": d.master_port,
-        },
-        timeout_s=d.timeout_s,
-        output_dir=Path(t.checkpoint.dir),
-        checkpoint_every=t.checkpoint.every_steps,
-        keep_last=t.checkpoint.keep_last,
-        resume=resume,
-        log_every=t.log_every,
-        eval_every=t.checkpoint.every_steps if t.eval_every is None else t.eval_every,
-        eval_batches=t.eval_batches,
-        profile_communication=t.profile_communication,
-        profile=t.profile.model_dump() if t.profile else None,
-        data=cfg.data,
-        config_yaml=cfg.to_yaml(),
-        effective_batch_size=cfg.effective_batch_size,
-        memory_note=memory_note,
-    )
 
 
 def parse_args(argv):
@@ -176,7 +108,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"shardwise-train: refusing a run that will not fit: {note}", file=sys.stderr)
         print("(pass --ignore-memory-check to run anyway)", file=sys.stderr)
         return 3
-    Trainer(run_spec(cfg, not args.no_resume, note)).run()
+    Trainer(cfg, resume=not args.no_resume, memory_note=note).run()
     return 0
 
 

@@ -257,6 +257,37 @@ class TrainConfig(_Section):
     def gpt_config(self) -> GPTConfig:
         return self.model.gpt()
 
+    def run_gpt_config(self) -> GPTConfig:
+        """The model as the run builds it: ``data.seq_len``, when given, is its sequence length."""
+        gpt = self.gpt_config()
+        return replace(gpt, seq_len=self.data.seq_len) if self.data.seq_len else gpt
+
+    @property
+    def data_seed(self) -> int:
+        """The order of the batches: ``data.shuffle_seed``, else ``training.seed``."""
+        shuffle = self.data.shuffle_seed
+        return self.training.seed if shuffle is None else shuffle
+
+    @property
+    def eval_every(self) -> int:
+        """Steps between eval losses (``training.eval_every``, default the checkpoint interval;
+        0: only at the end)."""
+        t = self.training
+        return t.checkpoint.every_steps if t.eval_every is None else t.eval_every
+
+    def launch_env(self) -> dict:
+        """The job's place as the config gives it, by torchrun's variable names (None: not
+        given; torchrun's environment wins)."""
+        d = self.distributed
+        return {
+            "WORLD_SIZE": d.world_size,
+            "RANK": d.rank,
+            "LOCAL_RANK": d.local_rank,
+            "LOCAL_WORLD_SIZE": d.num_processes_per_node,
+            "MASTER_ADDR": d.master_addr,
+            "MASTER_PORT": d.master_port,
+        }
+
     def mesh(self) -> list | None:
         """The mesh as ``[[sizes...], [axis names...]]`` (from model or distributed), or None."""
         layout = self.layout()

@@ -57,6 +57,32 @@ class StrategyOptions:
     # another model than the GPT (models.causal_lm.ModelBuilder); ``gpt`` is then its shape
     build: Callable[[], nn.Module] | None = None
 
+    @classmethod
+    def from_config(cls, cfg) -> StrategyOptions:
+        """The transforms' options, read from a validated ``TrainConfig`` in this one place."""
+        t, d = cfg.training, cfg.distributed
+        return cls(
+            gpt=cfg.run_gpt_config(),
+            seed=t.seed,
+            clip=t.gradient_clip_norm or None,
+            bf16=cfg.mixed_precision == "bf16",
+            fp16=cfg.mixed_precision == "fp16",
+            initial_loss_scale=2.0**t.initial_loss_scale_power,
+            checkpointing=t.gradient_checkpointing,
+            fsdp=dict(d.fsdp or {}),
+            zero=dict(d.zero or {}),
+            zero_auto=cfg.zero_auto(),
+            pipeline=d.pipeline.model_dump() if d.pipeline else {},
+            layout=cfg.layout(),
+            sequence_parallel=d.sequence_parallel,
+            save_gathered=d.sequence_parallel_save_gathered,
+            micro_batch=t.micro_batch_size,
+            accumulation=t.gradient_accumulation_steps,
+            sync_every=t.sync_gradients_every,
+            device=t.device,
+            build=cfg.model._builder,
+        )
+
 
 @dataclass
 class Axes:

@@ -1,11 +1,11 @@
 """The training loop of ``shardwise-train``.
 
-``Trainer(spec).run()``: set up the process group, check the memory plan, apply the parallelism
-transforms to identically initialized models and make the one train step over them
+``Trainer(cfg).run()`` (a validated ``TrainConfig``): set up the process group, apply the
+parallelism transforms to identically initialized models and make the one train step over them
 (``step.build``), resume from the newest intact checkpoint, then per step: draw the
 gradient-accumulation micro-batches of this data rank, step with the scheduled learning rate,
-log the metrics, and checkpoint every ``checkpoint_every`` steps and on SIGTERM or SIGINT (then
-stop). At the end: a last checkpoint, the full model as safetensors, a text sample.
+log the metrics, and checkpoint every ``training.checkpoint.every_steps`` and on SIGTERM or
+SIGINT (then stop). At the end: a last checkpoint, the full model as safetensors, a text sample.
 
 A checkpoint holds, per rank: the strategy's world-size-independent pieces (or ZeRO's own), the
 optimizer step, this rank's RNG state and the data position; the manifest holds the config.
@@ -18,8 +18,8 @@ import os
 import signal
 import socket
 import time
-from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 import torch.distributed as dist
@@ -34,42 +34,10 @@ from . import metrics, pieces, sources
 from . import step as step_mod
 from .parallelize import StrategyOptions
 
+if TYPE_CHECKING:
+    from .config import TrainConfig
 
-@dataclass
-class RunSpec:
-    """Everything the loop needs, resolved from the config (``config.py``)."""
-
-    gpt: GPTConfig
-    strategy: str  # ddp | fsdp | zero | pipeline
-    options: StrategyOptions
-    micro_batch_size: int = 4
-    accumulation: int = 1
-    learning_rate: float = 3e-4  # already scaled for the effective batch size
-    warmup_steps: int = 10
-    max_steps: int = 100
-    data_seed: int = 0  # the order of the batches (data.shuffle_seed, else training.seed)
-    backend: str = "shardwise"  # a name or a device:name list (cpu:shardwise,cuda:nccl)
-    device: str = "cpu"  # cpu or cuda (config.py resolved training.device)
-    local_rank: int = 0
-    # the job's place from the config (torchrun's variables win): WORLD_SIZE, RANK, LOCAL_RANK,
-    # LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT; None: not given
-    layout: dict = field(default_factory=dict)
-    timeout_s: float | None = None  # a collective's limit (distributed.timeout_s); None: torch's
-    output_dir: Path = Path("outputs/run")
-    checkpoint_every: int = 50
-    keep_last: int = 3
-    resume: bool = True
-    log_every: int = 1
-    eval_every: int = 0  # steps between eval losses on the validation tokens (0: only at the end)
-    eval_batches: int = 4
-    profile_communication: bool = False  # log the backend's operations per step
-    profile: dict | None = None  # torch.profiler's schedule: wait, warmup, active steps
-    data: object = None  # config.DataSection (None: the bundled corpus, byte tokens)
-    sample_tokens: int = 200
-    config_yaml: str = ""
-    effective_batch_size: int = 0
-    memory_note: str = ""
-    extra: dict = field(default_factory=dict)
+SAMPLE_TOKENS = 200  # the text sample's length after training
 
 
 def init_distributed(
@@ -98,34 +66,38 @@ def init_distributed(
     return dist.get_rank(), dist.get_world_size()
 
 
-def lr_at(step: int, spec: RunSpec) -> float:
-    """Linear warm-up to the peak, then cosine decay to 10% of it at max_steps (the C++
-    ``training/lr_schedule.h``, which the LibTorch trainer reads too)."""
-    return _C.warmup_cosine_lr(step, spec.learning_rate, spec.warmup_steps, spec.max_steps)
-
-
 class Trainer:
-    def __init__(self, spec: RunSpec):
-        self.spec = spec
-        self.device = device_mod.local_device(spec.device, spec.local_rank)  # before NCCL starts
-        self.rank, self.world = init_distributed(spec.backend, spec.layout, spec.timeout_s)
+    """One run of a validated ``TrainConfig`` (``load_config``): the loop reads its sections
+    and the values it resolves (``run_gpt_config``, ``scaled_learning_rate``, ``layout``...)
+    from the config itself; the transforms get theirs from ``StrategyOptions.from_config``."""
+
+    def __init__(self, cfg: TrainConfig, resume: bool = True, memory_note: str = ""):
+        self.cfg, self.resume_requested, self.memory_note = cfg, resume, memory_note
+        t, d = cfg.training, cfg.distributed
+        self.gpt = cfg.run_gpt_config()
+        self.output_dir = Path(t.checkpoint.dir)
+        self.device = device_mod.local_device(t.device, d.local_rank)  # before NCCL starts
+        self.rank, self.world = init_distributed(d.backend, cfg.launch_env(), d.timeout_s)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // _local_world(self.world)))
-        self.stepper = step_mod.build(spec.strategy, spec.options, self.world)
+        self.options = StrategyOptions.from_config(cfg)
+        self.stepper = step_mod.build(d.strategy, self.options, self.world)
         group = self.stepper.data_group
         self.data_rank = dist.get_rank(group) if group is not None else 0
         self.data_world = dist.get_world_size(group) if group is not None else 1
-        rows = spec.micro_batch_size
-        if spec.strategy == "pipeline":  # the pipeline cuts its batch into microbatches
-            rows *= int(spec.options.pipeline.get("num_microbatches", 1))
-        self.tokenizer, train_tokens, val_tokens = load_data(spec)
+        rows = t.micro_batch_size
+        if d.strategy == "pipeline":  # the pipeline cuts its batch into microbatches
+            rows *= d.pipeline.num_microbatches
+        self.tokenizer, train_tokens, val_tokens = load_data(cfg.data, self.gpt)
         self.stream = data_mod.TokenStream(
-            train_tokens, spec.gpt.seq_len, rows, self.data_rank, self.data_world, spec.data_seed
+            train_tokens, self.gpt.seq_len, rows, self.data_rank, self.data_world, cfg.data_seed
         )
-        self.val_stream = validation_stream(val_tokens, spec, rows, self.data_rank, self.data_world)
+        self.val_stream = validation_stream(
+            val_tokens, self.gpt.seq_len, rows, self.data_rank, self.data_world
+        )
         self.stream_rows = rows
         self.step = 0
         self._slow, self._slow_streak = None, 0
-        self.sinks = metrics.Sinks(spec.output_dir, spec.max_steps, 0, self.rank == 0)
+        self.sinks = metrics.Sinks(self.output_dir, t.max_steps, 0, self.rank == 0)
 
     # --- checkpoints -----------------------------------------------------------------------
 
@@ -146,13 +118,13 @@ class Trainer:
 
     def save(self) -> Path:
         return ckpt.save(
-            self.spec.output_dir / "checkpoints",
+            self.output_dir / "checkpoints",
             self.step,
             self._payload(),
             self.rank,
             self.world,
-            self.spec.config_yaml,
-            self.spec.keep_last,
+            self.cfg.to_yaml(),
+            self.cfg.training.checkpoint.keep_last,
         )
 
     def _agreed_checkpoint(self) -> Path | None:
@@ -166,7 +138,7 @@ class Trainer:
             return int(chosen.item())
 
         path, removed, skipped = ckpt.agree(
-            self.spec.output_dir / "checkpoints",
+            self.output_dir / "checkpoints",
             self.rank,
             self.world,
             broadcast_step if self.world > 1 else None,
@@ -207,36 +179,37 @@ class Trainer:
     # --- the loop --------------------------------------------------------------------------
 
     def run(self) -> dict:
-        spec = self.spec
-        if spec.resume:
+        cfg, t, gpt = self.cfg, self.cfg.training, self.gpt
+        if self.resume_requested:
             self.resume()
         if self.sinks.bar is not None:
             self.sinks.bar.n = self.step
         self.sinks.note(
-            f"strategy {spec.strategy}, world {self.world}, effective batch "
-            f"{spec.effective_batch_size} sequences of {spec.gpt.seq_len} tokens"
+            f"strategy {cfg.distributed.strategy}, world {self.world}, effective batch "
+            f"{cfg.effective_batch_size} sequences of {gpt.seq_len} tokens"
             + (f"\nmesh: {self.stepper.mesh_description}" if self.stepper.mesh_description else "")
-            + (f"\n{spec.memory_note}" if spec.memory_note else "")
+            + (f"\n{self.memory_note}" if self.memory_note else "")
         )
         flops_token = metrics.flops_per_token(
-            spec.gpt.num_parameters(), spec.gpt.layers, spec.gpt.seq_len, spec.gpt.dim
+            gpt.num_parameters(), gpt.layers, gpt.seq_len, gpt.dim
         )
         peak = self._peak_flops()
         stop = ckpt.install_sigterm_handler((signal.SIGTERM, signal.SIGINT))
         self._first_step = self.step + 1
         last = {}
         cuda = self.device.type == "cuda"
-        profiler = metrics.StepProfiler(spec.profile, spec.output_dir, self.rank, cuda)
+        profile = t.profile.model_dump() if t.profile else None
+        profiler = metrics.StepProfiler(profile, self.output_dir, self.rank, cuda)
         try:
-            while self.step < spec.max_steps and not stop.requested:
+            while self.step < t.max_steps and not stop.requested:
                 last = self._one_step(flops_token, peak)
                 profiler.step()
-                every = spec.eval_every
-                if (every and self.step % every == 0) or self.step == spec.max_steps:
+                every = cfg.eval_every
+                if (every and self.step % every == 0) or self.step == t.max_steps:
                     last["val_loss"] = self.evaluate()
-                if self.step % spec.log_every == 0 or self.step == spec.max_steps:
+                if self.step % t.log_every == 0 or self.step == t.max_steps:
                     self.sinks.write(last)
-                if self.step % spec.checkpoint_every == 0 or stop.requested:
+                if self.step % t.checkpoint.every_steps == 0 or stop.requested:
                     self.save()
         finally:
             profiler.close()
@@ -256,18 +229,17 @@ class Trainer:
         if self.device.type == "cuda":
             listed = device_mod.bf16_peak(torch.cuda.get_device_name(self.device))
             return listed or metrics.measured_peak_flops(torch.bfloat16, device=self.device)
-        return metrics.measured_peak_flops(
-            torch.bfloat16 if self.spec.options.bf16 else torch.float32
-        )
+        return metrics.measured_peak_flops(torch.bfloat16 if self.options.bf16 else torch.float32)
 
     def _one_step(self, flops_token: float, peak: float) -> dict:
-        spec = self.spec
+        cfg, t, seq_len = self.cfg, self.cfg.training, self.gpt.seq_len
         start = time.perf_counter()
-        batches = [next(self.stream) for _ in range(spec.accumulation)]
+        batches = [next(self.stream) for _ in range(t.gradient_accumulation_steps)]
         batches = [device_mod.to_device(b, self.device) for b in batches]
         data_s = time.perf_counter() - start
         self.step += 1
-        lr = lr_at(self.step, spec)
+        # linear warm-up, then cosine decay to 10% (C++ training/lr_schedule.h, as train_gpt)
+        lr = _C.warmup_cosine_lr(self.step, cfg.scaled_learning_rate, t.warmup_steps, t.max_steps)
         comm0, ops0 = _comm_seconds(), self._comm_stats()
         start = time.perf_counter()
         out = self.stepper.train_step(batches, lr)
@@ -280,8 +252,8 @@ class Trainer:
             mine.update(zip(("gpu_allocated", "gpu_reserved", "gpu_peak"), gpu, strict=True))
         per_rank = metrics.gather_dicts(mine)  # the step's one collective for the metrics
         step_s = max(r["step"] for r in per_rank)
-        tokens = spec.effective_batch_size * spec.gpt.seq_len
-        replica = self.stream_rows * spec.accumulation * spec.gpt.seq_len  # the same on every rank
+        tokens = cfg.effective_batch_size * seq_len
+        replica = self.stream_rows * t.gradient_accumulation_steps * seq_len  # same on every rank
         record = {
             "step": self.step,
             "loss": out["loss"],
@@ -295,7 +267,7 @@ class Trainer:
             "mfu": flops_token * tokens / step_s / self.world / peak,
             # the shardwise backend's busy time (other backends do not report theirs)
             "comm_share": max(r["comm"] / r["step"] for r in per_rank)
-            if spec.backend == "shardwise"
+            if cfg.distributed.backend == "shardwise"
             else None,
             "peak_rss_mb_per_rank": [round(r["rss"] / 2**20, 1) for r in per_rank],
         }
@@ -321,16 +293,14 @@ class Trainer:
 
     def _comm_stats(self) -> dict | None:
         """The shardwise backend's counters when training.profile_communication is on."""
-        if not self.spec.profile_communication:
+        if not self.cfg.training.profile_communication:
             return None
-        from .. import _C
-
         return _C.communication_stats()
 
     def evaluate(self) -> float:
         """The eval loss over the first ``eval_batches`` validation batches (the same ones every
         time, so the values are comparable; collective)."""
-        n = min(self.spec.eval_batches, self.val_stream.batches_per_epoch)
+        n = min(self.cfg.training.eval_batches, self.val_stream.batches_per_epoch)
         batches = [self.val_stream.batch(0, i) for i in range(n)]
         return self.stepper.eval_loss([device_mod.to_device(b, self.device) for b in batches])
 
@@ -340,14 +310,14 @@ class Trainer:
         state = {k: v.cpu() for k, v in self.stepper.full_state_dict().items()}
         result = {}
         if self.rank == 0:
-            path = self.spec.output_dir / "model.safetensors"
-            build = self.spec.options.build
+            path = self.output_dir / "model.safetensors"
+            build = self.options.build
             ckpt.export_safetensors(state if build is None else export_names(state), path)
             if build is not None and build.config() is not None:
-                build.config().to_json_file(str(self.spec.output_dir / "config.json"))
+                build.config().to_json_file(str(self.output_dir / "config.json"))
             result["safetensors"] = str(path)
             if self.tokenizer is not None:
-                text = sample(state, self.spec.gpt, self.spec.sample_tokens, self.tokenizer, build)
+                text = sample(state, self.gpt, SAMPLE_TOKENS, self.tokenizer, build)
                 result["sample"] = text
                 self.sinks.note(f"wrote {path}\nsample:\n{text}")
             else:
@@ -377,11 +347,10 @@ def sample(
     return tok.decode(ids[0])
 
 
-def load_data(spec: RunSpec) -> tuple[object, torch.Tensor, torch.Tensor]:
+def load_data(data, gpt: GPTConfig) -> tuple[object, torch.Tensor, torch.Tensor]:
     """(tokenizer or None, train tokens, validation tokens) of the run's ``data`` section, the
     ids checked against the model's vocabulary. The tokenizer is None for pre-tokenized files
     with no ``data.tokenizer`` (and ids beyond bytes): there is nothing to decode a sample with."""
-    data = spec.data
     if data is None or data.path is None:
         fraction = data.val_fraction if data is not None else 0.05
         tokenizer = sources.cached_tokenizer(data.tokenizer if data is not None else "byte")
@@ -391,18 +360,18 @@ def load_data(spec: RunSpec) -> tuple[object, torch.Tensor, torch.Tensor]:
         return (tokenizer, *data_mod.split_tokens(tokens, fraction))
     tokenizer = sources.cached_tokenizer(data.tokenizer)
     train, val = sources.train_val_tokens(data, tokenizer)
-    high = sources.check_vocabulary(train, spec.gpt.vocab_size, "data.path")[1]
-    sources.check_vocabulary(val, spec.gpt.vocab_size, "data.val_path" if data.val_path else "data")
+    high = sources.check_vocabulary(train, gpt.vocab_size, "data.path")[1]
+    sources.check_vocabulary(val, gpt.vocab_size, "data.val_path" if data.val_path else "data")
     if data.tokenizer == "byte" and high > 255:  # pre-tokenized ids beyond bytes
         tokenizer = None
     return tokenizer, train, val
 
 
-def validation_stream(val: torch.Tensor, spec: RunSpec, rows: int, rank: int, world: int):
+def validation_stream(val: torch.Tensor, seq_len: int, rows: int, rank: int, world: int):
     """The eval batches' stream (in order, not shuffled); ValueError naming the keys to change
     when the validation tokens do not fill one global batch."""
     try:
-        return data_mod.TokenStream(val, spec.gpt.seq_len, rows, rank, world, 0, shuffle=False)
+        return data_mod.TokenStream(val, seq_len, rows, rank, world, 0, shuffle=False)
     except ValueError as error:
         raise ValueError(
             f"the validation tokens are too few for one eval batch ({error}); raise "
@@ -415,6 +384,4 @@ def _local_world(world: int) -> int:
 
 
 def _comm_seconds() -> float:
-    from .. import _C
-
     return _C.communication_seconds()
