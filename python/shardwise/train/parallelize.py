@@ -39,8 +39,10 @@ class StrategyOptions:
     weight_decay: float = 0.1
     betas: tuple[float, float] = (0.9, 0.95)
     clip: float | None = 1.0
-    bf16: bool = True  # autocast the forward (DDP, pipeline; FSDP unless its own mixed precision)
-    fp16: bool = False  # fp16 autocast (ZeRO: fp16 parameters) with dynamic loss scaling
+    # no | bf16 | fp16 (training.mixed_precision, the one form from the config to the engines):
+    # the forward's autocast (DDP, pipeline; FSDP unless its own mixed precision), ZeRO's
+    # parameter dtype; fp16 with dynamic loss scaling
+    precision: str = "bf16"
     initial_loss_scale: float = 2.0**16
     checkpointing: bool = False
     fsdp: dict = field(default_factory=dict)  # the FSDP config keys
@@ -65,8 +67,7 @@ class StrategyOptions:
             gpt=cfg.run_gpt_config(),
             seed=t.seed,
             clip=t.gradient_clip_norm or None,
-            bf16=cfg.mixed_precision == "bf16",
-            fp16=cfg.mixed_precision == "fp16",
+            precision=cfg.mixed_precision,
             initial_loss_scale=2.0**t.initial_loss_scale_power,
             checkpointing=t.gradient_checkpointing,
             fsdp=dict(d.fsdp or {}),
@@ -163,8 +164,7 @@ class Parallel:
     pipe: object = None  # the pipeline.Pipeline over the wrapped stages
     engine: object = None  # zero.ZeroEngine
     head_copy: int | None = None  # id of the last stage's copy of a tied embedding
-    autocast: bool = False  # the forward under bf16 autocast
-    fp16_autocast: bool = False  # the forward under fp16 autocast
+    autocast: str = "no"  # the forward's autocast: no, bf16 or fp16
     is_last: bool = True  # holds the last pipeline stage (where the loss is)
     loss_scale: Callable[[], float] = lambda: 1.0  # fp16: set by the step to its scaler's
 
@@ -291,7 +291,7 @@ def split_pipeline(
     for s in range(axes.pipeline_rank, p * v, p):
         body = nn.Sequential(*(blocks[i] for i in groups[s]))
         par.global_names[s] = {n: names[id(t)] for n, t in body.named_parameters()}
-        par.stages[s] = _AutocastStage(body, options.bf16, options.fp16, options.device)
+        par.stages[s] = _AutocastStage(body, options.precision, options.device)
         if cfg.get("schedule", "1f1b") == "zb_h1":
             pp.defer_weight_gradients(par.stages[s])
     par.head_copy = id(copy) if tied else None
@@ -322,7 +322,7 @@ def _stage_groups(blocks, count: int, options: StrategyOptions, axes: Axes) -> l
         g = torch.Generator().manual_seed(0)  # leaves the global RNG as other ranks'
         sample = torch.randint(0, options.gpt.vocab_size, (1, options.gpt.seq_len + 1), generator=g)
         sample = sample.to(options.device)
-        with autocast_context(options.bf16, device=options.device):
+        with autocast_context(options.precision, options.device):
             groups = pp.split_by_time(blocks, count, sample[:, :-1], 2, loss, sample[:, 1:])
     return pp.broadcast_groups(groups)
 
@@ -331,22 +331,25 @@ def _plain_loss(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
     return F.cross_entropy(logits.float().reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-def autocast_context(bf16: bool, fp16: bool = False, device: str = "cpu"):
-    """bf16 or fp16 autocast on ``device``'s type (cpu, cuda), or nothing."""
-    if fp16:
-        return torch.autocast(device, dtype=torch.float16)
-    return torch.autocast(device, dtype=torch.bfloat16) if bf16 else contextlib.nullcontext()
+AUTOCAST_DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16}
+
+
+def autocast_context(precision: str, device: str = "cpu"):
+    """Autocast to ``precision`` (bf16, fp16) on ``device``'s type (cpu, cuda); nothing for no."""
+    if precision == "no":
+        return contextlib.nullcontext()
+    return torch.autocast(device, dtype=AUTOCAST_DTYPES[precision])
 
 
 class _AutocastStage(nn.Module):
-    """A pipeline stage under bf16 autocast whose output crosses to the next stage in fp32."""
+    """A pipeline stage under autocast whose output crosses to the next stage in fp32."""
 
-    def __init__(self, body: nn.Module, bf16: bool, fp16: bool = False, device: str = "cpu"):
+    def __init__(self, body: nn.Module, precision: str, device: str = "cpu"):
         super().__init__()
-        self.body, self.bf16, self.fp16, self.device = body, bf16, fp16, device
+        self.body, self.precision, self.device = body, precision, device
 
     def forward(self, x):
-        with autocast_context(self.bf16, self.fp16, self.device):
+        with autocast_context(self.precision, self.device):
             out = self.body(x)
         return out.float() if out.is_floating_point() else out
 
@@ -376,8 +379,7 @@ def data_parallel(par: Parallel) -> None:
         par.owned = {
             k: (n, a, c, par.tp_runs(n, named[n])) for k, (n, a, c) in _fsdp_slots(wrapped).items()
         }
-        par.autocast = o.bf16 and not cfg.fsdp_mixed_precision
-        par.fp16_autocast = o.fp16 and not cfg.fsdp_mixed_precision
+        par.autocast = "no" if cfg.fsdp_mixed_precision else o.precision
     else:
         wrapped = model
         if par.axes.data_size > 1:
@@ -385,7 +387,7 @@ def data_parallel(par: Parallel) -> None:
         par.owned = {
             id(p): (n, 0, p.numel(), par.tp_runs(n, p)) for n, p in model.named_parameters()
         }
-        par.autocast, par.fp16_autocast = o.bf16, o.fp16
+        par.autocast = o.precision
     par.stages = {0: wrapped}
     par.params = [p for p in wrapped.parameters() if p.requires_grad]
 
@@ -399,8 +401,11 @@ def _zero(par: Parallel) -> None:
     config = {
         "train_micro_batch_size_per_gpu": o.micro_batch,
         "gradient_accumulation_steps": o.accumulation,
-        "bf16": {"enabled": o.bf16},
-        "fp16": {"enabled": o.fp16, "initial_scale_power": round(math.log2(o.initial_loss_scale))},
+        "bf16": {"enabled": o.precision == "bf16"},
+        "fp16": {
+            "enabled": o.precision == "fp16",
+            "initial_scale_power": round(math.log2(o.initial_loss_scale)),
+        },
         "gradient_clipping": o.clip or 0.0,
         "optimizer": {
             "type": "AdamW",
@@ -411,7 +416,7 @@ def _zero(par: Parallel) -> None:
     group = par.axes.data_group or dist.group.WORLD
     par.engine = ZeroEngine(par.gpt, config, group, par.axes.tp_group, o.zero_auto)
     par.stages = {0: par.engine}
-    par.fp16_autocast = False
+    par.autocast = "no"  # the engine casts the model itself
 
 
 def _pipeline_data_parallel(par: Parallel) -> None:

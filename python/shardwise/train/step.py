@@ -75,13 +75,13 @@ class TrainStep:
         self.scaler = self.optimizer = None
         if self.engine is None:
             self.optimizer = _adamw(parallel.params, self.options)
-            if self.options.fp16:  # the overflow agreed over the whole world
+            if self.options.precision == "fp16":  # the overflow agreed over the whole world
                 from .. import _C
 
                 self.scaler = _C.GradScaler(
                     initial_scale=self.options.initial_loss_scale, group=dist.group.WORLD
                 )
-        elif self.options.fp16:
+        elif self.options.precision == "fp16":
             self.scaler = self.engine.optimizer  # ZeRO's own loss scaler
         parallel.loss_scale = self.loss_scale
 
@@ -141,7 +141,7 @@ class TrainStep:
                 else:
                     total = 0.0
                     for x, y in batches:
-                        with autocast_context(par.autocast, par.fp16_autocast, par.options.device):
+                        with autocast_context(par.autocast, par.options.device):
                             total += par.gpt.cross_entropy(par.forward(x), y).item()
         finally:
             for m, mode in zip(modules, modes, strict=True):
@@ -161,7 +161,7 @@ class TrainStep:
             # the backward must run inside no_sync too, or every micro-batch reduces
             with par.no_sync(k in syncs):
                 start = clock()
-                with autocast_context(par.autocast, par.fp16_autocast, par.options.device):
+                with autocast_context(par.autocast, par.options.device):
                     loss = par.gpt.cross_entropy(par.forward(x), y) / n
                 middle = clock()
                 (loss * self.loss_scale()).backward()

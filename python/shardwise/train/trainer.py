@@ -229,7 +229,9 @@ class Trainer:
         if self.device.type == "cuda":
             listed = device_mod.bf16_peak(torch.cuda.get_device_name(self.device))
             return listed or metrics.measured_peak_flops(torch.bfloat16, device=self.device)
-        return metrics.measured_peak_flops(torch.bfloat16 if self.options.bf16 else torch.float32)
+        return metrics.measured_peak_flops(
+            torch.bfloat16 if self.options.precision == "bf16" else torch.float32
+        )
 
     def _one_step(self, flops_token: float, peak: float) -> dict:
         cfg, t, seq_len = self.cfg, self.cfg.training, self.gpt.seq_len
