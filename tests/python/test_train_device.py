@@ -95,11 +95,16 @@ def test_the_bf16_peak_is_the_data_sheets_by_device_name():
 
 
 def test_autocast_follows_the_device():
-    """Catches: autocast hard-coded to the CPU (a GPU run would then compute in fp32)."""
-    with autocast_context(True, device="cpu"):
+    """Catches: autocast hard-coded to the CPU (a GPU run would then compute in fp32), and the
+    precision word (training.mixed_precision) mapped to the wrong dtype."""
+    with autocast_context("bf16", device="cpu"):
         assert torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.bfloat16
+    with autocast_context("fp16", device="cpu"):
+        assert torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.float16
+    with autocast_context("no", device="cpu"):
+        assert torch.mm(torch.ones(2, 2), torch.ones(2, 2)).dtype == torch.float32
     with warnings.catch_warnings():  # without a GPU torch warns that it disables it
         warnings.simplefilter("ignore")
-        context = autocast_context(True, device="cuda")
+        context = autocast_context("bf16", device="cuda")
     assert isinstance(context, torch.autocast) and context.device == "cuda"
-    assert isinstance(autocast_context(False, device="cuda"), type(autocast_context(False)))
+    assert isinstance(autocast_context("no", device="cuda"), type(autocast_context("no")))
