@@ -6,6 +6,7 @@ staged path's copies (a result not copied back, a copy before the producing kern
 the default backend choosing NCCL for ranks that share a GPU."""
 
 import json
+import math
 import os
 import socket
 import subprocess
@@ -113,20 +114,33 @@ def test_all_gather_into_a_list_of_cuda_tensors(world):
 
 
 @pytest.mark.parametrize(
-    "nproc, config",
-    [(2, "ddp.yaml"), (2, "pipeline_1f1b.yaml"), (4, "dp_x_pp.yaml"), (4, "fsdp_x_tp.yaml")],
+    "nproc, config, precision",
+    [
+        (2, "ddp.yaml", None),
+        (2, "pipeline_1f1b.yaml", None),
+        (4, "dp_x_pp.yaml", None),
+        (4, "fsdp_x_tp.yaml", None),
+        (8, "dp_pp_tp.yaml", None),
+        (2, "ddp.yaml", "fp16"),
+        (2, "zero2.yaml", "fp16"),
+        (2, "fsdp.yaml", "bf16"),
+    ],
 )
-def test_every_strategy_trains_with_ranks_sharing_the_gpu(tmp_path, nproc, config):
-    """DDP, the 1F1B pipeline, dp x pp and FSDP x TP under shardwise-train, all ranks on one
-    GPU: catches a strategy whose collectives or point-to-point sends take NCCL for ranks that
-    share a device, or leave a tensor on the CPU."""
+def test_every_strategy_trains_with_ranks_sharing_the_gpu(tmp_path, nproc, config, precision):
+    """DDP, the 1F1B pipeline, dp x pp, FSDP x TP and dp x pp x tp under shardwise-train (the
+    mesh-wide clip and the checkpoint writer rule of the C++ training library), all ranks on one
+    GPU, and fp16 (the C++ GradScaler; ZeRO's own scaler) and bf16 under CUDA autocast: catches
+    a strategy whose collectives or point-to-point sends take NCCL for ranks that share a
+    device, a tensor left on the CPU, or a precision that does not reach the GPU's autocast."""
     from test_train import losses, train  # tests/distributed, put on the path by conftest.py
 
+    extra = (f"training.mixed_precision={precision}",) if precision else ()
     recs, _ = train(
         nproc, config, tmp_path / "run", "training.device=cuda", "training.max_steps=8",
-        "training.gradient_accumulation_steps=1", timeout=300,
+        "training.gradient_accumulation_steps=1", *extra, timeout=300,
     )  # fmt: skip
     assert sorted(losses(recs)) == list(range(1, 9)), recs[-1]
+    assert all(math.isfinite(r["loss"]) for r in recs), recs
     peaks = recs[-1]["gpu_peak_mb_per_rank"]
     assert len(peaks) == nproc and min(peaks) > 0, recs[-1]
 

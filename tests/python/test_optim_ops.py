@@ -294,5 +294,40 @@ def test_cuda_sgd_matches_torch():
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-7)
 
 
+DEVICES = ["cpu", pytest.param("cuda", marks=requires_cuda)]
+
+
+@pytest.mark.parametrize("device", DEVICES)
+@pytest.mark.parametrize("bad", [None, float("inf"), float("nan")])
+def test_grad_scaler_unscales_as_torch_does(device, bad):
+    """The fp16 GradScaler's unscale (any strategy outside ZeRO) against torch.amp.GradScaler's
+    on the same gradients, on CPU and CUDA: catches the overflow flag or the inverse scale made
+    on another device than the gradients' (torch's kernel refuses CUDA gradients beside a CPU
+    flag: shardwise-train's fp16 DDP step crashed so on a GPU), an unreported overflow, and an
+    unscale that is not torch's to the bit."""
+    from shardwise import _C
+
+    g = torch.Generator().manual_seed(0)
+    grads = [(torch.randn(n, generator=g) * 1024).to(device) for n in (7, 4096)]
+    if bad is not None:
+        grads[1][5] = bad
+    ours = [t.clone() for t in grads]
+    overflow = _C.GradScaler(initial_scale=1024.0).unscale_(ours)
+
+    params = [torch.nn.Parameter(torch.zeros_like(t)) for t in grads]
+    for p, t in zip(params, grads, strict=True):
+        p.grad = t.clone()
+    opt = torch.optim.SGD(params, lr=0.0)
+    theirs = torch.amp.GradScaler(device, init_scale=1024.0)
+    theirs.scale(torch.ones((), device=device))  # the scale tensor torch's unscale_ reads
+    theirs.unscale_(opt)
+    found = theirs._found_inf_per_device(opt)
+    assert overflow == (sum(v.item() for v in found.values()) > 0) == (bad is not None)
+    for mine, p in zip(ours, params, strict=True):
+        assert mine.device.type == device
+        # the same kernel and inverse scale: bit-exact (a NaN stays a NaN)
+        torch.testing.assert_close(mine, p.grad, rtol=0, atol=0, equal_nan=True)
+
+
 def test_package_exports():
     assert shardwise.ops.optim.fused_adamw_ is ops.fused_adamw_
