@@ -1,14 +1,20 @@
 // shardwise._C's training rules: the learning-rate schedule (lr_schedule.h), the checkpoint
-// writer rule (checkpoint_writer.h) and the mesh-wide clip (mesh_clip.h).
+// writer rule (checkpoint_writer.h), the mesh-wide clip (mesh_clip.h) and the full state across
+// the mesh (full_state.h).
 #include "training/training_python.h"
 
+#include <pybind11/functional.h>
 #include <pybind11/stl.h>
 #include <torch/csrc/utils/pybind.h>
 
 #include <optional>
+#include <string>
+#include <tuple>
+#include <utility>
 #include <vector>
 
 #include "training/checkpoint_writer.h"
+#include "training/full_state.h"
 #include "training/lr_schedule.h"
 #include "training/mesh_clip.h"
 
@@ -48,6 +54,29 @@ void bind_training(py::module& m) {
       py::arg("tp_group") = py::none(), py::arg("shard_group") = py::none(),
       py::arg("stage_group") = py::none(), py::call_guard<py::gil_scoped_release>(),
       "training/mesh_clip.h: the whole model's gradient norm over the mesh, then the clip.");
+  using Staged = std::tuple<std::string, std::vector<int64_t>, at::ScalarType,
+                            std::optional<at::Tensor>>;
+  m.def(
+      "gather_full_state",
+      [](const mesh::MeshLayout& layout, int rank, const std::vector<std::vector<Staged>>& stages,
+         std::optional<Group> pp_group, const GatherTp& gather_tp) {
+        std::vector<std::vector<StagedParameter>> staged(stages.size());
+        for (size_t s = 0; s < stages.size(); ++s) {
+          for (const auto& [name, shape, dtype, value] : stages[s]) {
+            staged[s].push_back({name, shape, value.value_or(at::Tensor()), dtype});
+          }
+        }
+        const auto full =
+            gather_full_state({layout, rank, pp_group.value_or(Group())}, staged, gather_tp);
+        std::vector<std::pair<std::string, at::Tensor>> out;
+        for (const auto& item : full) out.emplace_back(item.key(), item.value());
+        return out;
+      },
+      py::arg("layout"), py::arg("rank"), py::arg("stages"), py::arg("pp_group") = py::none(),
+      py::arg("gather_tp") = py::none(), py::call_guard<py::gil_scoped_release>(),
+      "training/full_state.h: the full model's parameters on rank 0 ([] elsewhere) from "
+      "stages[s] = [(name, full_shape, dtype, this rank's value or None)], stage s on pp "
+      "coordinate s % pp; gather_tp(name, value) -> the whole tensor (collective over tp).");
 }
 
 }  // namespace shardwise::training

@@ -107,6 +107,13 @@ STRATEGIES = {
     "zero3": (2, "zero2.yaml", ("distributed.zero.zero_optimization.stage=3",), "zero3"),
     "pipeline_1f1b": (2, "pipeline_1f1b.yaml", (), "pipeline"),
     "dp_x_pp": (4, "dp_x_pp.yaml", ("training.gradient_accumulation_steps=1",), "pipeline"),
+    # two virtual stages per rank: the export gathers stage s from pp rank s mod 2
+    "pipeline_interleaved": (
+        2,
+        "pipeline_1f1b.yaml",
+        ("distributed.pipeline.schedule=interleaved_1f1b", "distributed.pipeline.virtual_stages=2"),
+        None,
+    ),
     # ZB-H1 with the cut timed on rank 0 and broadcast (ranks cutting differently would hang)
     "pipeline_zb_h1_time_split": (
         2,

@@ -159,6 +159,8 @@ class Parallel:
     global_names: dict[int, dict[str, str]] = field(default_factory=dict)  # stage: local->full
     pipelined: bool = False  # cut into stages over the pp axis
     stage_blocks: list[list[int]] = field(default_factory=list)  # the cut: blocks per stage
+    stage_names: list[list[str]] = field(default_factory=list)  # every stage's parameters,
+    # by full name, a tie's copy left out (the full state gathers each once)
     tied: tuple[str, str] | None = None  # gpt_blocks' tied embedding/head names
     aliases: dict[str, str] = field(default_factory=dict)  # state-dict key -> tied param name
     pipe: object = None  # the pipeline.Pipeline over the wrapped stages
@@ -295,6 +297,10 @@ def split_pipeline(
         if cfg.get("schedule", "1f1b") == "zb_h1":
             pp.defer_weight_gradients(par.stages[s])
     par.head_copy = id(copy) if tied else None
+    par.stage_names = [
+        [names[id(t)] for i in g for t in blocks[i].parameters() if id(t) != par.head_copy]
+        for g in groups
+    ]
     par.pipelined, par.stage_blocks, par.tied = True, groups, tied
     return par
 

@@ -11,7 +11,7 @@
 
 ``TrainStep`` also gives checkpoints what this rank owns (``save_slots`` / ``load_slots``, as
 ``pieces.Slot``s, so checkpoints are layout independent; ZeRO keeps its own C++ pieces) and the
-full state dict of the plain GPT (``full_state_dict``, collective).
+full state dict of the plain GPT (``full_state_dict``, collective; whole on rank 0).
 """
 
 from __future__ import annotations
@@ -294,32 +294,56 @@ class TrainStep:
         )
 
     def full_state_dict(self) -> dict:
-        """The plain GPT's state dict (whole tensors, tp shards gathered) on every rank."""
+        """The plain GPT's parameters as whole tensors on rank 0 ({} elsewhere; collective):
+        FSDP shards gathered by the engine, tp shards over the tp axis, the stages brought to
+        stage 0 over the pp axis, from the first data replica (C++
+        ``training::gather_full_state``)."""
+        from .. import tensor_parallel as tp
+
+        par, local = self.par, self._local_state()
+        if par.pipelined:  # every stage's names, as every rank knows the cut
+            stages = [
+                [(n, par.gpt.full_shapes[n], torch.float32) for n in s] for s in par.stage_names
+            ]
+        else:
+            stages = [
+                [(n, par.gpt.full_shapes.get(n, t.shape), t.dtype) for n, t in local[0].items()]
+            ]
+        stages = [
+            [(*p, local.get(s, {}).get(p[0])) for p in names] for s, names in enumerate(stages)
+        ]
+        infos = {n: tp.tp_info(p) for n, p in par.gpt.named_parameters(remove_duplicate=False)}
+        group = self.axes.tp_group
+        full = dict(
+            _C.gather_full_state(
+                self.axes.mesh.layout, dist.get_rank(), stages, self.axes.pipeline_group,
+                lambda name, value: tp.full_tensor(value, infos.get(name), group),
+            )
+        )  # fmt: skip
+        for alias, name in par.aliases.items() if full else ():  # a tied head, as the embedding
+            full[alias] = full[name]
+        return full
+
+    def _local_state(self) -> dict[int, dict[str, torch.Tensor]]:
+        """This rank's stages' parameters by full name (FSDP's gathered whole over its data
+        axis; tp shards as they are), stage by stage."""
         from ..fsdp import state_dict as fsdp_state
 
-        par = self.par
+        par, local = self.par, {}
         wrapped = {0: par.engine.module} if par.engine is not None else par.stages
-        mine = {}
         for s, stage in wrapped.items():
             if hasattr(stage, "_engine"):  # FSDP (also ZeRO-3's)
-                local = fsdp_state.get(stage, "full_state_dict")
+                state = fsdp_state.get(stage, "full_state_dict")
             else:
-                local = {n: t.detach().clone() for n, t in stage.state_dict().items()}
-            for n, t in local.items():
+                state = {n: t.detach() for n, t in stage.state_dict().items()}
+            local[s] = {}
+            for n, t in state.items():
                 name = n.removeprefix("module.")
-                if par.pipe is not None:
+                if par.pipelined:
                     name = par.global_names[s].get(name.removeprefix("body."))
                 if name is not None:
-                    mine[name] = t.float() if par.engine is not None else t
-        mine = _gather_tp(par, mine)
-        if par.pipe is None:
-            return mine
-        gathered = [None] * dist.get_world_size()
-        dist.all_gather_object(gathered, mine if self.axes.data_rank == 0 else {})
-        merged = {k: v for part in gathered for k, v in part.items()}
-        for alias, name in par.aliases.items():  # a tied head, held as the embedding
-            merged[alias] = merged[name]
-        return merged
+                    local[s][name] = t.float() if par.engine is not None else t
+        return local
 
 
 def sync_points(micro_batches: int, every: int | None) -> set[int]:
@@ -327,16 +351,6 @@ def sync_points(micro_batches: int, every: int | None) -> set[int]:
     (``training.sync_gradients_every``) and always the last."""
     every = every or micro_batches
     return {k for k in range(micro_batches) if (k + 1) % every == 0} | {micro_batches - 1}
-
-
-def _gather_tp(par: Parallel, state: dict) -> dict:
-    """Whole tensors from the tp shards (collective over tp)."""
-    if par.axes.tp_group is None:
-        return state
-    from .. import tensor_parallel as tp
-
-    infos = {n: tp.tp_info(p) for n, p in par.gpt.named_parameters(remove_duplicate=False)}
-    return {n: tp.full_tensor(t, infos.get(n), par.axes.tp_group) for n, t in state.items()}
 
 
 def owned_slots(params, owned: dict, optimizer) -> list[Slot]:
