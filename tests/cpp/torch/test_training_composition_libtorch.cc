@@ -4,12 +4,15 @@
 // pipeline::Pipeline under 1F1B with its replicas data parallel; the mesh-wide clip, the warm-up /
 // cosine learning rate, then the full state gathered to rank 0 and the checkpoint pieces written
 // by the writer rule. A second mesh, dp 2 x tp 2, runs ZeRO-2 over the data axis of the same
-// tensor-parallel MLPs. Each is compared with the unsharded model trained on the whole batch in
-// one thread with torch's own clip and AdamW.
+// tensor-parallel MLPs, and a third, fsdp 2 x tp 2, FullyShardedDataParallel over a module whose
+// parameters are those tp shards (each MLP its own unit), clipped over the mesh. Each is compared
+// with the unsharded model trained on the whole batch in one thread with torch's own clip and
+// AdamW.
 //
 // Catches: a tie counted twice (or its copy left unscaled) in the clip, split gradients not summed
-// over tp (or replicated ones summed), the data replicas' gradients not averaged, the full state
-// missing a stage's or a shard's part, and a checkpoint whose pieces miss or repeat an element.
+// over tp (or replicated ones summed), FSDP shards of tp shards not summed over the data axis, the
+// data replicas' gradients not averaged, the full state missing a stage's or a shard's part, and a
+// checkpoint whose pieces miss or repeat an element.
 #include <gtest/gtest.h>
 #include <torch/torch.h>
 
@@ -19,6 +22,7 @@
 #include <vector>
 
 #include "distributed/device_mesh.h"
+#include "fsdp/fully_shard.h"
 #include "mesh/parallel_layout.h"
 #include "pipeline/pipeline.h"
 #include "sharding/checkpoint_pieces.h"
@@ -320,6 +324,115 @@ TEST(TrainingComposition, ZeroOverTheDataAxisOfTensorParallelMlpsMatchesOneProce
   on_threads_with_store(4, [&](int rank, const c10::intrusive_ptr<c10d::Store>& store) {
     zero_rank(rank, store, saved);
   });
+  ASSERT_EQ(saved.full.size(), reference.size());
+  for (const auto& [name, expected] : reference) {
+    EXPECT_TRUE(torch::allclose(saved.full.at(name), expected.detach(), 1e-4, 1e-6)) << name;
+  }
+}
+
+// fsdp 2 x tp 2: FSDP over the data axis of a module whose parameters are tp shards.
+
+// One MLP holding this rank's tp shards of stage `prefix`'s MLP as up.weight, up.bias,
+// down.weight and down.bias, so FSDP shards them; forward reads them as registered then (FSDP
+// swaps in the gathered values around it).
+struct TpMlpImpl : torch::nn::Module {
+  TpMlpImpl(const sw::tensor_parallel::ShardedParameters& mine,
+            const std::string& prefix,
+            sw::tensor_parallel::Group tp)
+      : tp(std::move(tp)) {
+    for (const std::string layer : {"up", "down"}) {
+      auto holder = register_module(layer, std::make_shared<torch::nn::Module>());
+      for (const std::string kind : {"weight", "bias"}) {
+        holder->register_parameter(kind, mine.at(prefix + layer + "." + kind).detach().clone());
+      }
+    }
+  }
+  torch::Tensor forward(torch::Tensor x) {
+    Params p;
+    for (const auto& item : named_parameters()) p["s." + item.key()] = item.value();
+    return mlp(x, p, "s.", tp);
+  }
+  sw::tensor_parallel::Group tp;
+};
+TORCH_MODULE(TpMlp);
+
+struct TpMlpsImpl : torch::nn::Module {
+  TpMlpsImpl(const sw::tensor_parallel::ShardedParameters& mine, sw::tensor_parallel::Group tp) {
+    blocks->push_back(TpMlp(mine, "s0.", tp));
+    blocks->push_back(TpMlp(mine, "s1.", tp));
+    register_module("blocks", blocks);
+  }
+  torch::Tensor forward(torch::Tensor x) { return blocks->forward(x); }
+  torch::nn::Sequential blocks;
+};
+TORCH_MODULE(TpMlps);
+
+// The reference's name of FSDP's "blocks.<i>.<rest>": "s<i>.<rest>".
+std::string reference_name(const std::string& fsdp_name) {
+  const std::string rest = fsdp_name.substr(std::string("blocks.").size());
+  return "s" + rest;
+}
+
+void fsdp_tp_rank(int rank, const c10::intrusive_ptr<c10d::Store>& store, Saved& saved) {
+  auto world = thread_world(rank, 4, store);
+  sw::mesh::ParallelLayout layout({4, {}, /*tp=*/2, /*pp=*/1});
+  sw::distributed::DeviceMesh mesh(world, layout.layout("fsdp"));
+  const auto tp = mesh.group({"tp"}), data = mesh.group({"fsdp"});
+  Params full = full_model();
+  full.erase("tie");
+  const sw::tensor_parallel::ShardedParameters mine({full.begin(), full.end()}, split_rule, tp);
+  TpMlps model(mine, tp);
+  sw::fsdp::FullyShardOptions options;
+  options.shard_group = data;
+  sw::fsdp::FullyShardedDataParallel<TpMlps> fsdp(model, options, {&model->blocks});
+  torch::optim::AdamW optimizer(fsdp.parameters(),
+                                torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  const auto slices = fsdp.shard_slices();  // slice i names parameters()[i]
+  const int64_t rows = kBatch / 2, first = mesh.coordinate("fsdp") * rows;
+  for (int step = 1; step <= kSteps; ++step) {
+    const Data& d = batch(step);
+    auto out = fsdp.forward(d.x.slice(0, first, first + rows));
+    torch::mse_loss(out, d.y.slice(0, first, first + rows)).backward();
+    std::vector<std::pair<std::string, torch::Tensor>> named;
+    const auto shards = fsdp.parameters();
+    for (size_t i = 0; i < shards.size(); ++i) named.emplace_back(slices[i].name, shards[i]);
+    const auto grads = sw::training::mesh_gradients(
+        named, [&](const std::string& name) { return mine.split(reference_name(name)); });
+    const sw::tensor_parallel::ClipOptions clip{kMaxNorm, tp, data, sw::tensor_parallel::Group()};
+    const double norm = sw::training::clip_grad_norm_over_mesh(grads, clip);
+    if (rank == 0) saved.norms.push_back(norm);
+    for (auto& group : optimizer.param_groups()) {
+      group.options().set_lr(sw::training::warmup_cosine_lr(kSchedule, step));
+    }
+    optimizer.step();
+    optimizer.zero_grad();
+  }
+  std::vector<sw::training::StagedParameter> staged;
+  for (const auto& item : fsdp.full_state_dict()) {  // whole over fsdp, tp shards as they are
+    const std::string name = reference_name(item.key());
+    staged.push_back({name, mine.full_shape(name), item.value()});
+  }
+  auto gathered = sw::training::gather_full_state(
+      mesh, {staged},
+      [&](const std::string& name, const torch::Tensor& v) { return mine.gather(name, v); });
+  std::lock_guard<std::mutex> lock(saved.mutex);
+  for (const auto& item : gathered) saved.full[item.key()] = item.value();
+}
+
+TEST(TrainingComposition, FsdpOverTheDataAxisOfTensorParallelMlpsMatchesOneProcess) {
+  batches();
+  Params reference = full_model();
+  reference.erase("tie");
+  const std::vector<double> norms = train_reference(reference);
+  Saved saved;
+  on_threads_with_store(4, [&](int rank, const c10::intrusive_ptr<c10d::Store>& store) {
+    fsdp_tp_rank(rank, store, saved);
+  });
+  ASSERT_EQ(saved.norms.size(), norms.size());
+  for (size_t i = 0; i < norms.size(); ++i) {
+    EXPECT_NEAR(saved.norms[i], norms[i], 1e-5 * norms[i]) << "step " << i + 1;
+    EXPECT_GT(norms[i], kMaxNorm);  // the clip acted
+  }
   ASSERT_EQ(saved.full.size(), reference.size());
   for (const auto& [name, expected] : reference) {
     EXPECT_TRUE(torch::allclose(saved.full.at(name), expected.detach(), 1e-4, 1e-6)) << name;
