@@ -131,6 +131,7 @@ set(SHARDWISE_TORCH_SOURCES
   csrc/training/run_checkpoint.cpp
   csrc/training/mesh_clip.cpp
   csrc/training/full_state.cpp
+  csrc/training/stage_cut.cpp
   csrc/training/run_stats.cpp
 )
 # Built when CUDA is (SHARDWISE_WITH_CUDA); their *_stub.cpp counterparts compile to nothing then.

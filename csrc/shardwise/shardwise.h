@@ -15,6 +15,9 @@
 //   checkpoint::save_training_checkpoint, load_latest_  resumable checkpoints shared with
 //     training_checkpoint, optim::adamw_slots            shardwise-train
 //   data::TokenStream                                  the trainers' data stream
+//   training::*                                        the rules composing them (LR schedule,
+//                                                      mesh clip, writer rule, full state,
+//                                                      StageCut, run save/resume)
 //   ops (precision/cast_ops.h)                         the bf16/fp16 casts
 #pragma once
 
@@ -63,6 +66,7 @@
 #include "training/mesh_clip.h"
 #include "training/run_checkpoint.h"
 #include "training/run_stats.h"
+#include "training/stage_cut.h"
 #include "zero/grad_scaler.h"
 #include "zero/zero_optimizer.h"
 #include "zero/zero_redundancy_optimizer.h"

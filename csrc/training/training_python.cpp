@@ -54,8 +54,8 @@ void bind_training(py::module& m) {
       py::arg("tp_group") = py::none(), py::arg("shard_group") = py::none(),
       py::arg("stage_group") = py::none(), py::call_guard<py::gil_scoped_release>(),
       "training/mesh_clip.h: the whole model's gradient norm over the mesh, then the clip.");
-  using Staged = std::tuple<std::string, std::vector<int64_t>, at::ScalarType,
-                            std::optional<at::Tensor>>;
+  using Staged =
+      std::tuple<std::string, std::vector<int64_t>, at::ScalarType, std::optional<at::Tensor>>;
   m.def(
       "gather_full_state",
       [](const mesh::MeshLayout& layout, int rank, const std::vector<std::vector<Staged>>& stages,

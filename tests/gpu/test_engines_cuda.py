@@ -92,4 +92,3 @@ def test_backend_collectives_on_cuda(group, dtype):
     dist.broadcast(x, 0)
     torch.cuda.synchronize()
     assert torch.equal(x.cpu(), torch.arange(1000, dtype=dtype))
-

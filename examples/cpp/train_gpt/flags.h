@@ -8,6 +8,9 @@
 #include <map>
 #include <stdexcept>
 #include <string>
+#include <type_traits>
+#include <variant>
+#include <vector>
 
 struct Flags {
   std::string data;
@@ -16,10 +19,8 @@ struct Flags {
   int64_t warmup_steps = 0, save_every = 50, keep_last = 3;
   std::string checkpoint_dir;  // resumable checkpoints (shardwise-train's format); empty: none
   double lr = 1e-3, clip = 1.0;
-  std::string dtype = "fp32";
-  std::string strategy = "fsdp";
+  std::string dtype = "fp32", strategy = "fsdp", schedule = "1f1b";
   bool strategy_given = false;
-  std::string schedule = "1f1b";
   std::string save;  // a safetensors path for the trained model; empty: none
 };
 
@@ -30,6 +31,28 @@ inline const char* kUsage =
     "                 [--threads N] [--save MODEL.safetensors]\n"
     "                 [--pp STAGES [--microbatches N] [--schedule 1f1b|gpipe]] [--tp N]\n"
     "                 [--warmup-steps N] [--checkpoint-dir DIR [--save-every N] [--keep-last N]]\n";
+
+using FlagField = std::variant<int64_t Flags::*, double Flags::*, std::string Flags::*>;
+
+// Every flag and the field it sets.
+inline const std::map<std::string, FlagField>& flag_fields() {
+  // clang-format off
+  static const std::map<std::string, FlagField> fields{
+      {"--data", &Flags::data},               {"--steps", &Flags::steps},
+      {"--micro-batch", &Flags::micro_batch}, {"--seq-len", &Flags::seq_len},
+      {"--dim", &Flags::dim},                 {"--layers", &Flags::layers},
+      {"--heads", &Flags::heads},             {"--seed", &Flags::seed},
+      {"--log-every", &Flags::log_every},     {"--threads", &Flags::threads},
+      {"--pp", &Flags::pp},                   {"--microbatches", &Flags::microbatches},
+      {"--tp", &Flags::tp},                   {"--warmup-steps", &Flags::warmup_steps},
+      {"--save-every", &Flags::save_every},   {"--keep-last", &Flags::keep_last},
+      {"--lr", &Flags::lr},                   {"--clip", &Flags::clip},
+      {"--dtype", &Flags::dtype},             {"--strategy", &Flags::strategy},
+      {"--schedule", &Flags::schedule},       {"--checkpoint-dir", &Flags::checkpoint_dir},
+      {"--save", &Flags::save}};
+  // clang-format on
+  return fields;
+}
 
 // `value` of `flag` as a number; an error naming both when it is not one.
 inline double number(const std::string& flag, const std::string& value, bool integer) {
@@ -46,117 +69,90 @@ inline double number(const std::string& flag, const std::string& value, bool int
   return parsed;
 }
 
-// The integer flags and the fields they set.
-inline const std::map<std::string, int64_t Flags::*>& integer_flags() {
-  static const std::map<std::string, int64_t Flags::*> flags{
-      {"--steps", &Flags::steps},
-      {"--micro-batch", &Flags::micro_batch},
-      {"--seq-len", &Flags::seq_len},
-      {"--dim", &Flags::dim},
-      {"--layers", &Flags::layers},
-      {"--heads", &Flags::heads},
-      {"--seed", &Flags::seed},
-      {"--log-every", &Flags::log_every},
-      {"--threads", &Flags::threads},
-      {"--pp", &Flags::pp},
-      {"--microbatches", &Flags::microbatches},
-      {"--tp", &Flags::tp},
-      {"--warmup-steps", &Flags::warmup_steps},
-      {"--save-every", &Flags::save_every},
-      {"--keep-last", &Flags::keep_last}};
-  return flags;
+// An error naming `flag` unless `value` is one of `choices` ("--dtype fp8: use fp32 or bf16").
+inline void one_of(const std::string& flag,
+                   const std::string& value,
+                   const std::vector<std::string>& choices) {
+  std::string list;
+  for (size_t i = 0; i < choices.size(); ++i) {
+    if (value == choices[i]) return;
+    list += (i == 0 ? "" : i + 1 == choices.size() ? " or " : ", ") + choices[i];
+  }
+  throw std::invalid_argument(flag + " " + value + ": use " + list);
+}
+
+// The relations between flags; each error names the flags.
+inline void check_relations(const Flags& f) {
+  auto fail = [](const std::string& message) { throw std::invalid_argument(message); };
+  const auto n = [](int64_t v) { return std::to_string(v); };
+  if (f.dim % f.heads != 0) fail("--dim must be a multiple of --heads");
+  if (f.strategy != "fsdp" && f.dtype != "fp32") {
+    fail("--dtype " + f.dtype + " needs --strategy fsdp (ZeRO runs fp32)");
+  }
+  if (f.warmup_steps > f.steps) {
+    fail("--warmup-steps " + n(f.warmup_steps) + " exceeds --steps " + n(f.steps));
+  }
+  if ((f.pp > 1 || f.tp > 1) && f.strategy_given) {
+    fail("--strategy " + f.strategy +
+         " with --pp or --tp: their groups are data parallel with replicated weights; leave "
+         "--strategy out (it applies without --pp and --tp)");
+  }
+  if ((f.pp > 1 || f.tp > 1) && f.dtype != "fp32")
+    fail("--pp and --tp run fp32; leave --dtype out");
+  for (const auto& [what, value] : std::map<std::string, int64_t>{
+           {"--heads", f.heads}, {"--dim", f.dim}, {"the vocabulary size", 256}}) {
+    if (value % f.tp != 0) fail("--tp " + n(f.tp) + " must divide " + what + " (" + n(value) + ")");
+  }
+  if (f.pp > 1 && f.micro_batch % f.microbatches != 0) {
+    fail("--micro-batch " + n(f.micro_batch) + " must be a multiple of --microbatches " +
+         n(f.microbatches));
+  }
+  if (f.pp > f.layers + 2) {
+    fail("--pp " + n(f.pp) + ": at most --layers + 2 (" + n(f.layers + 2) + ") stages");
+  }
 }
 
 // Throws std::invalid_argument naming the flag and the fix for a bad or conflicting value.
 inline void check(const Flags& f) {
   if (f.data.empty()) throw std::invalid_argument(std::string("--data is required\n") + kUsage);
-  for (const auto& [flag, member] : integer_flags()) {
-    if (f.*member < (flag == "--seed" || flag == "--threads" || flag == "--warmup-steps" ? 0 : 1)) {
+  for (const auto& [flag, field] : flag_fields()) {
+    const auto* member = std::get_if<int64_t Flags::*>(&field);
+    const bool may_be_zero = flag == "--seed" || flag == "--threads" || flag == "--warmup-steps";
+    if (member && f.**member < (may_be_zero ? 0 : 1)) {
       throw std::invalid_argument(flag + " must be positive");
     }
   }
-  if (f.dim % f.heads != 0) throw std::invalid_argument("--dim must be a multiple of --heads");
-  if (f.dtype != "fp32" && f.dtype != "bf16") {
-    throw std::invalid_argument("--dtype " + f.dtype + ": use fp32 or bf16");
-  }
-  if (f.strategy != "fsdp" && f.strategy != "zero1" && f.strategy != "zero2") {
-    throw std::invalid_argument("--strategy " + f.strategy + ": use fsdp, zero1 or zero2");
-  }
-  if (f.strategy != "fsdp" && f.dtype != "fp32") {
-    throw std::invalid_argument("--dtype " + f.dtype + " needs --strategy fsdp (ZeRO runs fp32)");
-  }
-  if (f.warmup_steps > f.steps) {
-    throw std::invalid_argument("--warmup-steps " + std::to_string(f.warmup_steps) +
-                                " exceeds --steps " + std::to_string(f.steps));
-  }
-  if (f.schedule != "1f1b" && f.schedule != "gpipe") {
-    throw std::invalid_argument("--schedule " + f.schedule + ": use 1f1b or gpipe");
-  }
-  if ((f.pp > 1 || f.tp > 1) && f.strategy_given) {
-    throw std::invalid_argument("--strategy " + f.strategy +
-                                " with --pp or --tp: their groups "
-                                "are data parallel with replicated weights; leave --strategy out "
-                                "(it applies without --pp and --tp)");
-  }
-  if ((f.pp > 1 || f.tp > 1) && f.dtype != "fp32") {
-    throw std::invalid_argument("--pp and --tp run fp32; leave --dtype out");
-  }
-  if (f.tp > 1) {
-    for (const auto& [what, value] : std::map<std::string, int64_t>{
-             {"--heads", f.heads}, {"--dim", f.dim}, {"the vocabulary size", 256}}) {
-      if (value % f.tp != 0) {
-        throw std::invalid_argument("--tp " + std::to_string(f.tp) + " must divide " + what + " (" +
-                                    std::to_string(value) + ")");
-      }
-    }
-  }
-  if (f.pp > 1) {
-    if (f.micro_batch % f.microbatches != 0) {
-      throw std::invalid_argument("--micro-batch " + std::to_string(f.micro_batch) +
-                                  " must be a multiple of --microbatches " +
-                                  std::to_string(f.microbatches));
-    }
-    if (f.pp > f.layers + 2) {
-      throw std::invalid_argument("--pp " + std::to_string(f.pp) + ": at most --layers + 2 (" +
-                                  std::to_string(f.layers + 2) + ") stages");
-    }
-  }
+  one_of("--dtype", f.dtype, {"fp32", "bf16"});
+  one_of("--strategy", f.strategy, {"fsdp", "zero1", "zero2"});
+  one_of("--schedule", f.schedule, {"1f1b", "gpipe"});
+  check_relations(f);
 }
 
 inline Flags parse(int argc, char** argv) {
   Flags f;
-  std::map<std::string, double*> reals{{"--lr", &f.lr}, {"--clip", &f.clip}};
   for (int i = 1; i < argc; ++i) {
     const std::string flag = argv[i];
     if (flag == "--help" || flag == "-h") {
       std::cout << kUsage;
       std::exit(0);
     }
-    const bool text = flag == "--data" || flag == "--dtype" || flag == "--strategy" ||
-                      flag == "--save" || flag == "--schedule" || flag == "--checkpoint-dir";
-    if (!text && !integer_flags().count(flag) && !reals.count(flag)) {
+    const auto field = flag_fields().find(flag);
+    if (field == flag_fields().end()) {
       throw std::invalid_argument("unknown flag " + flag + "\n" + kUsage);
     }
     if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value\n" + kUsage);
     const std::string value = argv[++i];
-    if (flag == "--data") {
-      f.data = value;
-    } else if (flag == "--dtype") {
-      f.dtype = value;
-    } else if (flag == "--strategy") {
-      f.strategy = value;
-      f.strategy_given = true;
-    } else if (flag == "--schedule") {
-      f.schedule = value;
-    } else if (flag == "--checkpoint-dir") {
-      f.checkpoint_dir = value;
-    } else if (flag == "--save") {
-      f.save = value;
-    } else if (integer_flags().count(flag)) {
-      f.*integer_flags().at(flag) = static_cast<int64_t>(number(flag, value, /*integer=*/true));
-    } else {
-      *reals[flag] = number(flag, value, /*integer=*/false);
-    }
+    std::visit(
+        [&](auto member) {
+          using T = std::decay_t<decltype(f.*member)>;
+          if constexpr (std::is_same_v<T, std::string>) {
+            f.*member = value;
+          } else {
+            f.*member = static_cast<T>(number(flag, value, std::is_integral_v<T>));
+          }
+        },
+        field->second);
+    f.strategy_given = f.strategy_given || flag == "--strategy";
   }
   check(f);
   return f;

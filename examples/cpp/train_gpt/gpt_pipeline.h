@@ -15,11 +15,6 @@
 
 #include "gpt.h"
 
-// The full model's name of a block parameter: the head's copy of the tie is embed.weight.
-inline std::string model_name(const std::string& name) {
-  return name == "head.weight" ? "embed.weight" : name;
-}
-
 using GPTBlock = shardwise::pipeline::PipelineBlock;  // a forward and its parameters by name
 
 // `head_weight`: the last block's own copy of embed.weight (the pipeline ties the two).

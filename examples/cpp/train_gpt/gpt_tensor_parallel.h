@@ -88,17 +88,12 @@ class TensorParallelGPT {
   // This rank's parameters (shards and replicas) by the full model's names.
   const shardwise::tensor_parallel::ShardedParameters& params() const { return params_; }
 
-  // What this rank holds of parameter `name` (the head's copy of the tie: embed.weight's).
-  shardwise::training::ParameterSource source(const std::string& name,
-                                              const torch::Tensor& value) const {
-    const std::string full = model_name(name);
-    return {full, value, params_.spec(full), params_.full_shape(full)};
-  }
-
-  // Every parameter's source, in the full model's order.
+  // Every parameter's checkpoint source (its tp spec and full shape), in the full model's order.
   std::vector<shardwise::training::ParameterSource> sources() const {
     std::vector<shardwise::training::ParameterSource> out;
-    for (const auto& name : params_.names()) out.push_back(source(name, p(name)));
+    for (const auto& name : params_.names()) {
+      out.push_back({name, p(name), params_.spec(name), params_.full_shape(name)});
+    }
     return out;
   }
 

@@ -17,6 +17,7 @@
 #include <torch/torch.h>
 
 #include <map>
+#include <memory>
 #include <mutex>
 #include <string>
 #include <vector>
@@ -33,6 +34,7 @@
 #include "training/full_state.h"
 #include "training/lr_schedule.h"
 #include "training/mesh_clip.h"
+#include "training/stage_cut.h"
 #include "zero/zero_redundancy_optimizer.h"
 
 namespace {
@@ -53,14 +55,6 @@ std::optional<sw::tensor_parallel::SplitDim> split_rule(const std::string& name)
   if (ends("up.weight") || ends("up.bias")) return sw::tensor_parallel::SplitDim{0};
   if (ends("down.weight")) return sw::tensor_parallel::SplitDim{1};
   return std::nullopt;
-}
-
-// The full model's parameters by stage: the tie on stage 0, an MLP on each stage.
-const std::vector<std::vector<std::string>>& stage_names() {
-  static const std::vector<std::vector<std::string>> names{
-      {"tie", "s0.up.weight", "s0.up.bias", "s0.down.weight", "s0.down.bias"},
-      {"s1.up.weight", "s1.up.bias", "s1.down.weight", "s1.down.bias"}};
-  return names;
 }
 
 const Params& initial_model();
@@ -159,17 +153,6 @@ sw::distributed::World thread_world(int rank,
   return w;
 }
 
-// This rank's tensors of stage `stage`'s parameters (tp shards of the split ones); the last stage
-// holds its own copy of the tie.
-sw::tensor_parallel::ShardedParameters stage_params(const Params& full,
-                                                    int stage,
-                                                    const sw::tensor_parallel::Group& tp) {
-  std::vector<std::pair<std::string, torch::Tensor>> named;
-  for (const auto& name : stage_names()[stage]) named.emplace_back(name, full.at(name));
-  if (stage == 1) named.emplace_back("tie_copy", full.at("tie"));
-  return sw::tensor_parallel::ShardedParameters(named, split_rule, tp);
-}
-
 struct Saved {
   std::mutex mutex;
   std::vector<sw::sharding::TensorSlice> pieces;
@@ -177,41 +160,55 @@ struct Saved {
   std::vector<double> norms;
 };
 
+// The model as pipeline blocks over this rank's tp shards: the tie's input projection, the two
+// MLPs, and the head (the last stage's own copy of the tie, "tie_copy").
+std::vector<sw::pipeline::PipelineBlock> model_blocks(
+    const std::shared_ptr<const sw::tensor_parallel::ShardedParameters>& mine,
+    const sw::tensor_parallel::Group& tp) {
+  auto named = [&](const std::string& prefix) {
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    for (const auto& item : mine->named()) {
+      if (item.first.rfind(prefix, 0) == 0) out.push_back(item);
+    }
+    return out;
+  };
+  return {{[mine](const torch::Tensor& x) { return torch::matmul(x, mine->at("tie")); },
+           {{"tie", mine->at("tie")}}},
+          {[mine, tp](const torch::Tensor& x) { return mlp(x, *mine, "s0.", tp); }, named("s0.")},
+          {[mine, tp](const torch::Tensor& x) { return mlp(x, *mine, "s1.", tp); }, named("s1.")},
+          {[mine](const torch::Tensor& x) { return torch::matmul(x, mine->at("tie_copy").t()); },
+           {{"tie_copy", mine->at("tie_copy")}}}};
+}
+
 void pipeline_rank(int rank, const c10::intrusive_ptr<c10d::Store>& store, Saved& saved) {
   auto world = thread_world(rank, 8, store);
   sw::mesh::ParallelLayout layout({8, {}, /*tp=*/2, /*pp=*/2});
-  sw::distributed::DeviceMesh mesh(world, layout.layout("dp"));
-  const auto tp = mesh.group({"tp"});
-  const int stage = mesh.coordinate("pp");
-  const auto mine = stage_params(full_model(), stage, tp);
-  sw::pipeline::PipelineStage piece;
-  piece.id = stage;
-  piece.parameters = mine.named();
-  piece.forward = [mine, stage, tp](const torch::Tensor& x) {
-    if (stage == 0) return mlp(torch::matmul(x, mine.at("tie")), mine, "s0.", tp);
-    return torch::matmul(mlp(x, mine, "s1.", tp), mine.at("tie_copy").t());
-  };
+  auto mesh = std::make_shared<sw::distributed::DeviceMesh>(world, layout.layout("dp"));
+  const auto tp = mesh->group({"tp"});
+  Params full = full_model();
+  std::vector<std::pair<std::string, torch::Tensor>> named(full.begin(), full.end());
+  named.emplace_back("tie_copy", full.at("tie"));
+  auto mine = std::make_shared<const sw::tensor_parallel::ShardedParameters>(named, split_rule, tp);
+  // Stage 0: the tie's projection and the first MLP; stage 1: the second MLP and the head.
+  const sw::training::StageCut cut(model_blocks(mine, tp), {{0, 1}, {2, 3}}, mesh->coordinate("pp"),
+                                   {"tie", "tie_copy"}, mine);
   sw::pipeline::PipelineOptions options;
   options.schedule = sw::pipeline::make_schedule({sw::pipeline::ScheduleKind::k1F1B, 2, 2, 1});
-  options.rank = stage;
-  options.group = mesh.group({"pp"});
-  options.data_parallel_group = mesh.group({"dp"});
+  options.rank = cut.stage();
+  options.group = mesh->group({"pp"});
+  options.data_parallel_group = mesh->group({"dp"});
   options.tied = {{0, "tie", 1, "tie_copy"}};
   options.loss = [](const torch::Tensor& out, const torch::Tensor& y) {
     return torch::mse_loss(out, y);
   };
-  sw::pipeline::Pipeline pipeline({piece}, options);
+  sw::pipeline::Pipeline pipeline({cut.mine()}, options);
   auto optimizer = std::make_shared<torch::optim::AdamW>(
       pipeline.parameters(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
-  const int64_t rows = kBatch / 2, first = mesh.coordinate("dp") * rows;
+  const int64_t rows = kBatch / 2, first = mesh->coordinate("dp") * rows;
   for (int step = 1; step <= kSteps; ++step) {
     const Data& d = batch(step);
     pipeline.step(d.x.slice(0, first, first + rows), d.y.slice(0, first, first + rows));
-    const auto grads = sw::training::mesh_gradients(
-        mine.named(), [&](const std::string& name) { return mine.split(name); }, {"tie_copy"});
-    sw::tensor_parallel::ClipOptions clip{kMaxNorm, tp, sw::tensor_parallel::Group(),
-                                          mesh.group({"pp"})};
-    const double norm = sw::training::clip_grad_norm_over_mesh(grads, clip);
+    const double norm = cut.clip_grad_norm(kMaxNorm, options.group);
     if (rank == 0) saved.norms.push_back(norm);
     for (auto& group : optimizer->param_groups()) {
       group.options().set_lr(sw::training::warmup_cosine_lr(kSchedule, step));
@@ -219,33 +216,13 @@ void pipeline_rank(int rank, const c10::intrusive_ptr<c10d::Store>& store, Saved
     optimizer->step();
     optimizer->zero_grad();
   }
-  // The full state on rank 0: every stage's parameters, the tie once (its copy left out).
-  std::vector<std::vector<sw::training::StagedParameter>> stages(2);
-  const Params shapes = full_model();
-  for (int s = 0; s < 2; ++s) {
-    for (const auto& name : stage_names()[s]) {
-      stages[s].push_back(
-          {name, shapes.at(name).sizes().vec(), s == stage ? mine.at(name) : torch::Tensor()});
-    }
-  }
-  auto full = sw::training::gather_full_state(
-      mesh, stages,
-      [&](const std::string& name, const torch::Tensor& v) { return mine.gather(name, v); });
-  // The checkpoint pieces this rank writes, by the writer rule (the copy under the tie's name).
-  auto slots = [&](bool saving) {
-    std::vector<sw::training::ParameterSource> sources;
-    for (const auto& [name, t] : mine.named()) {
-      const std::string model = name == "tie_copy" ? "tie" : name;
-      sources.push_back({model, t, mine.spec(name), shapes.at(model).sizes().vec()});
-    }
-    if (saving) sources = sw::training::written_sources(sources, mesh.layout(), rank, {"tie"});
-    return sw::training::source_slots(sources);
-  };
+  // The full state on rank 0 (the tie once) and the checkpoint pieces by the writer rule.
+  auto gathered = cut.full_state(*mesh);
   sw::checkpoint::TrainingState state;
-  sw::training::adamw_checkpoint(slots, optimizer).save(state);
+  sw::training::adamw_checkpoint(cut.slots(mesh), optimizer).save(state);
   std::lock_guard<std::mutex> lock(saved.mutex);
   saved.pieces.insert(saved.pieces.end(), state.pieces.begin(), state.pieces.end());
-  for (const auto& item : full) saved.full[item.key()] = item.value();
+  for (const auto& item : gathered) saved.full[item.key()] = item.value();
 }
 
 TEST(TrainingComposition, PipelineOfTensorParallelStagesOverDataReplicasMatchesOneProcess) {
