@@ -5,7 +5,6 @@ resume, checkpoints loaded at another world size, and a corrupted checkpoint. Ea
 
 from __future__ import annotations
 
-import functools
 import json
 import os
 import signal
@@ -16,81 +15,23 @@ from pathlib import Path
 
 import pytest
 import torch
+from train_runs import (
+    BASE,
+    CONFIGS,
+    ROOT,
+    assert_continues,
+    command,
+    copy_until,
+    losses,
+    records,
+    run,
+    train,
+)
 
-ROOT = Path(__file__).resolve().parents[2]
-CONFIGS = ROOT / "examples" / "configs"
-BASE = [
-    "model.preset=tiny",
-    "training.mixed_precision=no",
-    "training.learning_rate=3e-3",
-    "training.warmup_steps=2",
-    "training.log_every=1",
-]
-
-
-def command(nproc: int, config: str, out: Path, *overrides: str) -> list[str]:
-    launcher = (
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-        if nproc > 1
-        else [sys.executable]
-    )
-    return [
-        *launcher,
-        "-m",
-        "shardwise.train",
-        "--config",
-        str(CONFIGS / config),
-        *BASE,
-        f"training.checkpoint.dir={out}",
-        *overrides,
-    ]
-
-
-def train(nproc: int, config: str, out: Path, *overrides: str, timeout: int = 240):
-    """Runs to the end: (the metrics records of rank 0's metrics.jsonl, the output)."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    proc = subprocess.run(
-        command(nproc, config, out, *overrides),
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=timeout,
-        cwd=out.parent,
-    )
-    assert proc.returncode == 0, (
-        f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    )
-    return records(out), proc.stdout + proc.stderr
-
-
-def records(out: Path) -> list[dict]:
-    path = out / "metrics.jsonl"
-    if not path.exists():
-        return []
-    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-
-
-def losses(recs: list[dict]) -> dict[int, float]:
-    return {r["step"]: r["loss"] for r in recs}
-
-
-def assert_continues(recs: list[dict], ref: list[dict], steps: list[int], rel: float) -> None:
-    """The resumed run logged exactly ``steps``, each with the reference run's loss."""
-    ours, theirs = losses(recs), losses(ref)
-    assert sorted(ours) == steps, sorted(ours)
-    for step in steps:
-        assert abs(ours[step] - theirs[step]) <= rel * abs(theirs[step]), (step, ours, theirs)
-
-
-@functools.cache
-def run(name: str, nproc: int, config: str, *overrides: str) -> tuple[Path, list[dict], str]:
-    base = Path(os.environ.get("SHARDWISE_TEST_TMP", "/tmp")) / f"shardwise-train-{os.getpid()}"
-    out = base / name
-    base.mkdir(parents=True, exist_ok=True)
-    recs, log = train(nproc, config, out, *overrides)
-    return out, recs, log
-
-
+INTERLEAVED = (
+    "distributed.pipeline.schedule=interleaved_1f1b",
+    "distributed.pipeline.virtual_stages=2",
+)
 STRATEGIES = {
     # name: (processes, config, overrides, planner row)
     "ddp": (2, "ddp.yaml", ("training.gradient_accumulation_steps=1",), "ddp"),
@@ -107,13 +48,8 @@ STRATEGIES = {
     "zero3": (2, "zero2.yaml", ("distributed.zero.zero_optimization.stage=3",), "zero3"),
     "pipeline_1f1b": (2, "pipeline_1f1b.yaml", (), "pipeline"),
     "dp_x_pp": (4, "dp_x_pp.yaml", ("training.gradient_accumulation_steps=1",), "pipeline"),
-    # two virtual stages per rank: the export gathers stage s from pp rank s mod 2
-    "pipeline_interleaved": (
-        2,
-        "pipeline_1f1b.yaml",
-        ("distributed.pipeline.schedule=interleaved_1f1b", "distributed.pipeline.virtual_stages=2"),
-        None,
-    ),
+    # two virtual stages a rank: the export gathers stage s from pp rank s mod 2
+    "pipeline_interleaved": (2, "pipeline_1f1b.yaml", INTERLEAVED, None),
     # ZB-H1 with the cut timed on rank 0 and broadcast (ranks cutting differently would hang)
     "pipeline_zb_h1_time_split": (
         2,
@@ -260,16 +196,6 @@ def _fsdp_reference(world: int = 2):
     )
 
 
-def _copy_until(src: Path, dst: Path, step: int) -> None:
-    """dst: a run directory holding src's checkpoints up to ``step``."""
-    import shutil
-
-    (dst / "checkpoints").mkdir(parents=True, exist_ok=True)
-    for d in (src / "checkpoints").iterdir():
-        if int(d.name.split("-")[1]) <= step:
-            shutil.copytree(d, dst / "checkpoints" / d.name)
-
-
 @pytest.mark.parametrize("saved,loaded", [(2, 1), (4, 2), (2, 4)])
 def test_sharded_checkpoint_loads_at_another_world_size(tmp_path, saved, loaded):
     """2 → 1, 4 → 2 and 2 → 4 ranks (the same global batch of 8): the FSDP shards saved by one
@@ -277,7 +203,7 @@ def test_sharded_checkpoint_loads_at_another_world_size(tmp_path, saved, loaded)
     a lost optimizer moment changes the next losses, which must equal the saving run's."""
     src, ref, _ = _fsdp_reference(saved)
     out = tmp_path / "resharded"
-    _copy_until(src, out, 4)
+    copy_until(src, out, 4)
     recs, log = train(
         loaded,
         "fsdp.yaml",
@@ -303,7 +229,7 @@ def test_checkpoint_of_one_rank_loads_on_two(tmp_path):
         "training.micro_batch_size=8",
     )
     out = tmp_path / "two"
-    _copy_until(src, out, 3)
+    copy_until(src, out, 3)
     recs, log = train(
         2,
         "fsdp.yaml",
@@ -321,7 +247,7 @@ def test_corrupted_checkpoint_falls_back_to_the_previous(tmp_path):
     resumes from the one before, with the reference run's losses from there."""
     src, ref, _ = _fsdp_reference()
     out = tmp_path / "corrupt"
-    _copy_until(src, out, 8)
+    copy_until(src, out, 8)
     victim = out / "checkpoints" / "step-00000008" / "rank-00001.pt"
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0xFF
@@ -444,7 +370,7 @@ def test_pipeline_checkpoint_resumes_as_ddp_on_one_process(tmp_path):
     common = ("training.max_steps=8", "training.checkpoint.every_steps=4")
     ref, _ = train(2, "pipeline_1f1b.yaml", src, *common, "training.micro_batch_size=2")
     out = tmp_path / "ddp"
-    _copy_until(src, out, 4)
+    copy_until(src, out, 4)
     recs, log = train(
         1,
         "ddp.yaml",

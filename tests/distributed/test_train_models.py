@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from test_train import ROOT, train
+from train_runs import ROOT, train
 
 GPT2 = (
     "model.hf_config=gpt2",

@@ -8,7 +8,7 @@ from __future__ import annotations
 import subprocess
 
 import pytest
-from test_train import _copy_until, assert_continues, command, losses, run, train
+from train_runs import assert_continues, command, copy_until, losses, run, train
 
 COMMON = ("training.max_steps=8", "training.checkpoint.every_steps=4")
 
@@ -160,7 +160,7 @@ def test_checkpoint_moves_between_tp_and_plain_layouts(tmp_path, saved, loaded):
     row-parallel weights' strided runs, the fused QKV's three parts) or a lost moment breaks it."""
     src, ref, _ = _mesh_run(saved) if saved != "ddp2" else _ddp(2)
     out = tmp_path / "moved"
-    _copy_until(src, out, 4)
+    copy_until(src, out, 4)
     nproc, overrides = (2, ()) if loaded == "ddp2" else (MESHES[loaded][0], MESHES[loaded][2])
     recs, log = train(nproc, "ddp.yaml", out, *COMMON, *overrides)
     assert_continues(recs, ref, [5, 6, 7, 8], 1e-5)
@@ -172,11 +172,11 @@ def test_zero_tp_checkpoint_resumes_at_its_tp_size_only(tmp_path):
     them); at tp 1 it is refused with the fix instead of loading shards as whole tensors."""
     src, ref, _ = _mesh_run("dp2_x_tp2_zero2")
     out = tmp_path / "same"
-    _copy_until(src, out, 4)
+    copy_until(src, out, 4)
     recs, _ = train(4, "zero2.yaml", out, *COMMON, *ZERO_TP)
     assert_continues(recs, ref, [5, 6, 7, 8], 1e-5)
     out = tmp_path / "other"
-    _copy_until(src, out, 4)
+    copy_until(src, out, 4)
     proc = subprocess.run(
         command(2, "zero2.yaml", out, *COMMON),
         capture_output=True,
@@ -278,7 +278,7 @@ def test_fp16_resume_keeps_the_loss_scale(tmp_path):
     src, ref, _ = run("fp16_resume", 2, "ddp.yaml", *overrides)
     assert ref[5]["loss_scale"] < 2.0**24  # the scale has come down by the checkpoint
     out = tmp_path / "resumed"
-    _copy_until(src, out, 6)
+    copy_until(src, out, 6)
     recs, _ = train(2, "ddp.yaml", out, *overrides)
     assert_continues(recs, ref, list(range(7, 13)), 1e-5)
     assert [r["loss_scale"] for r in recs] == [r["loss_scale"] for r in ref[6:]]

@@ -132,7 +132,7 @@ def test_every_strategy_trains_with_ranks_sharing_the_gpu(tmp_path, nproc, confi
     GPU, and fp16 (the C++ GradScaler; ZeRO's own scaler) and bf16 under CUDA autocast: catches
     a strategy whose collectives or point-to-point sends take NCCL for ranks that share a
     device, a tensor left on the CPU, or a precision that does not reach the GPU's autocast."""
-    from test_train import losses, train  # tests/distributed, put on the path by conftest.py
+    from train_runs import losses, train  # tests/distributed, put on the path by conftest.py
 
     extra = (f"training.mixed_precision={precision}",) if precision else ()
     recs, _ = train(

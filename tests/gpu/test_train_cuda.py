@@ -6,7 +6,7 @@ zero. One process (FSDP, ZeRO-2) and two ranks sharing the GPU (FSDP over the ho
 
 import shutil
 
-from test_train import losses, train  # tests/distributed, put on the path by conftest.py
+from train_runs import losses, train  # tests/distributed, put on the path by conftest.py
 
 STEPS = 50
 SAVED = 25

@@ -1,0 +1,95 @@
+"""The runs the trainer's distributed tests share: ``shardwise-train`` launched under torchrun (or
+as one process) on a bundled config with overrides, its metrics records and losses, and a run
+cached by name so several tests read one run."""
+
+from __future__ import annotations
+
+import functools
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+CONFIGS = ROOT / "examples" / "configs"
+BASE = [
+    "model.preset=tiny",
+    "training.mixed_precision=no",
+    "training.learning_rate=3e-3",
+    "training.warmup_steps=2",
+    "training.log_every=1",
+]
+
+
+def command(nproc: int, config: str, out: Path, *overrides: str) -> list[str]:
+    launcher = (
+        [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
+        if nproc > 1
+        else [sys.executable]
+    )
+    return [
+        *launcher,
+        "-m",
+        "shardwise.train",
+        "--config",
+        str(CONFIGS / config),
+        *BASE,
+        f"training.checkpoint.dir={out}",
+        *overrides,
+    ]
+
+
+def train(nproc: int, config: str, out: Path, *overrides: str, timeout: int = 240):
+    """Runs to the end: (the metrics records of rank 0's metrics.jsonl, the output)."""
+    env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    proc = subprocess.run(
+        command(nproc, config, out, *overrides),
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=out.parent,
+    )
+    assert proc.returncode == 0, (
+        f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
+    )
+    return records(out), proc.stdout + proc.stderr
+
+
+def records(out: Path) -> list[dict]:
+    path = out / "metrics.jsonl"
+    if not path.exists():
+        return []
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def losses(recs: list[dict]) -> dict[int, float]:
+    return {r["step"]: r["loss"] for r in recs}
+
+
+def assert_continues(recs: list[dict], ref: list[dict], steps: list[int], rel: float) -> None:
+    """The resumed run logged exactly ``steps``, each with the reference run's loss."""
+    ours, theirs = losses(recs), losses(ref)
+    assert sorted(ours) == steps, sorted(ours)
+    for step in steps:
+        assert abs(ours[step] - theirs[step]) <= rel * abs(theirs[step]), (step, ours, theirs)
+
+
+@functools.cache
+def run(name: str, nproc: int, config: str, *overrides: str) -> tuple[Path, list[dict], str]:
+    base = Path(os.environ.get("SHARDWISE_TEST_TMP", "/tmp")) / f"shardwise-train-{os.getpid()}"
+    out = base / name
+    base.mkdir(parents=True, exist_ok=True)
+    recs, log = train(nproc, config, out, *overrides)
+    return out, recs, log
+
+
+def copy_until(src: Path, dst: Path, step: int) -> None:
+    """dst: a run directory holding src's checkpoints up to ``step``."""
+
+    (dst / "checkpoints").mkdir(parents=True, exist_ok=True)
+    for d in (src / "checkpoints").iterdir():
+        if int(d.name.split("-")[1]) <= step:
+            shutil.copytree(d, dst / "checkpoints" / d.name)
