@@ -56,7 +56,8 @@ torch::OrderedDict<std::string, torch::Tensor> gather_full_state(
                                       p.name + " without this rank's value");
         }
         tensor[0] = (gather_tp ? gather_tp(p.name, p.value) : p.value.detach()).to(p.dtype);
-        if (!gather_tp && tensor[0].is_same(p.value)) tensor[0] = tensor[0].clone();
+        // A copy, never the live parameter (a replicated tensor comes back from gather_tp as is).
+        if (tensor[0].is_alias_of(p.value)) tensor[0] = tensor[0].clone();
       }
       if (owner != coordinate && coordinate == 0 && sends) {
         tensor[0] = torch::empty(p.full_shape, torch::TensorOptions(device).dtype(p.dtype));

@@ -142,6 +142,23 @@ std::vector<double> train_reference(Params& p) {
   return norms;
 }
 
+// Every step's clip norm as the reference's, and the clip acting at each.
+void expect_norms(const std::vector<double>& ours, const std::vector<double>& reference) {
+  ASSERT_EQ(ours.size(), reference.size());
+  for (size_t i = 0; i < reference.size(); ++i) {
+    EXPECT_NEAR(ours[i], reference[i], 1e-5 * reference[i]) << "step " << i + 1;
+    EXPECT_GT(reference[i], kMaxNorm);  // the clip acted
+  }
+}
+
+// The gathered full state as the reference's parameters, name for name.
+void expect_full_state(const Params& full, const Params& reference) {
+  ASSERT_EQ(full.size(), reference.size());
+  for (const auto& [name, expected] : reference) {
+    EXPECT_TRUE(torch::allclose(full.at(name), expected.detach(), 1e-4, 1e-6)) << name;
+  }
+}
+
 sw::distributed::World thread_world(int rank,
                                     int world,
                                     const c10::intrusive_ptr<c10d::Store>& store) {
@@ -233,11 +250,7 @@ TEST(TrainingComposition, PipelineOfTensorParallelStagesOverDataReplicasMatchesO
   on_threads_with_store(8, [&](int rank, const c10::intrusive_ptr<c10d::Store>& store) {
     pipeline_rank(rank, store, saved);
   });
-  ASSERT_EQ(saved.norms.size(), norms.size());
-  for (size_t i = 0; i < norms.size(); ++i) {
-    EXPECT_NEAR(saved.norms[i], norms[i], 1e-5 * norms[i]) << "step " << i + 1;
-    EXPECT_GT(norms[i], kMaxNorm);  // the clip acted
-  }
+  expect_norms(saved.norms, norms);
   ASSERT_EQ(saved.full.size(), reference.size());
   std::map<std::string, int64_t> written;
   for (const auto& piece : saved.pieces) {
@@ -301,10 +314,7 @@ TEST(TrainingComposition, ZeroOverTheDataAxisOfTensorParallelMlpsMatchesOneProce
   on_threads_with_store(4, [&](int rank, const c10::intrusive_ptr<c10d::Store>& store) {
     zero_rank(rank, store, saved);
   });
-  ASSERT_EQ(saved.full.size(), reference.size());
-  for (const auto& [name, expected] : reference) {
-    EXPECT_TRUE(torch::allclose(saved.full.at(name), expected.detach(), 1e-4, 1e-6)) << name;
-  }
+  expect_full_state(saved.full, reference);
 }
 
 // fsdp 2 x tp 2: FSDP over the data axis of a module whose parameters are tp shards.
@@ -405,15 +415,8 @@ TEST(TrainingComposition, FsdpOverTheDataAxisOfTensorParallelMlpsMatchesOneProce
   on_threads_with_store(4, [&](int rank, const c10::intrusive_ptr<c10d::Store>& store) {
     fsdp_tp_rank(rank, store, saved);
   });
-  ASSERT_EQ(saved.norms.size(), norms.size());
-  for (size_t i = 0; i < norms.size(); ++i) {
-    EXPECT_NEAR(saved.norms[i], norms[i], 1e-5 * norms[i]) << "step " << i + 1;
-    EXPECT_GT(norms[i], kMaxNorm);  // the clip acted
-  }
-  ASSERT_EQ(saved.full.size(), reference.size());
-  for (const auto& [name, expected] : reference) {
-    EXPECT_TRUE(torch::allclose(saved.full.at(name), expected.detach(), 1e-4, 1e-6)) << name;
-  }
+  expect_norms(saved.norms, norms);
+  expect_full_state(saved.full, reference);
 }
 
 }  // namespace
