@@ -33,15 +33,18 @@ double global_norm(double split_squares, double replicated_squares, const ClipOp
 
 double clip_grad_norm_(const std::vector<at::Tensor>& split_grads,
                        const std::vector<at::Tensor>& replicated_grads,
-                       const ClipOptions& options) {
+                       const ClipOptions& options,
+                       const std::vector<at::Tensor>& copies) {
   const double norm =
       global_norm(sum_of_squares(split_grads), sum_of_squares(replicated_grads), options);
-  if (options.max_norm > 0 && norm > options.max_norm) {
-    const double scale = options.max_norm / (norm + 1e-6);
-    for (const auto* grads : {&split_grads, &replicated_grads}) {
+  const double scale = options.max_norm / (norm + 1e-6);
+  if (options.max_norm > 0 && scale < 1.0) {
+    for (const auto* grads : {&split_grads, &replicated_grads, &copies}) {
+      std::vector<at::Tensor> defined;
       for (const at::Tensor& g : *grads) {
-        if (g.defined()) g.detach().mul_(scale);
+        if (g.defined()) defined.push_back(g.detach());
       }
+      if (!defined.empty()) at::_foreach_mul_(defined, scale);
     }
   }
   return norm;

@@ -3,8 +3,9 @@
 // those of replicated parameters (equal on every tp rank) count once. With `shard_group`, the
 // gradients are FSDP shards and their squares are summed over it too; with `stage_group`, each
 // rank holds its pipeline stages' parameters and the squares are summed over the stages. If the
-// norm exceeds `max_norm` (> 0), every gradient is multiplied by max_norm / (norm + 1e-6), as
-// torch.nn.utils.clip_grad_norm_ does. Returns the norm before clipping.
+// norm exceeds `max_norm` (> 0), every gradient is multiplied by max_norm / (norm + 1e-6) when
+// that is below 1, as torch.nn.utils.clip_grad_norm_ does; `copies` (a tie's second copy, held
+// beside the first) are scaled with them but not counted. Returns the norm before clipping.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -29,6 +30,7 @@ double global_norm(double split_squares, double replicated_squares, const ClipOp
 
 double clip_grad_norm_(const std::vector<at::Tensor>& split_grads,
                        const std::vector<at::Tensor>& replicated_grads,
-                       const ClipOptions& options);
+                       const ClipOptions& options,
+                       const std::vector<at::Tensor>& copies = {});
 
 }  // namespace shardwise::tensor_parallel
