@@ -7,6 +7,20 @@
 
 namespace shardwise::tensor_parallel {
 
+SplitRule split_by_suffix(std::vector<std::pair<std::string, SplitDim>> table) {
+  return [table = std::move(table)](const std::string& name) -> std::optional<SplitDim> {
+    for (const auto& [suffix, split] : table) {
+      if (name == suffix) return split;
+      const size_t n = suffix.size();
+      if (name.size() > n && name.compare(name.size() - n, n, suffix) == 0 &&
+          name[name.size() - n - 1] == '.') {
+        return split;
+      }
+    }
+    return std::nullopt;
+  };
+}
+
 ShardedParameters::ShardedParameters(const std::vector<std::pair<std::string, at::Tensor>>& full,
                                      const SplitRule& rule,
                                      Group group)
@@ -32,6 +46,20 @@ ShardedParameters::ShardedParameters(const std::vector<std::pair<std::string, at
   }
 }
 
+namespace {
+std::vector<std::pair<std::string, at::Tensor>> pairs(
+    const torch::OrderedDict<std::string, at::Tensor>& named) {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& item : named) out.emplace_back(item.key(), item.value());
+  return out;
+}
+}  // namespace
+
+ShardedParameters::ShardedParameters(const torch::OrderedDict<std::string, at::Tensor>& full,
+                                     const SplitRule& rule,
+                                     Group group)
+    : ShardedParameters(pairs(full), rule, std::move(group)) {}
+
 const ShardedParameters::Entry& ShardedParameters::entry(const std::string& name) const {
   const auto found = entries_.find(name);
   if (found == entries_.end()) {
@@ -55,6 +83,16 @@ std::vector<std::pair<std::string, at::Tensor>> ShardedParameters::named() const
   return out;
 }
 
+std::vector<std::pair<std::string, at::Tensor>> ShardedParameters::named(
+    const std::string& prefix) const {
+  std::vector<std::pair<std::string, at::Tensor>> out;
+  for (const auto& name : names_) {
+    if (name.compare(0, prefix.size(), prefix) == 0)
+      out.emplace_back(name, entries_.at(name).value);
+  }
+  return out;
+}
+
 std::optional<ShardSpec> ShardedParameters::spec(const std::string& name) const {
   return entry(name).spec;
 }
@@ -66,6 +104,12 @@ const std::vector<int64_t>& ShardedParameters::full_shape(const std::string& nam
 at::Tensor ShardedParameters::gather(const std::string& name, const at::Tensor& value) const {
   const auto& s = entry(name).spec;
   return s ? gather_shards(value.detach(), *s, group_) : value.detach().clone();
+}
+
+torch::OrderedDict<std::string, at::Tensor> ShardedParameters::full_state() const {
+  torch::OrderedDict<std::string, at::Tensor> out;
+  for (const auto& name : names_) out.insert(name, gather(name, entries_.at(name).value));
+  return out;
 }
 
 }  // namespace shardwise::tensor_parallel

@@ -6,15 +6,14 @@
 // clip, the checkpoint writer), the full shapes (checkpoint slots, the full state) and the whole
 // tensors back (gather: collective over the group for a split parameter).
 //
-//   auto rule = [](const std::string& name) -> std::optional<SplitDim> {
-//     if (ends_with(name, "up.weight")) return SplitDim{0};    // column parallel
-//     if (ends_with(name, "down.weight")) return SplitDim{1};  // row parallel
-//     return std::nullopt;                                     // replicated
-//   };
+//   auto rule = split_by_suffix({{"up.weight", SplitDim{0}},     // column parallel
+//                                {"down.weight", SplitDim{1}}}); // row parallel; the rest
+//                                replicated
 //   ShardedParameters params(model->named_parameters(), rule, tp_group);
 #pragma once
 
 #include <ATen/core/Tensor.h>
+#include <torch/ordered_dict.h>
 
 #include <functional>
 #include <map>
@@ -36,10 +35,19 @@ struct SplitDim {
 // How parameter `name` is split; nullopt: replicated over the group.
 using SplitRule = std::function<std::optional<SplitDim>(const std::string& name)>;
 
+// The rule of a table of name suffixes: a parameter is split as the first entry whose suffix is
+// its whole name or follows a '.' in it ("up.weight" matches "blocks.0.up.weight", not
+// "blocks.0.setup.weight"); replicated when none does.
+SplitRule split_by_suffix(std::vector<std::pair<std::string, SplitDim>> table);
+
 class ShardedParameters {
  public:
   // `full`: the full model's named parameters (copied; the model is left as it is).
   ShardedParameters(const std::vector<std::pair<std::string, at::Tensor>>& full,
+                    const SplitRule& rule,
+                    Group group);
+  // The same from a module's named_parameters().
+  ShardedParameters(const torch::OrderedDict<std::string, at::Tensor>& full,
                     const SplitRule& rule,
                     Group group);
 
@@ -49,6 +57,8 @@ class ShardedParameters {
   const std::vector<std::string>& names() const { return names_; }
   std::vector<at::Tensor> tensors() const;
   std::vector<std::pair<std::string, at::Tensor>> named() const;
+  // Those whose names start with `prefix` ("blocks.0."): one module's parameters.
+  std::vector<std::pair<std::string, at::Tensor>> named(const std::string& prefix) const;
   // How `name` is split over the group (this rank's spec); nullopt: replicated.
   std::optional<ShardSpec> spec(const std::string& name) const;
   bool split(const std::string& name) const { return spec(name).has_value(); }
@@ -56,6 +66,8 @@ class ShardedParameters {
   // The whole tensor of `name` from `value` (this rank's tensor of it, or a copy of that):
   // gathered over the group when split (collective), else a detached copy.
   at::Tensor gather(const std::string& name, const at::Tensor& value) const;
+  // Every whole tensor by the full model's names, from this rank's tensors (collective).
+  torch::OrderedDict<std::string, at::Tensor> full_state() const;
   const Group& group() const { return group_; }
 
  private:

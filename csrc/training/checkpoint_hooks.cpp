@@ -40,6 +40,19 @@ Slots source_slots(const std::vector<ParameterSource>& sources) {
   return out;
 }
 
+ParameterSlots sharded_slots(std::shared_ptr<const tensor_parallel::ShardedParameters> params,
+                             mesh::MeshLayout layout,
+                             int rank) {
+  if (!params) throw std::invalid_argument("sharded_slots: params is null");
+  return [params = std::move(params), layout = std::move(layout), rank](bool saving) {
+    std::vector<ParameterSource> sources;
+    for (const auto& [name, value] : params->named()) {
+      sources.push_back({name, value, params->spec(name), params->full_shape(name)});
+    }
+    return source_slots(saving ? written_sources(sources, layout, rank) : sources);
+  };
+}
+
 CheckpointHooks adamw_checkpoint(ParameterSlots parameter_slots,
                                  std::shared_ptr<torch::optim::AdamW> optimizer) {
   auto slots = [parameter_slots, optimizer](bool saving) {

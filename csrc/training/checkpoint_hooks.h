@@ -24,6 +24,7 @@
 #include "mesh/mesh_layout.h"
 #include "sharding/checkpoint_pieces.h"
 #include "tensor_parallel/shard_tensor.h"
+#include "tensor_parallel/sharded_parameters.h"
 #include "zero/zero_redundancy_optimizer.h"
 
 namespace shardwise::training {
@@ -59,6 +60,12 @@ Slots source_slots(const std::vector<ParameterSource>& sources);
 
 // The slots of the parameters this rank holds; with `saving`, only those it writes.
 using ParameterSlots = std::function<Slots(bool saving)>;
+
+// The slots of tensor-parallel `params` (every shard and replica, by the full model's names);
+// saving, those rank `rank` of `layout` writes (a replicated parameter by the first tp rank).
+ParameterSlots sharded_slots(std::shared_ptr<const tensor_parallel::ShardedParameters> params,
+                             mesh::MeshLayout layout,
+                             int rank);
 
 // The parameter slots and their AdamW moments (FSDP, a pipeline stage, tensor-parallel shards).
 CheckpointHooks adamw_checkpoint(ParameterSlots parameter_slots,

@@ -18,6 +18,11 @@ MeshGradients mesh_gradients(const std::vector<std::pair<std::string, at::Tensor
   return out;
 }
 
+MeshGradients mesh_gradients(const tensor_parallel::ShardedParameters& params) {
+  return mesh_gradients(params.named(),
+                        [&params](const std::string& name) { return params.split(name); });
+}
+
 double clip_grad_norm_over_mesh(const MeshGradients& grads,
                                 const tensor_parallel::ClipOptions& options) {
   return tensor_parallel::clip_grad_norm_(grads.split, grads.replicated, options, grads.copies);

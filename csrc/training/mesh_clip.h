@@ -9,9 +9,10 @@
 //     scaled with the rest.
 //
 // Both kinds' squares are summed over `shard_group` (FSDP shards) and `stage_group` (pipeline
-// stages hold disjoint parameters): tensor_parallel::global_norm. When the norm exceeds max_norm
-// (> 0), every gradient, copies included, is multiplied by max_norm / (norm + 1e-6). Returns the
-// norm before clipping. Collective over the groups given.
+// stages hold disjoint parameters): tensor_parallel::global_norm. With max_norm > 0, when
+// max_norm / (norm + 1e-6) is below 1 every gradient, copies included, is multiplied by it, by
+// tensor_parallel::clip_grad_norm_. Returns the norm before clipping. Collective over the groups
+// given.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -22,6 +23,7 @@
 #include <vector>
 
 #include "tensor_parallel/grad_norm.h"
+#include "tensor_parallel/sharded_parameters.h"
 
 namespace shardwise::training {
 
@@ -37,6 +39,9 @@ struct MeshGradients {
 MeshGradients mesh_gradients(const std::vector<std::pair<std::string, at::Tensor>>& named,
                              const std::function<bool(const std::string&)>& split,
                              const std::vector<std::string>& copies = {});
+
+// The gradients of tensor-parallel `params`: shards split, the rest replicated.
+MeshGradients mesh_gradients(const tensor_parallel::ShardedParameters& params);
 
 double clip_grad_norm_over_mesh(const MeshGradients& grads,
                                 const tensor_parallel::ClipOptions& options);

@@ -64,4 +64,16 @@ Resumed resume_training(const std::string& directory,
   return out;
 }
 
+std::vector<std::string> Resumed::report() const {
+  std::vector<std::string> lines;
+  for (const auto& leftover : removed)
+    lines.push_back("removed " + leftover + ": a write that never finished");
+  for (const auto& reason : skipped) lines.push_back("warning: " + reason);
+  if (step > 0) {
+    lines.push_back("resumed from " + path + " (step " + std::to_string(step) + ", saved by " +
+                    std::to_string(saved_world) + " ranks)");
+  }
+  return lines;
+}
+
 }  // namespace shardwise::training

@@ -34,6 +34,10 @@ struct Resumed {
   int saved_world = 0;               // how many ranks saved it
   std::vector<std::string> removed;  // unfinished writes removed (rank 0)
   std::vector<std::string> skipped;  // why newer checkpoints were passed over (rank 0)
+
+  // The lines shardwise-train prints about it: each write removed, each checkpoint passed over
+  // ("warning: ..."), and the checkpoint loaded.
+  std::vector<std::string> report() const;
 };
 
 // Loads the newest intact checkpoint under `directory` that rank 0 chose (collective): the

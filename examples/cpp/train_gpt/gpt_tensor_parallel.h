@@ -5,14 +5,13 @@
 // up projection column-parallel and its down projection row-parallel. Norms, the position
 // embedding and the row-parallel biases are replicated; their gradients are equal on every tp
 // rank. The shards are cut from the full model, so every tp size starts from the
-// same weights; full_state() gathers them back under the full model's names. The shards are a
-// tensor_parallel::ShardedParameters of the full model's parameters by gpt_split.
+// same weights. The shards are a tensor_parallel::ShardedParameters of the full model's
+// parameters by gpt_split.
 #pragma once
 
 #include <shardwise/shardwise.h>
 #include <torch/torch.h>
 
-#include <map>
 #include <optional>
 #include <string>
 #include <utility>
@@ -21,25 +20,22 @@
 #include "gpt.h"
 #include "gpt_pipeline.h"
 
-// How the GPT's parameter `name` is split over the tp group (dim, fused chunks); nullopt:
-// replicated.
-inline std::optional<shardwise::tensor_parallel::SplitDim> gpt_split(const std::string& name) {
-  auto ends = [&](const std::string& suffix) {
-    return name.size() >= suffix.size() &&
-           name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0;
-  };
-  if (ends("qkv.weight") || ends("qkv.bias")) return shardwise::tensor_parallel::SplitDim{0, 3};
-  if (ends("proj.weight") || ends("down.weight")) return shardwise::tensor_parallel::SplitDim{1};
-  if (name == "embed.weight" || ends("up.weight") || ends("up.bias")) {
-    return shardwise::tensor_parallel::SplitDim{0};
-  }
-  return std::nullopt;
+// How the GPT's parameters are split over the tp group (dim, fused chunks); the rest replicated.
+inline shardwise::tensor_parallel::SplitRule gpt_split() {
+  using shardwise::tensor_parallel::SplitDim;
+  return shardwise::tensor_parallel::split_by_suffix({{"qkv.weight", SplitDim{0, 3}},
+                                                      {"qkv.bias", SplitDim{0, 3}},
+                                                      {"proj.weight", SplitDim{1}},
+                                                      {"down.weight", SplitDim{1}},
+                                                      {"embed.weight", SplitDim{0}},
+                                                      {"up.weight", SplitDim{0}},
+                                                      {"up.bias", SplitDim{0}}});
 }
 
 class TensorParallelGPT {
  public:
   TensorParallelGPT(GPT full, c10::intrusive_ptr<c10d::ProcessGroup> tp)
-      : cfg_(full->config()), params_(named(*full), gpt_split, std::move(tp)) {
+      : cfg_(full->config()), params_(full->named_parameters(), gpt_split(), std::move(tp)) {
     options_.group = params_.group();
     vocab_start_ = params_.group()->getRank() * (cfg_.vocab_size / params_.group()->getSize());
   }
@@ -55,22 +51,15 @@ class TensorParallelGPT {
   // the head), their parameters this rank's shards by the full model's names; `head_weight` is
   // the head's own copy of embed.weight's shard (the pipeline ties the two).
   std::vector<GPTBlock> blocks(const torch::Tensor& head_weight) const {
-    auto named = [&](const std::string& prefix) {
-      std::vector<std::pair<std::string, torch::Tensor>> out;
-      for (const auto& item : params_.named()) {
-        if (item.first.compare(0, prefix.size(), prefix) == 0) out.push_back(item);
-      }
-      return out;
-    };
     std::vector<GPTBlock> out;
-    auto embedding = named("embed.");
-    for (auto& item : named("pos.")) embedding.push_back(item);
+    auto embedding = params_.named("embed.");
+    for (auto& item : params_.named("pos.")) embedding.push_back(item);
     out.push_back({[this](const torch::Tensor& tokens) { return embed(tokens); }, embedding});
     for (int64_t i = 0; i < cfg_.layers; ++i) {
       out.push_back({[this, i](const torch::Tensor& x) { return block(i, x); },
-                     named("blocks." + std::to_string(i) + ".")});
+                     params_.named("blocks." + std::to_string(i) + ".")});
     }
-    auto norm_and_head = named("norm.");
+    auto norm_and_head = params_.named("norm.");
     norm_and_head.push_back({"head.weight", head_weight});
     out.push_back({[this, head_weight](const torch::Tensor& x) { return head(x, head_weight); },
                    norm_and_head});
@@ -85,32 +74,11 @@ class TensorParallelGPT {
     return shardwise::tensor_parallel::vocab_parallel_cross_entropy(logits, targets, o);
   }
 
-  // This rank's parameters (shards and replicas) by the full model's names.
+  // This rank's parameters (shards and replicas) by the full model's names; full_state() gathers
+  // them whole, sharded_slots() gives their checkpoint slots.
   const shardwise::tensor_parallel::ShardedParameters& params() const { return params_; }
 
-  // Every parameter's checkpoint source (its tp spec and full shape), in the full model's order.
-  std::vector<shardwise::training::ParameterSource> sources() const {
-    std::vector<shardwise::training::ParameterSource> out;
-    for (const auto& name : params_.names()) {
-      out.push_back({name, p(name), params_.spec(name), params_.full_shape(name)});
-    }
-    return out;
-  }
-
-  // The full model's parameters by name (collective over the tp group).
-  torch::OrderedDict<std::string, torch::Tensor> full_state() const {
-    torch::OrderedDict<std::string, torch::Tensor> out;
-    for (const auto& name : params_.names()) out.insert(name, params_.gather(name, p(name)));
-    return out;
-  }
-
  private:
-  static std::vector<std::pair<std::string, torch::Tensor>> named(torch::nn::Module& model) {
-    std::vector<std::pair<std::string, torch::Tensor>> out;
-    for (const auto& item : model.named_parameters()) out.push_back({item.key(), item.value()});
-    return out;
-  }
-
   const torch::Tensor& p(const std::string& name) const { return params_.at(name); }
 
   torch::Tensor embed(const torch::Tensor& tokens) const {

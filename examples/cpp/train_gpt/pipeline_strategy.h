@@ -53,20 +53,17 @@ inline Strategy pipelined(GPT model,
   auto pipeline = std::make_shared<shardwise::pipeline::Pipeline>(
       std::vector<shardwise::pipeline::PipelineStage>{cut->mine()}, options);
   auto optimizer = fused_adamw(pipeline->parameters(), flags);
-  auto step = [pipeline, optimizer, cut, group = options.group, max_norm = flags.clip,
-               last = cut->stage() == pp - 1](const torch::Tensor& inputs,
-                                              const torch::Tensor& targets) {
+  auto backward = [pipeline, last = cut->stage() == pp - 1](const torch::Tensor& inputs,
+                                                            const torch::Tensor& targets) {
     const auto result = pipeline->step(inputs, targets);
-    if (max_norm > 0) cut->clip_grad_norm(max_norm, group);
-    optimizer->step();
-    optimizer->zero_grad();
     return last ? torch::tensor(result.loss, torch::kFloat64) : torch::Tensor();
   };
-  return {step,
+  return {backward,
+          [cut, group = options.group](double max_norm) { cut->clip_grad_norm(max_norm, group); },
+          optimizer,
           [mesh, cut] { return cut->full_state(*mesh); },
           mesh->coordinate("dp"),
           mesh->size("dp"),
-          lr_setter(optimizer),
           shardwise::training::adamw_checkpoint(cut->slots(mesh), optimizer),
           mesh->layout().describe()};
 }

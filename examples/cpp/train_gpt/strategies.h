@@ -1,6 +1,6 @@
 // The model under each of train_gpt's strategies (FSDP, ZeRO-1/2, tensor parallel; the pipeline
-// is pipeline_strategy.h): a whole training step, the full parameters, the data this rank reads,
-// the learning-rate setter and the checkpoint hooks.
+// is pipeline_strategy.h): a whole training step, the full parameters, the data this rank reads
+// and the checkpoint hooks.
 #pragma once
 
 #include <shardwise/shardwise.h>
@@ -22,37 +22,40 @@ inline torch::Tensor gpt_loss(const torch::Tensor& logits, const torch::Tensor& 
       logits.to(torch::kFloat).reshape({-1, logits.size(-1)}), targets.reshape(-1));
 }
 
-// The model under one strategy: a whole training step (forward, backward, clip, optimizer step,
-// zero_grad) returning this rank's loss (undefined on ranks that compute none: a pipeline's
-// earlier stages), the full parameters by name (collective; complete on rank 0), and which part
-// of the data this rank reads.
+// The model under one strategy: its forward and backward on a batch, returning this rank's loss
+// (undefined on ranks that compute none: a pipeline's earlier stages), the clip over the whole
+// model (null: the optimizer clips), the optimizer, the full parameters by name (collective;
+// complete on rank 0), which part of the data this rank reads, and the checkpoint hooks.
 struct Strategy {
-  std::function<torch::Tensor(const torch::Tensor& inputs, const torch::Tensor& targets)> step;
+  std::function<torch::Tensor(const torch::Tensor& inputs, const torch::Tensor& targets)> backward;
+  std::function<void(double max_norm)> clip;
+  std::shared_ptr<torch::optim::Optimizer> optimizer;
   std::function<torch::OrderedDict<std::string, torch::Tensor>()> full_state;
   int data_rank = 0, data_world = 1;
-  std::function<void(double)> set_lr;
   shardwise::training::CheckpointHooks checkpoint;
   std::string mesh;  // the mesh's layout (MeshLayout::describe()); empty without one
-};
 
-// Every parameter group's learning rate.
-inline std::function<void(double)> lr_setter(std::shared_ptr<torch::optim::Optimizer> optimizer) {
-  return [optimizer](double lr) {
+  // One training step at learning rate `lr`: forward, backward, clip, optimizer step, zero_grad.
+  torch::Tensor step(const torch::Tensor& inputs,
+                     const torch::Tensor& targets,
+                     double lr,
+                     double max_norm) const {
     for (auto& group : optimizer->param_groups()) group.options().set_lr(lr);
-  };
-}
+    const torch::Tensor loss = backward(inputs, targets);
+    if (clip && max_norm > 0) clip(max_norm);
+    optimizer->step();
+    optimizer->zero_grad();
+    return loss;
+  }
+};
 
 // The run's mesh: --tp and --pp resolved with the world by the one layout rule (ParallelLayout:
 // tp ranks adjacent, pp outermost, the rest data parallel), the same layout shardwise-train
 // builds; every replica starts from rank 0's weights.
 inline std::shared_ptr<shardwise::distributed::DeviceMesh> data_parallel_mesh(
     GPT model, int tp, int pp, const shardwise::distributed::World& world) {
-  shardwise::mesh::ParallelLayoutOptions options;
-  options.world_size = world.size();
-  options.tensor_parallel_size = tp;
-  options.pipeline_parallel_size = pp;
-  options.keys = {"WORLD_SIZE", "--tp", "--pp"};
-  const shardwise::mesh::ParallelLayout layout(options);
+  const shardwise::mesh::ParallelLayout layout(
+      {world.size(), {}, tp, pp, {"WORLD_SIZE", "--tp", "--pp"}});
   shardwise::distributed::broadcast_module(*model, *world.group);
   return std::make_shared<shardwise::distributed::DeviceMesh>(world, layout.layout("dp"));
 }
@@ -74,22 +77,20 @@ inline Strategy fsdp(GPT model, const Flags& flags, const shardwise::distributed
   auto wrapper = std::make_shared<shardwise::fsdp::FullyShardedDataParallel<GPT>>(
       model, options, std::vector<torch::nn::Sequential*>{&model->blocks});
   auto optimizer = fused_adamw(wrapper->parameters(), flags);
-  const double clip = flags.clip;
-  Strategy out{
-      [wrapper, optimizer, clip](const torch::Tensor& inputs, const torch::Tensor& targets) {
-        auto loss = gpt_loss(wrapper->forward(inputs), targets);
-        loss.backward();
-        if (clip > 0) wrapper->clip_grad_norm_(clip);
-        optimizer->step();
-        optimizer->zero_grad();
-        return loss.detach();
-      },
-      [wrapper] { return wrapper->full_state_dict(); }, world.rank(), world.size(),
-      lr_setter(optimizer)};
-  out.checkpoint = shardwise::training::adamw_checkpoint(
-      [wrapper](bool) { return std::make_pair(wrapper->shard_slices(), wrapper->parameters()); },
-      optimizer);
-  return out;
+  auto slots = [wrapper](bool) {
+    return std::make_pair(wrapper->shard_slices(), wrapper->parameters());
+  };
+  return {[wrapper](const torch::Tensor& inputs, const torch::Tensor& targets) {
+            auto loss = gpt_loss(wrapper->forward(inputs), targets);
+            loss.backward();
+            return loss.detach();
+          },
+          [wrapper](double max_norm) { wrapper->clip_grad_norm_(max_norm); },
+          optimizer,
+          [wrapper] { return wrapper->full_state_dict(); },
+          world.rank(),
+          world.size(),
+          shardwise::training::adamw_checkpoint(slots, optimizer)};
 }
 
 // ZeRO-1/2: the model whole on every rank (rank 0's weights), the optimizer state (and with
@@ -105,17 +106,16 @@ inline Strategy zero(GPT model, const Flags& flags, const shardwise::distributed
   options.optimizer.weight_decay = 0.1;
   auto optimizer =
       std::make_shared<shardwise::zero::ZeroRedundancyOptimizer>(model->parameters(), options);
-  return {[model, optimizer](const torch::Tensor& inputs, const torch::Tensor& targets) mutable {
+  return {[model](const torch::Tensor& inputs, const torch::Tensor& targets) mutable {
             auto loss = gpt_loss(model->forward(inputs), targets);
             loss.backward();
-            optimizer->step();
-            optimizer->zero_grad();
             return loss.detach();
           },
+          nullptr,  // the optimizer clips (gradient_clipping)
+          optimizer,
           [model] { return model->named_parameters(); },
           world.rank(),
           world.size(),
-          lr_setter(optimizer),
           shardwise::training::zero_checkpoint(optimizer)};
 }
 
@@ -130,37 +130,28 @@ inline Strategy tensor_parallel(GPT model,
   auto dp_group = mesh->size("dp") > 1 ? mesh->group({"dp"}) : nullptr;
   auto sharded = std::make_shared<TensorParallelGPT>(model, tp_group);
   auto optimizer = fused_adamw(sharded->params().tensors(), flags);
-  const double clip = flags.clip;
-  auto step = [sharded, optimizer, clip, tp_group, dp_group](const torch::Tensor& inputs,
-                                                             const torch::Tensor& targets) {
+  auto backward = [sharded, dp_group](const torch::Tensor& inputs, const torch::Tensor& targets) {
     auto loss = sharded->loss(sharded->forward(inputs), targets);
     loss.backward();
-    const auto& params = sharded->params();
-    if (dp_group) shardwise::distributed::average_gradients(params.tensors(), *dp_group);
-    if (clip > 0) {
-      shardwise::tensor_parallel::ClipOptions options;
-      options.max_norm = clip;
-      options.tp_group = tp_group;
-      shardwise::training::clip_grad_norm_over_mesh(
-          shardwise::training::mesh_gradients(
-              params.named(), [&params](const std::string& n) { return params.split(n); }),
-          options);
-    }
-    optimizer->step();
-    optimizer->zero_grad();
+    if (dp_group) shardwise::distributed::average_gradients(sharded->params().tensors(), *dp_group);
     return loss.detach();
   };
-  auto slots = [sharded, mesh](bool saving) {
-    auto sources = sharded->sources();
+  auto clip = [sharded, tp_group](double max_norm) {
+    shardwise::tensor_parallel::ClipOptions options;
+    options.max_norm = max_norm;
+    options.tp_group = tp_group;
     namespace training = shardwise::training;
-    return training::source_slots(
-        saving ? training::written_sources(sources, mesh->layout(), mesh->rank()) : sources);
+    training::clip_grad_norm_over_mesh(training::mesh_gradients(sharded->params()), options);
   };
-  return {step,
-          [sharded] { return sharded->full_state(); },
+  std::shared_ptr<const shardwise::tensor_parallel::ShardedParameters> params{sharded,
+                                                                              &sharded->params()};
+  return {backward,
+          clip,
+          optimizer,
+          [params] { return params->full_state(); },
           mesh->coordinate("dp"),
           mesh->size("dp"),
-          lr_setter(optimizer),
-          shardwise::training::adamw_checkpoint(slots, optimizer),
+          shardwise::training::adamw_checkpoint(
+              shardwise::training::sharded_slots(params, mesh->layout(), mesh->rank()), optimizer),
           mesh->layout().describe()};
 }

@@ -14,7 +14,6 @@
 #include <shardwise/shardwise.h>
 #include <torch/torch.h>
 
-#include <chrono>
 #include <cstdio>
 #include <iostream>
 #include <string>
@@ -26,6 +25,12 @@
 #include "strategies.h"
 
 namespace {
+
+// Prints `line` on rank 0.
+void print(const shardwise::distributed::World& world, const std::string& line) {
+  if (world.rank() == 0 && !line.empty()) std::printf("%s\n", line.c_str());
+  std::fflush(stdout);
+}
 
 // The run's settings, recorded in each checkpoint's manifest.
 std::string config_text(const Flags& f) {
@@ -45,16 +50,7 @@ int64_t resume(const Flags& flags,
                const shardwise::distributed::World& world) {
   const auto resumed = shardwise::training::resume_training(flags.checkpoint_dir,
                                                             strategy.checkpoint, stream, world);
-  if (world.rank() == 0) {
-    for (const auto& path : resumed.removed)
-      std::printf("removed %s: a write that never finished\n", path.c_str());
-    for (const auto& reason : resumed.skipped) std::printf("warning: %s\n", reason.c_str());
-    if (resumed.step > 0) {
-      std::printf("resumed from %s (step %lld, saved by %d ranks)\n", resumed.path.c_str(),
-                  static_cast<long long>(resumed.step), resumed.saved_world);
-    }
-    std::fflush(stdout);
-  }
+  for (const auto& line : resumed.report()) print(world, line);
   return resumed.step;
 }
 
@@ -66,18 +62,13 @@ int run(const Flags& flags) {
 
   // Every rank builds the same model from the same seed (and rank 0's weights are broadcast).
   torch::manual_seed(static_cast<uint64_t>(flags.seed));
-  GPTConfig cfg;
-  cfg.seq_len = flags.seq_len;
-  cfg.dim = flags.dim;
-  cfg.layers = flags.layers;
-  cfg.heads = flags.heads;
-  GPT model(cfg);
+  GPT model(GPTConfig{256, flags.seq_len, flags.dim, flags.layers, flags.heads});
   Strategy strategy = flags.pp > 1               ? pipelined(model, flags, world)
                       : flags.tp > 1             ? tensor_parallel(model, flags, world)
                       : flags.strategy == "fsdp" ? fsdp(model, flags, world)
                                                  : zero(model, flags, world);
 
-  if (world.rank() == 0 && !strategy.mesh.empty()) std::printf("mesh: %s\n", strategy.mesh.c_str());
+  if (!strategy.mesh.empty()) print(world, "mesh: " + strategy.mesh);
 
   auto [train, validation] =
       shardwise::data::split_tokens(shardwise::data::read_byte_tokens(flags.data));
@@ -89,34 +80,19 @@ int run(const Flags& flags) {
   stream_options.seed = flags.seed;
   shardwise::data::TokenStream stream(train, stream_options);
 
-  const double tokens_per_step =
-      static_cast<double>(flags.micro_batch * flags.seq_len) * strategy.data_world;
-  std::vector<double> step_seconds;
-  auto interval_start = std::chrono::steady_clock::now();
   int64_t first_step = 1;
   if (!flags.checkpoint_dir.empty()) first_step += resume(flags, strategy, stream, world);
   training::WarmupCosineOptions schedule{flags.lr, flags.warmup_steps, flags.steps};
   training::RunCheckpointOptions saving{flags.checkpoint_dir, static_cast<int>(flags.keep_last),
                                         config_text(flags)};
+  training::StepLog log(
+      group, {flags.log_every, flags.steps,
+              static_cast<double>(flags.micro_batch * flags.seq_len) * strategy.data_world});
   for (int64_t step = first_step; step <= flags.steps; ++step) {
-    const auto step_start = std::chrono::steady_clock::now();
+    log.begin();
     auto [inputs, targets] = stream.next();
-    strategy.set_lr(training::warmup_cosine_lr(schedule, step));
-    const torch::Tensor loss = strategy.step(inputs, targets);
-    const auto now = std::chrono::steady_clock::now();
-    step_seconds.push_back(std::chrono::duration<double>(now - step_start).count());
-    if (step % flags.log_every == 0 || step == flags.steps) {
-      const double mean_loss = training::mean_loss_over_ranks(group, loss);
-      const int64_t steps_in_interval =
-          step % flags.log_every == 0 ? flags.log_every : step % flags.log_every;
-      const double seconds = std::chrono::duration<double>(now - interval_start).count();
-      if (world.rank() == 0) {
-        std::printf("step %lld loss %.7f tokens/s %.1f\n", static_cast<long long>(step), mean_loss,
-                    tokens_per_step * steps_in_interval / seconds);
-        std::fflush(stdout);
-      }
-      interval_start = std::chrono::steady_clock::now();
-    }
+    const double lr = training::warmup_cosine_lr(schedule, step);
+    print(world, log.end(step, strategy.step(inputs, targets, lr, flags.clip)));
     if (!flags.checkpoint_dir.empty() && (step % flags.save_every == 0 || step == flags.steps)) {
       training::save_training_step(step, strategy.checkpoint, stream, world, saving);
     }
@@ -131,12 +107,7 @@ int run(const Flags& flags) {
       std::printf("saved %zu tensors to %s\n", full.size(), flags.save.c_str());
     }
   }
-  const double rss = training::max_over_ranks(group, training::peak_rss_mib());
-  const double step_s = training::median_step_seconds(group, step_seconds);
-  if (world.rank() == 0) {
-    std::printf("summary world %d tokens/s %.1f step_s %.5f peak_rss_mib %.1f\n", world.size(),
-                tokens_per_step / step_s, step_s, rss);
-  }
+  print(world, log.summary());
   return 0;
 }
 

@@ -14,6 +14,7 @@
 #include "tensor_parallel/parallel_attention.h"
 #include "tensor_parallel/parallel_linear.h"
 #include "tensor_parallel/shard_tensor.h"
+#include "tensor_parallel/sharded_parameters.h"
 #include "tensor_parallel/vocab_parallel.h"
 #include "thread_group.h"
 
@@ -191,6 +192,41 @@ TEST(TensorParallelLibTorch, BadArgumentsAreNamed) {
       ADD_FAILURE() << "no error";
     } catch (const c10::ValueError& e) {
       EXPECT_NE(std::string(e.what()).find("blocks.0.up"), std::string::npos) << e.what();
+    }
+  });
+}
+
+// Catches a suffix rule that matches inside a word ("setup.weight" split as "up.weight") or
+// lets a later entry win over an earlier one.
+TEST(TensorParallelLibTorch, SplitBySuffixMatchesWholeNamesOrAfterADot) {
+  const auto rule =
+      tp::split_by_suffix({{"qkv.weight", {0, 3}}, {"up.weight", {0}}, {"weight", {1}}});
+  EXPECT_EQ(rule("blocks.0.qkv.weight")->chunks, 3);
+  EXPECT_EQ(rule("up.weight")->dim, 0);
+  EXPECT_EQ(rule("blocks.0.setup.weight")->dim, 1) << "not up.weight: no dot before 'up'";
+  EXPECT_EQ(rule("weight")->dim, 1);
+  EXPECT_FALSE(rule("blocks.0.up.bias").has_value());
+  EXPECT_FALSE(rule("blocks.0.upweight").has_value());
+}
+
+// Catches a prefix filter that reorders or leaks other modules' parameters, and a full state
+// that loses a shard.
+TEST(TensorParallelLibTorch, ShardedParametersGiveAModulesPartAndTheWholeState) {
+  torch::manual_seed(0);
+  torch::nn::Sequential model(torch::nn::Linear(4, 6), torch::nn::Linear(6, 4));
+  const auto full = model->named_parameters();
+  on_thread_ranks(2, "sharded-params", [&](int, c10::intrusive_ptr<c10d::ProcessGroup> group) {
+    const tp::ShardedParameters params(
+        full, tp::split_by_suffix({{"0.weight", {0}}, {"0.bias", {0}}, {"1.weight", {1}}}), group);
+    const auto first = params.named("0.");
+    ASSERT_EQ(first.size(), 2u);
+    EXPECT_EQ(first[0].first, "0.weight");
+    EXPECT_EQ(first[1].first, "0.bias");
+    EXPECT_EQ(first[0].second.size(0), 3) << "this rank's half of 6 rows";
+    const auto whole = params.full_state();
+    ASSERT_EQ(whole.size(), full.size());
+    for (const auto& item : full) {
+      EXPECT_TRUE(torch::equal(whole[item.key()], item.value().detach())) << item.key();
     }
   });
 }

@@ -3,11 +3,11 @@
 // tensor parallel (Megatron's column then row split) with a weight tied across the stages, run by
 // pipeline::Pipeline under 1F1B with its replicas data parallel; the mesh-wide clip, the warm-up /
 // cosine learning rate, then the full state gathered to rank 0 and the checkpoint pieces written
-// by the writer rule. A second mesh, dp 2 x tp 2, runs ZeRO-2 over the data axis of the same
-// tensor-parallel MLPs, and a third, fsdp 2 x tp 2, FullyShardedDataParallel over a module whose
-// parameters are those tp shards (each MLP its own unit), clipped over the mesh. Each is compared
-// with the unsharded model trained on the whole batch in one thread with torch's own clip and
-// AdamW.
+// by the writer rule. On dp 2 x tp 2, the same tensor-parallel MLPs train alone (their gradients
+// averaged over dp), and ZeRO-2 runs over the data axis of them; on fsdp 2 x tp 2,
+// FullyShardedDataParallel runs over a module whose parameters are those tp shards (each MLP its
+// own unit), clipped over the mesh. Each is compared with the unsharded model trained on the whole
+// batch in one thread with torch's own clip and AdamW.
 //
 // Catches: a tie counted twice (or its copy left unscaled) in the clip, split gradients not summed
 // over tp (or replicated ones summed), FSDP shards of tp shards not summed over the data axis, the
@@ -22,6 +22,7 @@
 #include <string>
 #include <vector>
 
+#include "distributed/average_gradients.h"
 #include "distributed/device_mesh.h"
 #include "fsdp/fully_shard.h"
 #include "mesh/parallel_layout.h"
@@ -47,15 +48,9 @@ constexpr double kMaxNorm = 0.05;  // small enough that every step clips
 
 const sw::training::WarmupCosineOptions kSchedule{1e-2, 1, kSteps, 0.1};
 
-// How each MLP parameter is split over tp (nullopt: replicated): Megatron's column then row split.
-std::optional<sw::tensor_parallel::SplitDim> split_rule(const std::string& name) {
-  const auto ends = [&](const std::string& s) {
-    return name.size() >= s.size() && name.compare(name.size() - s.size(), s.size(), s) == 0;
-  };
-  if (ends("up.weight") || ends("up.bias")) return sw::tensor_parallel::SplitDim{0};
-  if (ends("down.weight")) return sw::tensor_parallel::SplitDim{1};
-  return std::nullopt;
-}
+// How each MLP parameter is split over tp (the rest replicated): Megatron's column then row split.
+const sw::tensor_parallel::SplitRule split_rule = sw::tensor_parallel::split_by_suffix(
+    {{"up.weight", {0}}, {"up.bias", {0}}, {"down.weight", {1}}});
 
 const Params& initial_model();
 
@@ -159,6 +154,28 @@ void expect_full_state(const Params& full, const Params& reference) {
   }
 }
 
+struct Saved {
+  std::mutex mutex;
+  std::vector<sw::sharding::TensorSlice> pieces;
+  Params full;
+  std::vector<double> norms;
+};
+
+// Every element of the model written exactly once by the writer rule, and the pieces rebuild the
+// gathered tensors.
+void expect_pieces(const Saved& saved, const Params& reference) {
+  std::map<std::string, int64_t> written;
+  for (const auto& piece : saved.pieces) {
+    if (piece.name.find(':') == std::string::npos) written[piece.name] += piece.values.numel();
+  }
+  for (const auto& [name, expected] : reference) {
+    EXPECT_EQ(written[name], expected.numel()) << name << ": each element written once";
+    torch::Tensor rebuilt = torch::empty({expected.numel()});
+    sw::sharding::fill_from_pieces({{name, 0, rebuilt}}, saved.pieces, /*strict=*/true);
+    EXPECT_TRUE(torch::equal(rebuilt.view(expected.sizes()), saved.full.at(name))) << name;
+  }
+}
+
 sw::distributed::World thread_world(int rank,
                                     int world,
                                     const c10::intrusive_ptr<c10d::Store>& store) {
@@ -170,31 +187,18 @@ sw::distributed::World thread_world(int rank,
   return w;
 }
 
-struct Saved {
-  std::mutex mutex;
-  std::vector<sw::sharding::TensorSlice> pieces;
-  Params full;
-  std::vector<double> norms;
-};
-
 // The model as pipeline blocks over this rank's tp shards: the tie's input projection, the two
 // MLPs, and the head (the last stage's own copy of the tie, "tie_copy").
 std::vector<sw::pipeline::PipelineBlock> model_blocks(
     const std::shared_ptr<const sw::tensor_parallel::ShardedParameters>& mine,
     const sw::tensor_parallel::Group& tp) {
-  auto named = [&](const std::string& prefix) {
-    std::vector<std::pair<std::string, torch::Tensor>> out;
-    for (const auto& item : mine->named()) {
-      if (item.first.rfind(prefix, 0) == 0) out.push_back(item);
-    }
-    return out;
-  };
-  return {{[mine](const torch::Tensor& x) { return torch::matmul(x, mine->at("tie")); },
-           {{"tie", mine->at("tie")}}},
-          {[mine, tp](const torch::Tensor& x) { return mlp(x, *mine, "s0.", tp); }, named("s0.")},
-          {[mine, tp](const torch::Tensor& x) { return mlp(x, *mine, "s1.", tp); }, named("s1.")},
-          {[mine](const torch::Tensor& x) { return torch::matmul(x, mine->at("tie_copy").t()); },
-           {{"tie_copy", mine->at("tie_copy")}}}};
+  return {
+      {[mine](const torch::Tensor& x) { return torch::matmul(x, mine->at("tie")); },
+       {{"tie", mine->at("tie")}}},
+      {[mine, tp](const torch::Tensor& x) { return mlp(x, *mine, "s0.", tp); }, mine->named("s0.")},
+      {[mine, tp](const torch::Tensor& x) { return mlp(x, *mine, "s1.", tp); }, mine->named("s1.")},
+      {[mine](const torch::Tensor& x) { return torch::matmul(x, mine->at("tie_copy").t()); },
+       {{"tie_copy", mine->at("tie_copy")}}}};
 }
 
 void pipeline_rank(int rank, const c10::intrusive_ptr<c10d::Store>& store, Saved& saved) {
@@ -251,19 +255,64 @@ TEST(TrainingComposition, PipelineOfTensorParallelStagesOverDataReplicasMatchesO
     pipeline_rank(rank, store, saved);
   });
   expect_norms(saved.norms, norms);
-  ASSERT_EQ(saved.full.size(), reference.size());
-  std::map<std::string, int64_t> written;
-  for (const auto& piece : saved.pieces) {
-    if (piece.name.find(':') == std::string::npos) written[piece.name] += piece.values.numel();
+  expect_full_state(saved.full, reference);
+  expect_pieces(saved, reference);
+}
+
+// dp 2 x tp 2: the tensor-parallel MLPs alone, as a tensor-parallel LibTorch model is trained:
+// gradients averaged over dp, the clip over tp (mesh_gradients of the ShardedParameters), the
+// full state by ShardedParameters::full_state, and the checkpoint slots by sharded_slots.
+void tensor_parallel_rank(int rank, const c10::intrusive_ptr<c10d::Store>& store, Saved& saved) {
+  auto world = thread_world(rank, 4, store);
+  sw::mesh::ParallelLayout layout({4, {}, /*tp=*/2, /*pp=*/1});
+  sw::distributed::DeviceMesh mesh(world, layout.layout("dp"));
+  const auto tp = mesh.group({"tp"}), dp = mesh.group({"dp"});
+  Params full = full_model();
+  full.erase("tie");
+  auto mine = std::make_shared<const sw::tensor_parallel::ShardedParameters>(
+      std::vector<std::pair<std::string, torch::Tensor>>(full.begin(), full.end()), split_rule, tp);
+  auto optimizer = std::make_shared<torch::optim::AdamW>(
+      mine->tensors(), torch::optim::AdamWOptions(1e-2).weight_decay(0.1));
+  const int64_t rows = kBatch / 2, first = mesh.coordinate("dp") * rows;
+  for (int step = 1; step <= kSteps; ++step) {
+    const Data& d = batch(step);
+    auto h = mlp(mlp(d.x.slice(0, first, first + rows), *mine, "s0.", tp), *mine, "s1.", tp);
+    torch::mse_loss(h, d.y.slice(0, first, first + rows)).backward();
+    sw::distributed::average_gradients(mine->tensors(), *dp);
+    const sw::tensor_parallel::ClipOptions clip{kMaxNorm, tp};
+    const double norm =
+        sw::training::clip_grad_norm_over_mesh(sw::training::mesh_gradients(*mine), clip);
+    if (rank == 0) saved.norms.push_back(norm);
+    optimizer->param_groups()[0].options().set_lr(sw::training::warmup_cosine_lr(kSchedule, step));
+    optimizer->step();
+    optimizer->zero_grad();
   }
-  for (const auto& [name, expected] : reference) {
-    EXPECT_TRUE(torch::allclose(saved.full.at(name), expected.detach(), 1e-4, 1e-6)) << name;
-    EXPECT_EQ(written[name], expected.numel()) << name << ": each element written once";
-    // The pieces rebuild the same tensor.
-    torch::Tensor rebuilt = torch::empty({expected.numel()});
-    sw::sharding::fill_from_pieces({{name, 0, rebuilt}}, saved.pieces, /*strict=*/true);
-    EXPECT_TRUE(torch::equal(rebuilt.view(expected.sizes()), saved.full.at(name))) << name;
+  const auto gathered = mine->full_state();  // every rank holds the whole tensors
+  sw::checkpoint::TrainingState state;
+  sw::training::adamw_checkpoint(sw::training::sharded_slots(mine, mesh.layout(), mesh.rank()),
+                                 optimizer)
+      .save(state);
+  std::lock_guard<std::mutex> lock(saved.mutex);
+  saved.pieces.insert(saved.pieces.end(), state.pieces.begin(), state.pieces.end());
+  for (const auto& item : gathered) {
+    auto& kept = saved.full[item.key()];
+    if (kept.defined()) EXPECT_TRUE(torch::equal(kept, item.value())) << item.key() << " differs";
+    kept = item.value();
   }
+}
+
+TEST(TrainingComposition, TensorParallelMlpsOverDataReplicasMatchOneProcess) {
+  batches();
+  Params reference = full_model();
+  reference.erase("tie");
+  const std::vector<double> norms = train_reference(reference);
+  Saved saved;
+  on_threads_with_store(4, [&](int rank, const c10::intrusive_ptr<c10d::Store>& store) {
+    tensor_parallel_rank(rank, store, saved);
+  });
+  expect_norms(saved.norms, norms);
+  expect_full_state(saved.full, reference);
+  expect_pieces(saved, reference);
 }
 
 // dp 2 x tp 2: ZeRO-2 over the data axis steps the tensor-parallel MLPs, its clip told which
