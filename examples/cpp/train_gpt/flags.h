@@ -2,6 +2,7 @@
 // anything runs.
 #pragma once
 
+#include <charconv>
 #include <cstdint>
 #include <cstdlib>
 #include <iostream>
@@ -54,16 +55,13 @@ inline const std::map<std::string, FlagField>& flag_fields() {
   return fields;
 }
 
-// `value` of `flag` as a number; an error naming both when it is not one.
-inline double number(const std::string& flag, const std::string& value, bool integer) {
-  size_t used = 0;
-  double parsed = 0;
-  try {
-    parsed = integer ? static_cast<double>(std::stoll(value, &used)) : std::stod(value, &used);
-  } catch (const std::logic_error&) {
-    used = 0;
-  }
-  if (used == 0 || used != value.size()) {
+// `value` of `flag` as a T; an error naming both when it is not one.
+template <typename T>
+T number(const std::string& flag, const std::string& value) {
+  T parsed{};
+  const char* end = value.data() + value.size();
+  const auto [stop, error] = std::from_chars(value.data(), end, parsed);
+  if (value.empty() || error != std::errc() || stop != end) {
     throw std::invalid_argument(flag + " " + value + ": not a number\n" + kUsage);
   }
   return parsed;
@@ -148,7 +146,7 @@ inline Flags parse(int argc, char** argv) {
           if constexpr (std::is_same_v<T, std::string>) {
             f.*member = value;
           } else {
-            f.*member = static_cast<T>(number(flag, value, std::is_integral_v<T>));
+            f.*member = number<T>(flag, value);
           }
         },
         field->second);

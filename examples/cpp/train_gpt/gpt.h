@@ -5,6 +5,10 @@
 
 #include <torch/torch.h>
 
+#include <string>
+#include <utility>
+#include <vector>
+
 struct GPTConfig {
   int64_t vocab_size = 256;
   int64_t seq_len = 128;
@@ -69,10 +73,27 @@ class GPTImpl : public torch::nn::Module {
 
   // Logits [batch, seq, vocab]; the head is the token embedding (tied).
   torch::Tensor forward(torch::Tensor tokens) {
-    auto positions = torch::arange(tokens.size(1), tokens.options().dtype(torch::kLong));
-    auto x = embed(tokens) + pos(positions);
-    x = blocks->forward(x);
-    return torch::nn::functional::linear(norm(x), embed->weight);
+    return head(blocks->forward(embed_tokens(tokens)), embed->weight);
+  }
+
+  // The parts a pipeline cuts (gpt_pipeline.h), as TensorParallelGPT has them: the token and
+  // position embeddings, block i, the final norm and a head `weight`, and the parameters whose
+  // names start with `prefix`.
+  torch::Tensor embed_tokens(const torch::Tensor& tokens) {
+    return embed(tokens) + pos(torch::arange(tokens.size(1), tokens.options().dtype(torch::kLong)));
+  }
+  torch::Tensor block(int64_t i, const torch::Tensor& x) {
+    return blocks[i]->as<Block>()->forward(x);
+  }
+  torch::Tensor head(const torch::Tensor& x, const torch::Tensor& weight) {
+    return torch::nn::functional::linear(norm(x), weight);
+  }
+  std::vector<std::pair<std::string, torch::Tensor>> named(const std::string& prefix) {
+    std::vector<std::pair<std::string, torch::Tensor>> out;
+    for (const auto& item : named_parameters()) {
+      if (item.key().rfind(prefix, 0) == 0) out.emplace_back(item.key(), item.value());
+    }
+    return out;
   }
 
   const GPTConfig& config() const { return cfg_; }

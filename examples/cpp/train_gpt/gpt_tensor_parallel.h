@@ -18,7 +18,6 @@
 #include <vector>
 
 #include "gpt.h"
-#include "gpt_pipeline.h"
 
 // How the GPT's parameters are split over the tp group (dim, fused chunks); the rest replicated.
 inline shardwise::tensor_parallel::SplitRule gpt_split() {
@@ -42,28 +41,9 @@ class TensorParallelGPT {
 
   // Logits [batch, seq, vocab / tp]: this rank's slice of the vocabulary.
   torch::Tensor forward(const torch::Tensor& tokens) const {
-    torch::Tensor x = embed(tokens);
+    torch::Tensor x = embed_tokens(tokens);
     for (int64_t i = 0; i < cfg_.layers; ++i) x = block(i, x);
     return head(x, p("embed.weight"));
-  }
-
-  // The model as pipeline blocks (gpt_pipeline.h's cut: the embedding, each transformer block,
-  // the head), their parameters this rank's shards by the full model's names; `head_weight` is
-  // the head's own copy of embed.weight's shard (the pipeline ties the two).
-  std::vector<GPTBlock> blocks(const torch::Tensor& head_weight) const {
-    std::vector<GPTBlock> out;
-    auto embedding = params_.named("embed.");
-    for (auto& item : params_.named("pos.")) embedding.push_back(item);
-    out.push_back({[this](const torch::Tensor& tokens) { return embed(tokens); }, embedding});
-    for (int64_t i = 0; i < cfg_.layers; ++i) {
-      out.push_back({[this, i](const torch::Tensor& x) { return block(i, x); },
-                     params_.named("blocks." + std::to_string(i) + ".")});
-    }
-    auto norm_and_head = params_.named("norm.");
-    norm_and_head.push_back({"head.weight", head_weight});
-    out.push_back({[this, head_weight](const torch::Tensor& x) { return head(x, head_weight); },
-                   norm_and_head});
-    return out;
   }
 
   // The mean cross-entropy of the vocabulary-split logits (never gathered).
@@ -78,10 +58,10 @@ class TensorParallelGPT {
   // them whole, sharded_slots() gives their checkpoint slots.
   const shardwise::tensor_parallel::ShardedParameters& params() const { return params_; }
 
- private:
-  const torch::Tensor& p(const std::string& name) const { return params_.at(name); }
-
-  torch::Tensor embed(const torch::Tensor& tokens) const {
+  // The parts a pipeline cuts (gpt_pipeline.h), as the full GPT has them: the embeddings, block
+  // i, the vocabulary-split head from the final norm and a (tied) embedding shard `weight`, and
+  // this rank's parameters whose names start with `prefix`.
+  torch::Tensor embed_tokens(const torch::Tensor& tokens) const {
     auto positions = torch::arange(tokens.size(1), tokens.options().dtype(torch::kLong));
     return shardwise::tensor_parallel::vocab_parallel_embedding(tokens, p("embed.weight"),
                                                                 vocab_start_, options_) +
@@ -102,11 +82,17 @@ class TensorParallelGPT {
                                        options_);
   }
 
-  // Vocabulary-split logits from the final norm and the (tied) embedding shard `weight`.
   torch::Tensor head(const torch::Tensor& x, const torch::Tensor& weight) const {
     return shardwise::tensor_parallel::column_parallel_linear(norm(x, "norm"), weight, std::nullopt,
                                                               options_);
   }
+
+  std::vector<std::pair<std::string, torch::Tensor>> named(const std::string& prefix) const {
+    return params_.named(prefix);
+  }
+
+ private:
+  const torch::Tensor& p(const std::string& name) const { return params_.at(name); }
 
   torch::Tensor norm(const torch::Tensor& x, const std::string& prefix) const {
     return torch::layer_norm(x, {cfg_.dim}, p(prefix + ".weight"), p(prefix + ".bias"));

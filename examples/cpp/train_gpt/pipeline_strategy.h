@@ -30,7 +30,8 @@ inline Strategy pipelined(GPT model,
                                  .detach()
                                  .clone()
                                  .requires_grad_(true);
-  auto blocks = sharded ? sharded->blocks(head) : gpt_blocks(model, head);
+  auto blocks = sharded ? gpt_blocks(sharded, flags.layers, head)
+                        : gpt_blocks(model.ptr(), flags.layers, head);
   std::shared_ptr<const shardwise::tensor_parallel::ShardedParameters> shards;
   if (sharded) shards = {sharded, &sharded->params()};  // shares the model's ownership
   auto groups = shardwise::pipeline::cut_by_parameters(blocks, pp);

@@ -62,7 +62,8 @@ int run(const Flags& flags) {
 
   // Every rank builds the same model from the same seed (and rank 0's weights are broadcast).
   torch::manual_seed(static_cast<uint64_t>(flags.seed));
-  GPT model(GPTConfig{256, flags.seq_len, flags.dim, flags.layers, flags.heads});
+  GPT model(GPTConfig{
+      .seq_len = flags.seq_len, .dim = flags.dim, .layers = flags.layers, .heads = flags.heads});
   Strategy strategy = flags.pp > 1               ? pipelined(model, flags, world)
                       : flags.tp > 1             ? tensor_parallel(model, flags, world)
                       : flags.strategy == "fsdp" ? fsdp(model, flags, world)
@@ -72,13 +73,11 @@ int run(const Flags& flags) {
 
   auto [train, validation] =
       shardwise::data::split_tokens(shardwise::data::read_byte_tokens(flags.data));
-  shardwise::data::TokenStreamOptions stream_options;
-  stream_options.seq_len = flags.seq_len;
-  stream_options.micro_batch = flags.micro_batch;
-  stream_options.data_rank = strategy.data_rank;
-  stream_options.data_world = strategy.data_world;
-  stream_options.seed = flags.seed;
-  shardwise::data::TokenStream stream(train, stream_options);
+  shardwise::data::TokenStream stream(train, {.seq_len = flags.seq_len,
+                                              .micro_batch = flags.micro_batch,
+                                              .data_rank = strategy.data_rank,
+                                              .data_world = strategy.data_world,
+                                              .seed = flags.seed});
 
   int64_t first_step = 1;
   if (!flags.checkpoint_dir.empty()) first_step += resume(flags, strategy, stream, world);
