@@ -9,6 +9,7 @@ import shardwise
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
+from fsdp_precision_checks import CHECKS as PRECISION_CHECKS
 from torch import nn
 
 STEPS = 20
@@ -550,4 +551,5 @@ def fsdp_forward_order_mismatch_is_reported(rank, world, gloo):
         inner.forward = original.__get__(inner)
 
 
-CHECKS = [f for n, f in sorted(globals().items()) if n.startswith("fsdp_")]
+# torch's MixedPrecision on torch's own test model: fsdp_precision_checks.py, run in these worlds
+CHECKS = [f for n, f in sorted(globals().items()) if n.startswith("fsdp_")] + PRECISION_CHECKS

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 import torch
-from shardwise.fsdp import ConfigError, torch_args
+from shardwise.fsdp import ConfigError, precision, torch_args
 from torch import nn
 from torch.distributed.fsdp import (
     BackwardPrefetch,
@@ -90,11 +90,18 @@ def test_torch_enums_and_objects_map_to_shardwise_settings():
     assert torch_args.offload_flag(CPUOffload(offload_params=True)) is True
     assert torch_args.offload_flag(CPUOffload()) is False
     mp = MixedPrecision(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
-    assert torch_args.mixed_precision_dtypes(mp) == {
-        "param_dtype": torch.bfloat16,
-        "reduce_dtype": torch.float32,
-        "buffer_dtype": None,
-    }
+    assert precision.from_torch(mp) == precision.Precision(
+        torch.bfloat16, torch.float32, None, False, True, (nn.modules.batchnorm._BatchNorm,)
+    ), "torch's defaults: root inputs cast, units' not, BatchNorm in full precision"
+    mp = MixedPrecision(
+        param_dtype=torch.float16,
+        cast_forward_inputs=True,
+        cast_root_forward_inputs=False,
+        _module_classes_to_ignore=(nn.LayerNorm,),
+    )
+    assert precision.from_torch(mp) == precision.Precision(
+        torch.float16, None, None, True, False, (nn.LayerNorm,)
+    )
     assert torch_args.device_of(1) == torch.device("cuda", 1)
 
 
@@ -106,13 +113,14 @@ def test_torch_enums_and_objects_map_to_shardwise_settings():
             "sharding_strategy",
         ),
         (
-            lambda: torch_args.mixed_precision_dtypes(
+            lambda: precision.from_torch(
                 MixedPrecision(param_dtype=torch.bfloat16, keep_low_precision_grads=True)
             ),
             "keep_low_precision_grads",
         ),
         (lambda: torch_args.wrap_names(Model(), "blocks"), "auto_wrap_policy"),
         (lambda: torch_args.offload_flag("yes"), "cpu_offload"),
+        (lambda: precision.from_torch(torch.bfloat16), "MixedPrecision"),
     ],
 )
 def test_what_has_no_counterpart_is_refused_naming_it(call, words):

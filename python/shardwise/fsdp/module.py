@@ -18,10 +18,11 @@ import torch
 import torch.distributed as dist
 import torch.utils._pytree as pytree
 from torch import nn
+from torch.distributed.fsdp import MixedPrecision
 from torch.utils.checkpoint import checkpoint
 
 from .. import _C
-from . import auto_wrap, torch_args
+from . import auto_wrap, precision, torch_args
 from .config import ConfigError, FSDPConfig, dtype_of, mesh_axes
 
 ROOT = "<root>"
@@ -106,14 +107,16 @@ class FullyShardedDataParallel(nn.Module):
         if mixed_precision is not None:
             if any(d is not None for d in (param_dtype, reduce_dtype, buffer_dtype)):
                 raise ConfigError("pass mixed_precision or the *_dtype arguments, not both")
-            dtypes = torch_args.mixed_precision_dtypes(mixed_precision)
-            param_dtype, reduce_dtype = dtypes["param_dtype"], dtypes["reduce_dtype"]
-            buffer_dtype = dtypes["buffer_dtype"]
+            policy = precision.from_torch(mixed_precision)
+        else:
+            policy = precision.Precision(param_dtype, reduce_dtype, buffer_dtype)
         device = torch_args.device_of(device_id)
         if device is not None:
             module = module.to(device)
         if auto_wrap_policy is not None:
             wrap = torch_args.wrap_names(module, auto_wrap_policy)
+        # torch's override: with units from a policy, these run as their own fp32 units
+        full_precision = precision.full_precision_modules(module, policy) if wrap else []
         FSDPConfig(
             fsdp_sharding_strategy=sharding_strategy,
             fsdp_backward_prefetch=backward_prefetch,
@@ -126,26 +129,27 @@ class FullyShardedDataParallel(nn.Module):
             )
         self.module = module
         self.state_dict_type = state_dict_type
-        self.param_dtype = param_dtype
+        self.precision = policy
         world = process_group or dist.group.WORLD
         self._world = world
         shard_group, replicate_group = _groups(sharding_strategy, world, mesh)
         if sync_module_states:
             _broadcast_from_rank0(module, world)
         self._names = _parameter_names(module)
-        units = _plan_units(module, wrap or [])
+        units = _plan_units(module, (wrap or []) + full_precision)
         self._engine = _C.FsdpEngine(forward_prefetch, backward_prefetch, world)
         self._unit_params: list[list[nn.Parameter]] = []
         self._unit_names: list[str] = []
         reshard = sharding_strategy in ("full_shard", "hybrid_shard")
         for name, params in units:
+            mixed = name not in full_precision
             index = self._engine.add_unit(
                 params,
                 name,
                 shard_group,
                 replicate_group,
-                _dtype_name(param_dtype),
-                _dtype_name(reduce_dtype or param_dtype),
+                _dtype_name(policy.param_dtype if mixed else None),
+                _dtype_name((policy.reduce_dtype or policy.param_dtype) if mixed else None),
                 reshard and name != ROOT,
                 cpu_offload,
             )
@@ -154,12 +158,18 @@ class FullyShardedDataParallel(nn.Module):
             if name == ROOT:
                 self._engine.set_root(index)
                 self._root = index
-            else:
-                self._hook_unit(module.get_submodule(name), index, activation_checkpointing)
-        if buffer_dtype is not None:
-            for buffer in module.buffers():
-                if buffer.is_floating_point():
-                    buffer.data = buffer.data.to(buffer_dtype)
+                continue
+            unit = module.get_submodule(name)
+            self._hook_unit(unit, index, activation_checkpointing)
+            if not mixed:
+                precision.hook_full_precision(unit)
+            elif policy.param_dtype is not None:
+                if policy.cast_forward_inputs:
+                    precision.hook_unit_inputs(unit, policy.param_dtype)
+                unit.forward = precision.explain_dtype_errors(
+                    unit.forward, repr(name), policy.param_dtype
+                )
+        precision.cast_buffers(module, policy.buffer_dtype, keep=full_precision)
 
     # --- forward / backward -------------------------------------------------------------
 
@@ -173,14 +183,15 @@ class FullyShardedDataParallel(nn.Module):
             module.forward = functools.partial(_checkpointed, module.forward)
 
     def forward(self, *args, **kwargs):
-        if self.param_dtype is not None:  # inputs in the compute dtype, like torch FSDP
-            args, kwargs = pytree.tree_map_only(
-                torch.Tensor,
-                lambda t: t.to(self.param_dtype) if t.is_floating_point() else t,
-                (args, kwargs),
-            )
+        policy = self.precision  # torch's root rule: cast the inputs unless told not to
+        if policy.cast_root_forward_inputs or policy.cast_forward_inputs:
+            args, kwargs = precision.cast_floats(policy.param_dtype, (args, kwargs))
         self._engine.pre_forward(self._root)
-        out = self.module(*args, **kwargs)
+        if policy.param_dtype is None:
+            out = self.module(*args, **kwargs)
+        else:
+            forward = precision.explain_dtype_errors(self.module, ROOT, policy.param_dtype)
+            out = forward(*args, **kwargs)
         self._engine.post_forward(self._root, _tensors(out))
         return out
 
@@ -262,13 +273,17 @@ def wrap(module: nn.Module, config, *, process_group=None) -> nn.Module:
         units = auto_wrap.size_based(module, cfg.fsdp_min_num_params)
     else:
         units = []
-    mixed = cfg.fsdp_mixed_precision
+    mixed = None
+    if cfg.fsdp_mixed_precision:  # torch's MixedPrecision, with its defaults for the rest
+        mixed = MixedPrecision(
+            param_dtype=dtype_of("fsdp_param_dtype", cfg.fsdp_param_dtype),
+            reduce_dtype=dtype_of("fsdp_reduce_dtype", cfg.fsdp_reduce_dtype),
+            buffer_dtype=dtype_of("fsdp_buffer_dtype", cfg.fsdp_buffer_dtype),
+        )
     return FullyShardedDataParallel(
         module,
         sharding_strategy=cfg.fsdp_sharding_strategy,
-        param_dtype=dtype_of("fsdp_param_dtype", cfg.fsdp_param_dtype) if mixed else None,
-        reduce_dtype=dtype_of("fsdp_reduce_dtype", cfg.fsdp_reduce_dtype) if mixed else None,
-        buffer_dtype=dtype_of("fsdp_buffer_dtype", cfg.fsdp_buffer_dtype) if mixed else None,
+        mixed_precision=mixed,
         wrap=units,
         backward_prefetch=str(cfg.fsdp_backward_prefetch).lower(),
         forward_prefetch=cfg.fsdp_forward_prefetch,

@@ -3,11 +3,11 @@
 002's example): ``auto_wrap_policy`` (``ModuleWrapPolicy``, or a callable policy such as
 ``functools.partial(transformer_auto_wrap_policy, ...)`` / ``size_based_auto_wrap_policy``,
 evaluated the way torch's ``_recursive_wrap`` evaluates it), ``ShardingStrategy``,
-``MixedPrecision``, ``CPUOffload``, ``BackwardPrefetch`` and ``device_id``.
+``CPUOffload``, ``BackwardPrefetch`` and ``device_id`` (``MixedPrecision``: ``precision.py``).
 
 Each is translated to shardwise's own argument; what would change training without a
-counterpart here (``keep_low_precision_grads``, the ZeRO-2 hybrid strategy, ignored modules,
-``param_init_fn``) is refused naming the argument."""
+counterpart here (the ZeRO-2 hybrid strategy, ignored modules, ``param_init_fn``,
+``keep_low_precision_grads``) is refused naming the argument."""
 
 from __future__ import annotations
 
@@ -55,27 +55,6 @@ def offload_flag(value) -> bool:
     if hasattr(value, "offload_params"):
         return bool(value.offload_params)
     raise ConfigError(f"cpu_offload {value!r}: pass CPUOffload(offload_params=...) or a bool")
-
-
-def mixed_precision_dtypes(value) -> dict:
-    """``MixedPrecision(param_dtype, reduce_dtype, buffer_dtype)`` -> the three dtypes."""
-    if value is None:
-        return {}
-    if getattr(value, "keep_low_precision_grads", False):
-        raise ConfigError(
-            "mixed_precision.keep_low_precision_grads=True is not supported: gradient shards are "
-            "kept in the parameters' dtype for the optimizer"
-        )
-    if getattr(value, "cast_root_forward_inputs", True) is False:
-        raise ConfigError(
-            "mixed_precision: cast_root_forward_inputs=False is not supported (the root casts "
-            "floating-point inputs to param_dtype, as torch's default does)"
-        )
-    return {
-        "param_dtype": value.param_dtype,
-        "reduce_dtype": value.reduce_dtype,
-        "buffer_dtype": value.buffer_dtype,
-    }
 
 
 def device_of(device_id) -> torch.device | None:
