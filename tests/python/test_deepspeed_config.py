@@ -59,7 +59,11 @@ EXPECTED = {
     "hf_transformers_ds_config_zero2.json": (
         2,
         TRAINER,
-        ["steps_per_print", "wall_clock_breakdown"],
+        [
+            "steps_per_print",
+            "wall_clock_breakdown",
+            "zero_optimization.offload_optimizer.pin_memory=true",
+        ],
         lambda c: (
             c["native"]["offload_optimizer"]
             and c["bf16"]["enabled"]
@@ -81,6 +85,8 @@ EXPECTED = {
             "stage3_gather_fp16_weights_on_model_save",
             "steps_per_print",
             "wall_clock_breakdown",
+            "zero_optimization.offload_optimizer.pin_memory=true",
+            "zero_optimization.offload_param.pin_memory=true",
         ],
         lambda c: (
             c["native"]["offload_param"]
@@ -143,6 +149,32 @@ def test_real_configs_with_errors_are_refused_naming_them(name):
     with pytest.raises(ConfigError) as error:
         load(DATA / name, 1)
     assert REFUSED[name] in str(error.value)
+
+
+@pytest.mark.parametrize(
+    "zero, named",
+    [
+        ({"contiguous_gradients": False}, "contiguous_gradients=false"),
+        ({"allgather_bucket_size": 1000, "reduce_bucket_size": 500}, "allgather_bucket_size=1000"),
+        ({"offload_optimizer": {"device": "cpu", "pin_memory": True}}, "pin_memory=true"),
+    ],
+)
+def test_choices_shardwise_does_not_have_are_named_with_what_runs(zero, named):
+    """Catches: contiguous_gradients, allgather_bucket_size or pin_memory parsed and ignored
+    without a word. DeepSpeed's defaults (what runs) are not named."""
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        config = load({"train_batch_size": 2, "zero_optimization": {"stage": 2, **zero}}, 1)
+        quiet = load(
+            {
+                "train_batch_size": 2,
+                "zero_optimization": {"stage": 2, "contiguous_gradients": True},
+            },
+            1,
+        )
+    assert any(named in entry and "(" in entry for entry in config["ignored"]), config["ignored"]
+    assert quiet["ignored"] == []
+    assert any(named in str(w.message) for w in caught)
 
 
 def test_auto_without_a_value_names_the_key():

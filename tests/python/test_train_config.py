@@ -186,6 +186,18 @@ def test_the_shuffle_seed_orders_the_batches():
     assert load("training.seed=3").data_seed == 3
 
 
+def test_the_fsdp_sections_gradient_checkpointing_turns_checkpointing_on():
+    """distributed.fsdp.gradient_checkpointing was overwritten by training.gradient_checkpointing
+    (false by default); either key now turns activation checkpointing on for the run and the
+    planner."""
+    from shardwise.train.parallelize import StrategyOptions
+
+    cfg = load("distributed.strategy=fsdp", "distributed.fsdp.gradient_checkpointing=true")
+    assert cfg.activation_checkpointing and StrategyOptions.from_config(cfg).checkpointing
+    assert load("training.gradient_checkpointing=true").activation_checkpointing
+    assert not load("distributed.strategy=fsdp").activation_checkpointing
+
+
 def test_mixed_precision_must_be_set_consistently():
     message = error_of("training.bf16=true", "training.mixed_precision=fp16")
     assert "training.bf16" in message and "training.mixed_precision" in message

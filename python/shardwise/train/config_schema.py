@@ -269,6 +269,16 @@ class TrainConfig(_Section):
         return self.training.seed if shuffle is None else shuffle
 
     @property
+    def activation_checkpointing(self) -> bool:
+        """Whether blocks recompute their activations in backward: ``training.
+        gradient_checkpointing`` or ``distributed.fsdp.gradient_checkpointing``; either turns it
+        on."""
+        fsdp = self.distributed.fsdp
+        return self.training.gradient_checkpointing or bool(
+            fsdp and self.fsdp_config().gradient_checkpointing
+        )
+
+    @property
     def eval_every(self) -> int:
         """Steps between eval losses (``training.eval_every``, default the checkpoint interval;
         0: only at the end)."""

@@ -69,7 +69,7 @@ class StrategyOptions:
             clip=t.gradient_clip_norm or None,
             precision=cfg.mixed_precision,
             initial_loss_scale=2.0**t.initial_loss_scale_power,
-            checkpointing=t.gradient_checkpointing,
+            checkpointing=cfg.activation_checkpointing,
             fsdp=dict(d.fsdp or {}),
             zero=dict(d.zero or {}),
             zero_auto=cfg.zero_auto(),

@@ -446,7 +446,7 @@ def plan_for_config(cfg, memory: int, optimizer: str = "adamw", overhead: float 
             gpt,
             t.micro_batch_size,
             precision,
-            t.gradient_checkpointing,
+            cfg.activation_checkpointing,
             tp,
             sp,
             d.sequence_parallel_save_gathered,

@@ -190,6 +190,31 @@ def _offloads(zero: dict, lost: list) -> tuple[dict, dict]:
     return out["offload_optimizer"], out["offload_param"]
 
 
+def _unimplemented_choices(given: Mapping, zero: Mapping) -> list[str]:
+    """Keys whose value asks for a behaviour shardwise does not have, each named with what runs
+    instead (an absent key is DeepSpeed's default, which is what runs)."""
+    lost = []
+    if not zero["contiguous_gradients"]:
+        lost.append(
+            "zero_optimization.contiguous_gradients=false (gradients are always packed into "
+            "their bucket's contiguous buffer)"
+        )
+    gather = given.get("allgather_bucket_size")
+    if gather is not None and float(gather) != float(zero["reduce_bucket_size"]):
+        lost.append(
+            f"zero_optimization.allgather_bucket_size={gather} (updated parameters are "
+            "all-gathered in reduce_bucket_size's buckets, one all-gather per bucket)"
+        )
+    for key in ("offload_optimizer", "offload_param"):
+        section = zero[key]
+        if isinstance(section, Mapping) and section.get("pin_memory"):
+            lost.append(
+                f"zero_optimization.{key}.pin_memory=true (offloaded tensors are in pageable "
+                "CPU memory)"
+            )
+    return lost
+
+
 def _optimizer(config: Mapping, lost: list) -> dict:
     optimizer = _section(
         "optimizer", config.get("optimizer"), {"type": "AdamW", "params": {}}, lost
@@ -312,6 +337,7 @@ def load(config: Mapping | str | Path, world_size: int, auto: Mapping | None = N
         lost.append("zero_optimization.allgather_partitions=false (parameters are all-gathered)")
     if not zero["reduce_scatter"]:
         lost.append("zero_optimization.reduce_scatter=false (gradients are reduce-scattered)")
+    lost.extend(_unimplemented_choices(config.get("zero_optimization") or {}, zero))
     if bf16["enabled"] and fp16["enabled"]:
         raise ConfigError("bf16.enabled and fp16.enabled are both true; enable one of them")
     optimizer = _optimizer(config, lost)
