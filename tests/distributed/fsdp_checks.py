@@ -9,7 +9,7 @@ import shardwise
 import torch
 import torch.distributed as dist
 import torch.nn.functional as F
-from fsdp_precision_checks import CHECKS as PRECISION_CHECKS
+from fsdp_fidelity_checks import CHECKS as FIDELITY_CHECKS
 from torch import nn
 
 STEPS = 20
@@ -551,5 +551,6 @@ def fsdp_forward_order_mismatch_is_reported(rank, world, gloo):
         inner.forward = original.__get__(inner)
 
 
-# torch's MixedPrecision on torch's own test model: fsdp_precision_checks.py, run in these worlds
-CHECKS = [f for n, f in sorted(globals().items()) if n.startswith("fsdp_")] + PRECISION_CHECKS
+# torch FSDP fidelity (MixedPrecision on torch's own test model, config keys that take effect):
+# fsdp_fidelity_checks.py, run in these worlds
+CHECKS = [f for n, f in sorted(globals().items()) if n.startswith("fsdp_")] + FIDELITY_CHECKS

@@ -11,6 +11,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import os
+import warnings
 from collections.abc import Callable
 from typing import NamedTuple
 
@@ -259,15 +260,30 @@ class FullyShardedDataParallel(nn.Module):
         return state_dict.load(self, state, self.state_dict_type, strict)
 
 
-def wrap(module: nn.Module, config, *, process_group=None) -> nn.Module:
+# The keys that cut a whole model into units: a module wrapped as one unit has no use for them.
+UNIT_KEYS = ("fsdp_auto_wrap_policy", "fsdp_transformer_layer_cls", "fsdp_min_num_params")
+
+
+def wrap(module: nn.Module, config, *, process_group=None, one_unit: bool = False) -> nn.Module:
     """Wraps ``module`` as the ``distributed:`` section of a config says (the FSDP config keys).
-    Returns the module unchanged when ``use_fsdp`` is false."""
+    Returns the module unchanged when ``use_fsdp`` is false. ``one_unit``: ``module`` is one
+    unit (a pipeline stage); the wrapping keys a mapping gives are named in a warning, and
+    hybrid sharding, which needs its own mesh, is refused."""
     cfg = config if isinstance(config, FSDPConfig) else FSDPConfig.from_mapping(config)
     _check_other_parallelisms(cfg.extra)
     if not cfg.use_fsdp:
         return module
     policy = str(cfg.fsdp_auto_wrap_policy).lower()
-    if policy == "transformer_auto_wrap":
+    if one_unit:
+        _check_one_unit(cfg, [k for k in UNIT_KEYS if isinstance(config, dict) and k in config])
+        units = []
+    elif policy == "transformer_auto_wrap":
+        if isinstance(config, dict) and "fsdp_min_num_params" in config:
+            warnings.warn(
+                "fsdp_min_num_params ignored: it bounds size_based_auto_wrap; with "
+                "transformer_auto_wrap every transformer block is a unit",
+                stacklevel=2,
+            )
         units = auto_wrap.transformer_blocks(module, cfg.fsdp_transformer_layer_cls)
     elif policy == "size_based_auto_wrap":
         units = auto_wrap.size_based(module, cfg.fsdp_min_num_params)
@@ -297,6 +313,19 @@ def wrap(module: nn.Module, config, *, process_group=None) -> nn.Module:
 
 
 # --- helpers --------------------------------------------------------------------------------
+
+
+def _check_one_unit(cfg: FSDPConfig, given: list[str]) -> None:
+    if cfg.fsdp_sharding_strategy == "hybrid_shard" or cfg.mesh_shape is not None:
+        raise ConfigError(
+            "fsdp_sharding_strategy hybrid_shard / mesh_shape: a pipeline stage is sharded over "
+            "the run's fsdp axis; give the mesh dp and fsdp axes (model.mesh_shape) instead"
+        )
+    if given:
+        warnings.warn(
+            f"distributed.fsdp: {', '.join(given)} ignored: each pipeline stage is one FSDP unit",
+            stacklevel=3,
+        )
 
 
 def _check_other_parallelisms(extra: dict) -> None:

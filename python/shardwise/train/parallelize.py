@@ -428,15 +428,18 @@ def _zero(par: Parallel) -> None:
 def _pipeline_data_parallel(par: Parallel) -> None:
     """Each stage replicated (the Pipeline averages the replicas' gradients) or FSDP-sharded."""
     from .. import pipeline as pp
-    from ..fsdp import FullyShardedDataParallel
+    from ..fsdp import wrap
 
     axes, fsdp = par.axes, par.kind == "fsdp"
     for s, stage in list(par.stages.items()):
         to_global = par.global_names[s]
         local = dict(stage.named_parameters())
         runs = {n: par.tp_runs(to_global[n.removeprefix("body.")], t) for n, t in local.items()}
-        if fsdp:
-            stage = FullyShardedDataParallel(stage, process_group=axes.data_group)
+        if fsdp:  # the config's FSDP keys; the blocks already checkpoint themselves
+            keys = {**par.options.fsdp, "use_fsdp": True, "gradient_checkpointing": False}
+            if keys.get("fsdp_mixed_precision"):
+                stage.precision = "no"  # FSDP casts; no autocast on top
+            stage = wrap(stage, keys, process_group=axes.data_group, one_unit=True)
             for k, (n, a, c) in _fsdp_slots(stage).items():
                 par.owned[k] = (to_global[n.removeprefix("body.")], a, c, runs[n])
         else:

@@ -1,9 +1,10 @@
-"""torch FSDP's MixedPrecision on torch's own FSDP test model (common_fsdp's
+"""Fidelity to torch's FSDP, run inside fsdp_checks' worlds. torch's MixedPrecision on torch's own
+FSDP test model (common_fsdp's
 TransformerWithSharedParams: a tied embedding and output projection, a BatchNorm, an fp32 and a
 long buffer), run inside fsdp_checks' worlds. References: the model trained in fp32 in one process
 (every rank feeds it the same batch, so that is what DDP computes), and torch's FSDP2 over gloo
 with the policy torch's FSDP applies to it (the BatchNorm its own unit in fp32, its inputs cast
-up and its output cast back to bf16)."""
+up and its output cast back to bf16). And the config's FSDP keys reaching what runs."""
 
 import shardwise
 import torch
@@ -151,6 +152,40 @@ def fsdp_forward_inputs_are_cast_by_torchs_rules(rank, world, gloo):
             assert out.dtype == torch.bfloat16 and torch.equal(out, expected), policy
     with pytest.raises(shardwise.fsdp.precision.MixedPrecisionError, match="'a'"):
         wrapped(cast_root_forward_inputs=False, buffer_dtype=torch.bfloat16)(x)
+
+
+def fsdp_a_pipeline_stage_takes_the_configs_fsdp_keys(rank, world, gloo):
+    """Under strategy pipeline each stage was FullyShardedDataParallel(stage, process_group=...)
+    and every FSDP key was dropped. A stage wrapped as one unit now runs the config's mixed
+    precision and sharding strategy, names the wrapping keys it has no use for, and refuses
+    hybrid sharding naming the fix; fsdp_min_num_params beside transformer_auto_wrap is named
+    too. Catches the keys dropped again without a word."""
+    import pytest
+    from shardwise.fsdp import ConfigError, wrap
+
+    def two_linears():
+        torch.manual_seed(0)
+        return nn.Sequential(nn.Linear(8, 8), nn.Linear(8, 8))
+
+    keys = {
+        "use_fsdp": True,
+        "fsdp_mixed_precision": True,
+        "fsdp_param_dtype": "bfloat16",
+        "fsdp_sharding_strategy": "no_shard",
+        "fsdp_auto_wrap_policy": "transformer_auto_wrap",
+    }
+    with pytest.warns(UserWarning, match="fsdp_auto_wrap_policy ignored"):
+        stage = wrap(two_linears(), keys, one_unit=True)
+    assert stage.units() == ["<root>"], stage.units()
+    assert stage(torch.randn(2, 8)).dtype == torch.bfloat16
+    assert all(s.valid == s.numel for s in stage.owned_slices()), "no_shard: whole everywhere"
+    sharded = wrap(two_linears(), {"use_fsdp": True}, one_unit=True)
+    assert world == 1 or any(s.valid < s.numel for s in sharded.owned_slices())
+    with pytest.raises(ConfigError, match="model.mesh_shape"):
+        wrap(two_linears(), {**keys, "fsdp_sharding_strategy": "hybrid_shard"}, one_unit=True)
+    whole = {"use_fsdp": True, "fsdp_auto_wrap_policy": "transformer_auto_wrap"}
+    with pytest.warns(UserWarning, match="fsdp_min_num_params ignored"):
+        wrap(two_linears(), {**whole, "fsdp_min_num_params": 10})
 
 
 CHECKS = [f for n, f in sorted(globals().items()) if n.startswith("fsdp_")]
