@@ -188,4 +188,40 @@ def fsdp_a_pipeline_stage_takes_the_configs_fsdp_keys(rank, world, gloo):
         wrap(two_linears(), {**whole, "fsdp_min_num_params": 10})
 
 
+def fsdp_no_sync_reduces_nothing_and_bf16_gathers_move_half_the_bytes(rank, world, gloo):
+    """Effects counted by the backend (communication_stats): inside no_sync a backward issues no
+    reduce-scatter or all-reduce, and the first backward after it reduces each unit once; the
+    all-gathers of bf16 parameters move exactly half the bytes of the same all-gathers in fp32.
+    Catches no_sync or param_dtype accepted without changing the traffic."""
+    from shardwise import _C
+
+    def model(**kwargs):
+        torch.manual_seed(0)
+        body = nn.Sequential(nn.Linear(64, 64), nn.Linear(64, 64))
+        return shardwise.FullyShardedDataParallel(body, wrap=["0", "1"], **kwargs)
+
+    def delta(before, after, kind, key="calls"):
+        return after.get(kind, {}).get(key, 0) - before.get(kind, {}).get(key, 0)
+
+    x = torch.randn(4, 64)
+    m = model()
+    start = _C.communication_stats()
+    with m.no_sync():
+        m(x).sum().backward()
+    synced = _C.communication_stats()
+    m(x).sum().backward()
+    end = _C.communication_stats()
+    assert delta(start, synced, "reduce_scatter") == 0, synced
+    assert delta(start, synced, "all_reduce") == 0, synced
+    assert delta(synced, end, "reduce_scatter") == 2, end  # the two units (the root holds none)
+    full, half = model(), model(param_dtype=torch.bfloat16)
+    before = _C.communication_stats()
+    full(x)
+    middle = _C.communication_stats()
+    half(x)
+    after = _C.communication_stats()
+    fp32_bytes = delta(before, middle, "all_gather", "bytes")
+    assert fp32_bytes > 0 and delta(middle, after, "all_gather", "bytes") * 2 == fp32_bytes
+
+
 CHECKS = [f for n, f in sorted(globals().items()) if n.startswith("fsdp_")]
