@@ -42,16 +42,7 @@ FsdpUnit& FsdpEngine::unit(int index) {
 }
 
 int FsdpEngine::add_unit(std::vector<at::Tensor> params, UnitOptions options) {
-  for (const auto& existing : units_) {
-    for (const auto& p : existing->params()) {
-      for (const auto& q : params) {
-        TORCH_CHECK_VALUE(!p.is_same(q), "FSDP: a parameter of unit '", options.name,
-                          "' already belongs to unit '", existing->name(),
-                          "'; a shared (tied) parameter must live in one unit: wrap the common "
-                          "parent of the modules that share it instead of each module");
-      }
-    }
-  }
+  check_not_taken(params, options.name);
   if (!options.lanes) {
     if (!lanes_) {
       lanes_ = options_.lanes
@@ -60,8 +51,33 @@ int FsdpEngine::add_unit(std::vector<at::Tensor> params, UnitOptions options) {
     }
     options.lanes = lanes_;
   }
+  return add_unit(std::make_shared<FsdpUnit>(std::move(params), std::move(options)));
+}
+
+void FsdpEngine::check_not_taken(const std::vector<at::Tensor>& params,
+                                 const std::string& name) const {
+  for (const auto& existing : units_) {
+    for (const auto& p : existing->params()) {
+      for (const auto& q : params) {
+        TORCH_CHECK_VALUE(!p.is_same(q), "FSDP: a parameter of unit '", name,
+                          "' already belongs to unit '", existing->name(),
+                          "'; a shared (tied) parameter must live in one unit: wrap the common "
+                          "parent of the modules that share it instead of each module");
+      }
+    }
+  }
+}
+
+int FsdpEngine::add_unit(std::shared_ptr<FsdpUnit> unit) {
+  TORCH_CHECK_VALUE(unit != nullptr, "FSDP add_unit: the unit is null");
+  for (const auto& existing : units_) {
+    TORCH_CHECK_VALUE(existing != unit, "FSDP: unit '", unit->name(), "' was added twice");
+  }
+  check_not_taken(unit->params(), unit->name());
   const int index = num_units();
-  units_.push_back(std::make_unique<FsdpUnit>(std::move(params), std::move(options)));
+  units_.push_back(std::move(unit));
+  forward_targets_.emplace_back();
+  backward_targets_.emplace_back();
   std::weak_ptr<FsdpEngine> weak = weak_from_this();
   for (const auto& p : units_.back()->params()) {
     if (!p.requires_grad()) continue;
@@ -82,6 +98,18 @@ int FsdpEngine::forward_position(int unit) const {
   return -1;
 }
 
+void FsdpEngine::set_forward_prefetch(int index, std::vector<int> targets) {
+  unit(index);
+  for (int target : targets) unit(target);
+  forward_targets_[index] = std::move(targets);
+}
+
+void FsdpEngine::set_backward_prefetch(int index, std::vector<int> targets) {
+  unit(index);
+  for (int target : targets) unit(target);
+  backward_targets_[index] = std::move(targets);
+}
+
 void FsdpEngine::prefetch(int unit) {
   // In backward, a unit already reduced needs no parameters again this iteration.
   if (unit < 0 || unit >= num_units() || (in_backward_ && post_backward_done_[unit])) return;
@@ -99,6 +127,7 @@ void FsdpEngine::pre_forward(int index) {
   current_order_.push_back(index);
   u.unshard();
   u.declare_compute("forward");
+  for (int target : forward_targets_[index]) prefetch(target);
   if (options_.forward_prefetch && current_order_.size() < recorded_order_.size()) {
     prefetch(recorded_order_[current_order_.size()]);
   }
@@ -115,7 +144,7 @@ void FsdpEngine::post_forward(int index, const std::vector<at::Tensor>& outputs)
     }
     return;
   }
-  if (u.options().reshard_after_forward && index != root_) u.reshard();
+  if (u.options().reshard_after_forward) u.reshard();
   std::weak_ptr<FsdpEngine> weak = weak_from_this();
   for (const at::Tensor& output : outputs) {
     if (!output.defined() || !output.requires_grad()) continue;
@@ -138,7 +167,9 @@ void FsdpEngine::pre_backward(int index) {
   pre_backward_done_[index] = true;
   units_[index]->unshard();
   units_[index]->declare_compute("backward");
-  if (options_.backward_prefetch == BackwardPrefetch::kBackwardPre) {
+  for (int target : backward_targets_[index]) prefetch(target);
+  if (options_.backward_prefetch == BackwardPrefetch::kBackwardPre &&
+      backward_targets_[index].empty()) {
     const int position = forward_position(index);
     if (position > 0) prefetch(recorded_order_[position - 1]);
   }
@@ -158,19 +189,21 @@ void FsdpEngine::post_backward(int index) {
   if (post_backward_done_[index]) return;
   post_backward_done_[index] = true;
   FsdpUnit& u = *units_[index];
-  if (sync_) {
+  const bool sync = sync_ && u.options().requires_gradient_sync;
+  if (sync) {
     while (reduce_queue_.size() >= kReduceBuffers) {  // frees the buffer this reduction reuses
       units_[reduce_queue_.front()]->finish_reduce();
       reduce_queue_.pop_front();
     }
   }
-  u.reduce_gradients(sync_, &reduce_buffers_[reduces_issued_ % kReduceBuffers]);
+  u.reduce_gradients(sync, &reduce_buffers_[reduces_issued_ % kReduceBuffers]);
   if (u.reduce_pending()) {
     reduce_queue_.push_back(index);
     ++reduces_issued_;
   }
-  u.reshard();
-  if (options_.backward_prefetch == BackwardPrefetch::kBackwardPost) {
+  if (u.options().reshard_after_backward) u.reshard();
+  if (options_.backward_prefetch == BackwardPrefetch::kBackwardPost &&
+      backward_targets_[index].empty()) {
     const int position = forward_position(index);
     if (position > 0) prefetch(recorded_order_[position - 1]);
   }
@@ -187,7 +220,7 @@ void FsdpEngine::finalize_backward() {
   reduce_queue_.clear();
   for (auto& u : units_) {
     u->discard_gather();  // a prefetch that was not used: its data predates the optimizer step
-    u->reshard();
+    if (u->options().reshard_after_backward) u->reshard();
   }
   std::fill(pre_backward_done_.begin(), pre_backward_done_.end(), false);
   std::fill(post_backward_done_.begin(), post_backward_done_.end(), false);

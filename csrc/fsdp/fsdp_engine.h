@@ -53,14 +53,23 @@ class FsdpEngine : public std::enable_shared_from_this<FsdpEngine> {
 
   // Shards `params` into a new unit; returns its index. A parameter may belong to one unit only.
   int add_unit(std::vector<at::Tensor> params, UnitOptions options);
+  // Adds a unit sharded earlier, outside any engine (per-module FSDP, fully_shard: each module's
+  // unit is made when it is wrapped, the engine when its root first runs); returns its index.
+  int add_unit(std::shared_ptr<FsdpUnit> unit);
   // The unit whose pre_forward starts an iteration (the outermost module).
   void set_root(int unit) { root_ = unit; }
   int num_units() const { return static_cast<int>(units_.size()); }
   FsdpUnit& unit(int index);
+  // Explicit prefetch (FSDP2's set_modules_to_forward_prefetch / _backward_prefetch): after
+  // unsharding `unit` in forward (backward), start the all-gathers of `targets`. In backward a
+  // non-empty list replaces the default (the unit before in forward order).
+  void set_forward_prefetch(int unit, std::vector<int> targets);
+  void set_backward_prefetch(int unit, std::vector<int> targets);
 
   void pre_forward(int unit);
   void post_forward(int unit, const std::vector<at::Tensor>& outputs);
-  // Whether the next backward reduces gradients (false: accumulate them unsharded, no_sync).
+  // Whether the next backward reduces gradients (false: accumulate them unsharded, no_sync);
+  // a unit reduces when this and its own UnitOptions::requires_gradient_sync are both true.
   void set_requires_gradient_sync(bool sync) { sync_ = sync; }
   bool requires_gradient_sync() const { return sync_; }
 
@@ -80,11 +89,14 @@ class FsdpEngine : public std::enable_shared_from_this<FsdpEngine> {
   void finalize_backward();
   void check_order_across_ranks();
   void prefetch(int unit);
+  void check_not_taken(const std::vector<at::Tensor>& params, const std::string& name) const;
   int forward_position(int unit) const;
 
   EngineOptions options_;
   std::shared_ptr<Lanes> lanes_;
-  std::vector<std::unique_ptr<FsdpUnit>> units_;
+  std::vector<std::shared_ptr<FsdpUnit>> units_;
+  std::vector<std::vector<int>> forward_targets_;
+  std::vector<std::vector<int>> backward_targets_;
   int root_ = -1;
   bool sync_ = true;
   std::vector<int> current_order_;

@@ -34,9 +34,75 @@ BackwardPrefetch prefetch_of(const std::string& name) {
 }
 
 using Group = c10::intrusive_ptr<c10d::ProcessGroup>;
+
+UnitOptions unit_options(const std::string& name,
+                         std::optional<Group> shard_group,
+                         std::optional<Group> replicate_group,
+                         std::optional<std::string> param_dtype,
+                         std::optional<std::string> reduce_dtype,
+                         bool reshard_after_forward,
+                         bool offload_to_cpu) {
+  UnitOptions options;
+  options.name = name;
+  if (shard_group) options.shard_group = *shard_group;
+  if (replicate_group) options.replicate_group = *replicate_group;
+  options.param_dtype = dtype_of(param_dtype);
+  options.reduce_dtype = dtype_of(reduce_dtype);
+  options.reshard_after_forward = reshard_after_forward;
+  options.offload_to_cpu = offload_to_cpu;
+  return options;
+}
+
+std::vector<std::tuple<int64_t, int64_t, int64_t>> slices_of(const FsdpUnit& unit) {
+  std::vector<std::tuple<int64_t, int64_t, int64_t>> slices;
+  for (const OwnedSlice& s : unit.owned_slices()) slices.emplace_back(s.start, s.valid, s.numel);
+  return slices;
+}
 // Methods that may wait for a collective release the GIL: a backend's worker thread may need it
 // (gloo's Work destructor drops Python objects), and other Python threads should run meanwhile.
 using Release = py::call_guard<py::gil_scoped_release>;
+
+// A unit made on its own, before any engine (fully_shard); an engine adopts it later.
+void bind_unit(py::module& m) {
+  py::class_<FsdpUnit, std::shared_ptr<FsdpUnit>>(m, "FsdpUnit",
+                                                  "One FSDP unit (fsdp_unit.h), made on its own.")
+      .def(py::init([](std::vector<at::Tensor> params, const std::string& name,
+                       std::optional<Group> shard_group, std::optional<Group> replicate_group,
+                       std::optional<std::string> param_dtype,
+                       std::optional<std::string> reduce_dtype, bool reshard_after_forward,
+                       bool offload_to_cpu, bool pin_memory) {
+             UnitOptions options =
+                 unit_options(name, shard_group, replicate_group, param_dtype, reduce_dtype,
+                              reshard_after_forward, offload_to_cpu);
+             options.pin_memory = pin_memory;
+             const at::Device device = params.empty() ? at::Device(at::kCPU) : params[0].device();
+             options.lanes = shared_lanes(device);
+             return std::make_shared<FsdpUnit>(std::move(params), options);
+           }),
+           py::arg("params"), py::arg("name"), py::arg("shard_group"), py::arg("replicate_group"),
+           py::arg("param_dtype"), py::arg("reduce_dtype"), py::arg("reshard_after_forward"),
+           py::arg("offload_to_cpu"), py::arg("pin_memory"))
+      .def_property_readonly("name", &FsdpUnit::name)
+      .def("unshard_async", &FsdpUnit::unshard_async, Release())
+      .def("unshard", &FsdpUnit::unshard, Release())
+      .def("reshard", &FsdpUnit::reshard, Release())
+      .def("unsharded", &FsdpUnit::unsharded)
+      .def("set_reshard_after_forward", &FsdpUnit::set_reshard_after_forward)
+      .def("set_reshard_after_backward", &FsdpUnit::set_reshard_after_backward)
+      .def("set_requires_gradient_sync", &FsdpUnit::set_requires_gradient_sync)
+      .def("reshard_after_forward",
+           [](const FsdpUnit& u) { return u.options().reshard_after_forward; })
+      .def("full_parameters", &FsdpUnit::full_parameters, Release())
+      .def("load_full_parameters", &FsdpUnit::load_full_parameters)
+      .def("shard_views", &FsdpUnit::shard_views)
+      .def("grad_shard_views", &FsdpUnit::grad_shard_views)
+      .def("owned_slices", &slices_of)
+      .def("shard_rank", &FsdpUnit::shard_rank)
+      .def("shard_size", &FsdpUnit::shard_size)
+      .def("pinned", [](const FsdpUnit& u) {
+        return !u.shard_views().empty() && u.shard_views()[0].is_pinned();
+      });
+}
 
 }  // namespace
 
@@ -58,19 +124,20 @@ void bind_fsdp(py::module& m) {
              std::optional<Group> shard_group, std::optional<Group> replicate_group,
              std::optional<std::string> param_dtype, std::optional<std::string> reduce_dtype,
              bool reshard_after_forward, bool offload_to_cpu) {
-            UnitOptions options;
-            options.name = name;
-            if (shard_group) options.shard_group = *shard_group;
-            if (replicate_group) options.replicate_group = *replicate_group;
-            options.param_dtype = dtype_of(param_dtype);
-            options.reduce_dtype = dtype_of(reduce_dtype);
-            options.reshard_after_forward = reshard_after_forward;
-            options.offload_to_cpu = offload_to_cpu;
-            return engine.add_unit(std::move(params), options);
+            return engine.add_unit(
+                std::move(params),
+                unit_options(name, shard_group, replicate_group, param_dtype, reduce_dtype,
+                             reshard_after_forward, offload_to_cpu));
           },
           py::arg("params"), py::arg("name"), py::arg("shard_group"), py::arg("replicate_group"),
           py::arg("param_dtype"), py::arg("reduce_dtype"), py::arg("reshard_after_forward"),
           py::arg("offload_to_cpu"))
+      .def("adopt_unit",
+           [](FsdpEngine& engine, std::shared_ptr<FsdpUnit> unit) {
+             return engine.add_unit(std::move(unit));
+           })
+      .def("set_forward_prefetch", &FsdpEngine::set_forward_prefetch)
+      .def("set_backward_prefetch", &FsdpEngine::set_backward_prefetch)
       .def("set_root", &FsdpEngine::set_root)
       .def("num_units", &FsdpEngine::num_units)
       .def("pre_forward", &FsdpEngine::pre_forward, Release())
@@ -94,18 +161,12 @@ void bind_fsdp(py::module& m) {
            })
       .def("shard_views", [](FsdpEngine& e, int u) { return e.unit(u).shard_views(); })
       .def("grad_shard_views", [](FsdpEngine& e, int u) { return e.unit(u).grad_shard_views(); })
-      .def("owned_slices",
-           [](FsdpEngine& e, int u) {
-             std::vector<std::tuple<int64_t, int64_t, int64_t>> slices;
-             for (const OwnedSlice& s : e.unit(u).owned_slices()) {
-               slices.emplace_back(s.start, s.valid, s.numel);
-             }
-             return slices;
-           })
+      .def("owned_slices", [](FsdpEngine& e, int u) { return slices_of(e.unit(u)); })
       .def("shard_rank", [](FsdpEngine& e, int u) { return e.unit(u).shard_rank(); })
       .def("shard_size", [](FsdpEngine& e, int u) { return e.unit(u).shard_size(); })
       .def("param_bytes", [](FsdpEngine& e, int u) { return e.unit(u).sharded_param_bytes(); })
       .def("grad_bytes", [](FsdpEngine& e, int u) { return e.unit(u).sharded_grad_bytes(); });
+  bind_unit(m);
 }
 
 }  // namespace shardwise::fsdp

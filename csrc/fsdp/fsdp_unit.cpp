@@ -63,7 +63,8 @@ FsdpUnit::FsdpUnit(std::vector<at::Tensor> params, UnitOptions options)
   post_divide_ = data_parallel / pre_divide_;
 
   const at::Device home = options_.offload_to_cpu ? at::Device(at::kCPU) : device_;
-  const auto shard_options = at::TensorOptions().dtype(dtype_).device(home);
+  const bool pinned = options_.offload_to_cpu && options_.pin_memory && device_.is_cuda();
+  const auto shard_options = at::TensorOptions().dtype(dtype_).device(home).pinned_memory(pinned);
   shard_ = at::zeros({layout_.shard_numel()}, shard_options);
   full_ =
       at::empty({layout_.param_numel()}, at::TensorOptions().dtype(param_dtype_).device(device_));

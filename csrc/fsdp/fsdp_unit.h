@@ -43,7 +43,10 @@ struct UnitOptions {
   std::optional<at::ScalarType> param_dtype;   // compute / all-gather dtype; unset: the params'
   std::optional<at::ScalarType> reduce_dtype;  // gradient communication dtype; unset: param_dtype
   bool reshard_after_forward = true;
-  bool offload_to_cpu = false;   // shards and gradient shards live in CPU memory
+  bool reshard_after_backward = true;  // false: stay gathered until the next forward (FSDP2)
+  bool requires_gradient_sync = true;  // false: backward accumulates unsharded (no_sync)
+  bool offload_to_cpu = false;         // shards and gradient shards live in CPU memory
+  bool pin_memory = false;       // with offload_to_cpu and CUDA parameters: page-locked shards
   std::shared_ptr<Lanes> lanes;  // null: make_lanes(the parameters' device)
 };
 
@@ -66,6 +69,10 @@ class FsdpUnit {
 
   const std::string& name() const { return options_.name; }
   const UnitOptions& options() const { return options_; }
+  // FSDP2's per-module setters (take effect from the next forward or backward).
+  void set_reshard_after_forward(bool value) { options_.reshard_after_forward = value; }
+  void set_reshard_after_backward(bool value) { options_.reshard_after_backward = value; }
+  void set_requires_gradient_sync(bool value) { options_.requires_gradient_sync = value; }
   const sharding::FlatLayout& layout() const { return layout_; }
   const std::vector<at::Tensor>& params() const { return params_; }
   int shard_rank() const { return shard_rank_; }

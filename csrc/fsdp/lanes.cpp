@@ -2,6 +2,10 @@
 
 #include <c10/util/Exception.h>
 
+#include <map>
+#include <mutex>
+#include <string>
+
 namespace shardwise::fsdp {
 namespace {
 
@@ -32,6 +36,19 @@ const char* lane_name(Lane lane) {
 std::shared_ptr<Lanes> make_lanes(const at::Device& device) {
   if (device.is_cuda()) return make_cuda_lanes(device);
   return std::make_shared<HostLanes>();
+}
+
+std::shared_ptr<Lanes> shared_lanes(const at::Device& device) {
+  static std::mutex mutex;
+  static std::map<std::string, std::weak_ptr<Lanes>> by_device;
+  std::lock_guard<std::mutex> lock(mutex);
+  std::weak_ptr<Lanes>& slot = by_device[device.str()];
+  std::shared_ptr<Lanes> lanes = slot.lock();
+  if (!lanes) {
+    lanes = make_lanes(device);
+    slot = lanes;
+  }
+  return lanes;
 }
 
 LaneGuard HostLanes::use(Lane) { return nullptr; }

@@ -59,6 +59,9 @@ class Lanes {
 
 // The lanes for parameters on `device`: CudaLanes on CUDA, HostLanes elsewhere.
 std::shared_ptr<Lanes> make_lanes(const at::Device& device);
+// One set of lanes per device for the process, for units made outside an engine (fully_shard:
+// units of one model made one by one still share one all-gather and one reduce-scatter stream).
+std::shared_ptr<Lanes> shared_lanes(const at::Device& device);
 // CudaLanes (defined in lanes_cuda.cpp; in builds without CUDA, an error naming the build).
 std::shared_ptr<Lanes> make_cuda_lanes(const at::Device& device);
 

@@ -14,7 +14,7 @@ if _refused is not None:
     raise ImportError(_refused)
 
 from . import _C, distributed  # noqa: E402, F401  (registers the "shardwise" backend)
-from .fsdp import FSDPConfig, FullyShardedDataParallel, wrap  # noqa: E402
+from .fsdp import FSDPConfig, FSDPModule, FullyShardedDataParallel, fully_shard, wrap  # noqa: E402
 from .ops import (  # noqa: E402
     cast,
     cast_check_finite,
@@ -50,6 +50,7 @@ def set_cpu_isa(name: str | None) -> None:
 
 __all__ = [
     "FSDPConfig",
+    "FSDPModule",
     "FullyShardedDataParallel",
     "active_cpu_isa",
     "cast",
@@ -57,6 +58,7 @@ __all__ = [
     "cast_stochastic_bf16",
     "cmake_prefix_path",
     "detected_cpu_isa",
+    "fully_shard",
     "multi_cast_",
     "set_cpu_isa",
     "wrap",
