@@ -9,6 +9,12 @@
 namespace shardwise::distributed {
 
 void broadcast_module(torch::nn::Module& module, c10d::ProcessGroup& group, int root) {
+  std::vector<at::Tensor> tensors = module.parameters();
+  for (const auto& b : module.buffers()) tensors.push_back(b);
+  broadcast_tensors(tensors, group, root);
+}
+
+void broadcast_tensors(const std::vector<at::Tensor>& all, c10d::ProcessGroup& group, int root) {
   std::map<at::ScalarType, std::vector<at::Tensor>> by_dtype;
   std::set<const void*> seen;  // a tied tensor once
   auto add = [&](const at::Tensor& t) {
@@ -16,8 +22,7 @@ void broadcast_module(torch::nn::Module& module, c10d::ProcessGroup& group, int 
       by_dtype[t.scalar_type()].push_back(t);
     }
   };
-  for (const auto& p : module.parameters()) add(p);
-  for (const auto& b : module.buffers()) add(b);
+  for (const auto& t : all) add(t);
   at::NoGradGuard no_grad;
   for (auto& [dtype, tensors] : by_dtype) {
     std::vector<at::Tensor> parts;

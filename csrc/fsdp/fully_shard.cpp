@@ -35,20 +35,99 @@ std::pair<ModulePtr, std::string> parent_of(const ModulePtr& root, const std::st
   return {parent, rest};
 }
 
+UnitOptions unit_options(const FullyShardOptions& options, const std::string& name, bool reshard) {
+  UnitOptions unit;
+  unit.name = name;
+  unit.shard_group = options.shard_group;
+  unit.replicate_group = options.replicate_group;
+  unit.param_dtype = options.param_dtype;
+  unit.reduce_dtype = options.reduce_dtype ? options.reduce_dtype : options.param_dtype;
+  unit.reshard_after_forward = reshard;
+  return unit;
+}
+
+void add_unwrapped(const torch::nn::Module& module,
+                   const std::string& prefix,
+                   std::set<const void*>& seen,
+                   torch::OrderedDict<std::string, at::Tensor>& out) {
+  if (const auto* wrapper = dynamic_cast<const FullyShardedModuleImpl*>(&module)) {
+    return add_unwrapped(*wrapper->inner().ptr(), prefix, seen, out);
+  }
+  for (const auto& item : module.named_parameters(/*recurse=*/false)) {
+    if (seen.insert(item.value().unsafeGetTensorImpl()).second) {
+      out.insert(prefix + item.key(), item.value());
+    }
+  }
+  for (const auto& child : module.named_children()) {
+    add_unwrapped(*child.value(), prefix + child.key() + ".", seen, out);
+  }
+}
+
+// The units fully_shard made beneath `module` (outermost first).
+std::vector<FullyShardedModuleImpl*> wrappers_in(const torch::nn::Module& module) {
+  std::vector<FullyShardedModuleImpl*> out;
+  for (const auto& sub : module.modules(/*include_self=*/false)) {
+    if (auto* wrapper = dynamic_cast<FullyShardedModuleImpl*>(sub.get())) out.push_back(wrapper);
+  }
+  return out;
+}
+
+void check_options(const FullyShardOptions& options, const char* who) {
+  TORCH_CHECK(options.shard_group, who,
+              ": FullyShardOptions.shard_group is null: pass the group to "
+              "shard over (e.g. the world group from init_from_env())");
+}
+
 }  // namespace
 
+torch::OrderedDict<std::string, at::Tensor> unwrapped_parameters(const torch::nn::Module& root) {
+  torch::OrderedDict<std::string, at::Tensor> out;
+  std::set<const void*> seen;
+  add_unwrapped(root, "", seen, out);
+  return out;
+}
+
 FullyShardedModuleImpl::FullyShardedModuleImpl(torch::nn::AnyModule inner,
-                                               std::shared_ptr<FsdpEngine> engine,
-                                               int unit)
-    : inner_(std::move(inner)), engine_(std::move(engine)), unit_(unit) {
+                                               std::shared_ptr<FsdpUnit> unit)
+    : inner_(std::move(inner)), unit_(std::move(unit)) {
   register_module("module", inner_.ptr());
 }
 
+void FullyShardedModuleImpl::adopt(std::shared_ptr<FsdpEngine> engine, int index) {
+  TORCH_CHECK(!engine_, "fully_shard: unit '", unit_->name(),
+              "' already belongs to a FullyShardedDataParallel; wrap each model once");
+  engine_ = std::move(engine);
+  index_ = index;
+}
+
 at::Tensor FullyShardedModuleImpl::forward(at::Tensor x) {
-  engine_->pre_forward(unit_);
+  TORCH_CHECK(engine_, "fully_shard: unit '", unit_->name(),
+              "' ran before any root adopted it; wrap the model in FullyShardedDataParallel "
+              "after the fully_shard calls and run it through the wrapper");
+  engine_->pre_forward(index_);
   at::Tensor out = inner_.forward(std::move(x));
-  engine_->post_forward(unit_, {out});
+  engine_->post_forward(index_, {out});
   return out;
+}
+
+FullyShardedModule fully_shard(const torch::nn::AnyModule& module,
+                               const FullyShardOptions& options,
+                               const std::string& name) {
+  check_options(options, "fully_shard");
+  TORCH_CHECK(!dynamic_cast<FullyShardedModuleImpl*>(module.ptr().get()), "fully_shard: '", name,
+              "' is already sharded; call fully_shard once per module");
+  std::set<const void*> taken;
+  for (FullyShardedModuleImpl* inner : wrappers_in(*module.ptr())) {
+    for (const auto& p : inner->unit()->params()) taken.insert(p.unsafeGetTensorImpl());
+  }
+  std::vector<at::Tensor> params;
+  for (const auto& p : module.ptr()->parameters()) {
+    if (taken.insert(p.unsafeGetTensorImpl()).second) params.push_back(p);
+  }
+  if (options.sync_module_states) distributed::broadcast_tensors(params, *options.shard_group);
+  UnitOptions unit = unit_options(options, name, options.reshard_after_forward);
+  unit.lanes = shared_lanes(params.empty() ? at::Device(at::kCPU) : params[0].device());
+  return FullyShardedModule(module, std::make_shared<FsdpUnit>(std::move(params), unit));
 }
 
 FullyShardedState::FullyShardedState(std::shared_ptr<torch::nn::Module> root,
@@ -56,42 +135,10 @@ FullyShardedState::FullyShardedState(std::shared_ptr<torch::nn::Module> root,
                                      const std::vector<torch::nn::Sequential*>& wrap)
     : param_dtype_(options.param_dtype) {
   TORCH_CHECK(root != nullptr, "FullyShardedDataParallel: the module is null");
-  TORCH_CHECK(options.shard_group,
-              "FullyShardOptions.shard_group is null: pass the group to "
-              "shard over (e.g. the world group from init_from_env())");
-  if (options.sync_module_states) distributed::broadcast_module(*root, *options.shard_group);
+  check_options(options, "FullyShardedDataParallel");
   EngineOptions engine_options = options.engine;
   if (!engine_options.world_group) engine_options.world_group = options.shard_group;
   engine_ = FsdpEngine::create(engine_options);
-
-  // Each parameter's first name in the unwrapped model (tied parameters appear once).
-  std::unordered_map<const void*, std::string> name_of;
-  for (const auto& item : root->named_parameters()) {
-    name_of.emplace(item.value().unsafeGetTensorImpl(), item.key());
-  }
-  auto unit_options = [&](const std::string& name, bool reshard) {
-    UnitOptions unit;
-    unit.name = name;
-    unit.shard_group = options.shard_group;
-    unit.replicate_group = options.replicate_group;
-    unit.param_dtype = options.param_dtype;
-    unit.reduce_dtype = options.reduce_dtype ? options.reduce_dtype : options.param_dtype;
-    unit.reshard_after_forward = reshard;
-    return unit;
-  };
-  std::set<const void*> taken;
-  auto add_unit = [&](const std::string& name, const std::vector<at::Tensor>& candidates,
-                      bool reshard) {
-    std::vector<at::Tensor> params;
-    std::vector<std::string> names;
-    for (const auto& p : candidates) {
-      if (!taken.insert(p.unsafeGetTensorImpl()).second) continue;
-      params.push_back(p);
-      names.push_back(name_of.at(p.unsafeGetTensorImpl()));
-    }
-    unit_names_.push_back(std::move(names));
-    return engine_->add_unit(std::move(params), unit_options(name, reshard));
-  };
 
   for (torch::nn::Sequential* sequential : wrap) {
     TORCH_CHECK(sequential != nullptr && !sequential->is_empty(),
@@ -100,17 +147,46 @@ FullyShardedState::FullyShardedState(std::shared_ptr<torch::nn::Module> root,
     torch::nn::Sequential wrapped;
     size_t index = 0;
     for (const auto& child : **sequential) {
-      const std::string child_name = name + "." + std::to_string(index++);
-      const int unit =
-          add_unit(child_name, child.ptr()->parameters(), options.reshard_after_forward);
-      wrapped->push_back(FullyShardedModule(child, engine_, unit));
+      wrapped->push_back(fully_shard(child, options, name + "." + std::to_string(index++)));
     }
     auto [parent, last] = parent_of(root, name);
     parent->replace_module(last, wrapped.ptr());
     *sequential = wrapped;
   }
+  adopt_units(*root, options);
+}
+
+void FullyShardedState::adopt_units(torch::nn::Module& root, const FullyShardOptions& options) {
+  // Each parameter's name in the unwrapped model (tied parameters appear once).
+  std::unordered_map<const void*, std::string> name_of;
+  std::vector<at::Tensor> rest;
+  for (const auto& item : unwrapped_parameters(root)) {
+    name_of.emplace(item.value().unsafeGetTensorImpl(), item.key());
+  }
+  std::set<const void*> taken;
+  auto names_of = [&](const std::vector<at::Tensor>& params) {
+    std::vector<std::string> names;
+    for (const auto& p : params) {
+      names.push_back(name_of.at(p.unsafeGetTensorImpl()));
+      taken.insert(p.unsafeGetTensorImpl());
+    }
+    return names;
+  };
+  for (FullyShardedModuleImpl* wrapper : wrappers_in(root)) {
+    unit_names_.push_back(names_of(wrapper->unit()->params()));
+    wrapper->adopt(engine_, engine_->add_unit(wrapper->unit()));
+  }
+  for (const auto& p : root.parameters()) {
+    if (taken.insert(p.unsafeGetTensorImpl()).second) rest.push_back(p);
+  }
+  if (options.sync_module_states) {  // the units' parameters were broadcast by fully_shard
+    std::vector<at::Tensor> unsharded = rest;
+    for (const auto& b : root.buffers()) unsharded.push_back(b);
+    distributed::broadcast_tensors(unsharded, *options.shard_group);
+  }
   // The root unit keeps its parameters gathered from forward to backward (as torch FSDP does).
-  root_unit_ = add_unit("root", root->parameters(), /*reshard=*/false);
+  unit_names_.push_back(names_of(rest));
+  root_unit_ = engine_->add_unit(std::move(rest), unit_options(options, "root", false));
   engine_->set_root(root_unit_);
 }
 

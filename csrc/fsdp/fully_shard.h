@@ -7,12 +7,14 @@
 //   auto logits = fsdp.forward(tokens);       // unshards, runs, reshards each unit
 //   torch::optim::AdamW optimizer(fsdp.parameters(), ...);   // the shards
 //
-// Auto-wrap: every child of each listed torch::nn::Sequential becomes its own unit, wrapped in a
-// FullyShardedModule (which drives the engine around the child's forward), in place: the
-// holder the caller passed and the parent's registered child both point at the new Sequential,
-// so the model's own forward (x = blocks->forward(x)) runs the units without knowing. Every
-// parameter not in a wrapped child (embeddings, final norm, tied head) forms the root unit,
-// driven by FullyShardedDataParallel::forward.
+// Auto-wrap: every child of each listed torch::nn::Sequential becomes its own unit by
+// fully_shard (the per-module call below, which a caller may also make, bottom-up, as with
+// FSDP2), wrapped in a FullyShardedModule (which drives the engine around the child's forward),
+// in place: the holder the caller passed and the parent's registered child both point at the new
+// Sequential, so the model's own forward (x = blocks->forward(x)) runs the units without
+// knowing. The root adopts the unit of every FullyShardedModule beneath it; every other
+// parameter (embeddings, final norm, tied head) forms the root unit, driven by
+// FullyShardedDataParallel::forward.
 //
 // Parameters become this rank's shards in place (FsdpUnit), so any torch::optim optimizer over
 // parameters() updates the shards; gradients arrive reduced and sharded after backward.
@@ -40,24 +42,43 @@ struct FullyShardOptions {
   std::optional<at::ScalarType> param_dtype;               // e.g. at::kBFloat16
   std::optional<at::ScalarType> reduce_dtype;
   bool reshard_after_forward = true;  // false: SHARD_GRAD_OP (keep units gathered until backward)
-  bool sync_module_states = true;     // broadcast rank 0's parameters before sharding
+  bool sync_module_states = true;     // broadcast rank 0's parameters (each unit's before
+                                      // sharding it) and buffers
   EngineOptions engine;               // prefetching; engine.world_group checks forward order
 };
 
-// One wrapped child: forward(x) = pre_forward, the child's forward(x), post_forward.
+// One wrapped module: forward(x) = pre_forward, the module's forward(x), post_forward. Its unit
+// is made (and the module's parameters sharded) by fully_shard; the root
+// FullyShardedDataParallel's engine adopts it, and forward before that is an error.
 class FullyShardedModuleImpl : public torch::nn::Module {
  public:
-  FullyShardedModuleImpl(torch::nn::AnyModule inner, std::shared_ptr<FsdpEngine> engine, int unit);
+  FullyShardedModuleImpl(torch::nn::AnyModule inner, std::shared_ptr<FsdpUnit> unit);
   at::Tensor forward(at::Tensor x);
   const torch::nn::AnyModule& inner() const { return inner_; }
-  int unit() const { return unit_; }
+  const std::shared_ptr<FsdpUnit>& unit() const { return unit_; }
+  bool adopted() const { return engine_ != nullptr; }
+  void adopt(std::shared_ptr<FsdpEngine> engine, int index);
 
  private:
   torch::nn::AnyModule inner_;
+  std::shared_ptr<FsdpUnit> unit_;
   std::shared_ptr<FsdpEngine> engine_;
-  int unit_;
+  int index_ = -1;
 };
 TORCH_MODULE(FullyShardedModule);
+
+// FSDP2's per-module call (Python: shardwise.fully_shard), bottom-up: shards the parameters of
+// `module` that no fully_shard beneath it took into one unit, now, and returns the wrapper to put
+// where the module was (e.g. blocks->push_back(fully_shard(Block(), options))). The root
+// FullyShardedDataParallel then adopts every such unit beneath it; its own unit is the rest.
+// `options.reshard_after_forward`, `param_dtype`, `reduce_dtype` and the groups apply to the unit.
+FullyShardedModule fully_shard(const torch::nn::AnyModule& module,
+                               const FullyShardOptions& options,
+                               const std::string& name = "module");
+
+// Every parameter of `root` by its name in the unwrapped model: a FullyShardedModule adds no
+// name component ("blocks.0.fc.weight", not "blocks.0.module.fc.weight"); tied parameters once.
+torch::OrderedDict<std::string, at::Tensor> unwrapped_parameters(const torch::nn::Module& root);
 
 // The untyped part of the wrapper (fully_shard.cpp): planning units, sharding, state dicts.
 class FullyShardedState {
@@ -90,6 +111,8 @@ class FullyShardedState {
   std::vector<sharding::TensorSlice> shard_slices() const;
 
  private:
+  void adopt_units(torch::nn::Module& root, const FullyShardOptions& options);
+
   std::optional<at::ScalarType> param_dtype_;
   std::shared_ptr<FsdpEngine> engine_;
   int root_unit_ = -1;

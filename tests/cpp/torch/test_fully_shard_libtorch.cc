@@ -175,3 +175,78 @@ TEST(FullyShardLibTorch, BadInputIsNamed) {
 }
 
 }  // namespace
+
+// The per-module call (FSDP2's, bottom-up): each block sharded by fully_shard before the root
+// wrapper, which adopts the blocks' units. Rank 1 starts from other random parameters, so
+// sync_module_states must reach the units made before the root (each broadcast before it is
+// sharded) and the root's own. Same losses, bit for bit, and the same full state by the same
+// names as the auto-wrapped model. Catches a unit not adopted (its forward refused), the
+// wrapper's own name component leaking into state dict keys, a parameter sharded twice, and
+// the broadcast skipped for units made early.
+TEST(FullyShardLibTorch, PerModuleCallsMatchTheAutoWrappedModel) {
+  torch::manual_seed(0);
+  const Data data;
+  TinyLM initial_model;
+  torch::OrderedDict<std::string, torch::Tensor> initial;
+  for (const auto& item : initial_model->named_parameters()) {
+    initial.insert(item.key(), item.value().detach().clone());
+  }
+  on_thread_ranks(
+      kWorld, "fully_shard_per_module", [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> g) {
+        auto make = [&] {
+          TinyLM model;
+          torch::NoGradGuard no_grad;
+          if (rank == 0) {
+            for (auto& item : model->named_parameters()) item.value().copy_(initial[item.key()]);
+          }
+          return model;
+        };
+        TinyLM automatic = make();
+        shardwise::fsdp::FullyShardedDataParallel<TinyLM> a(automatic, options_for(g),
+                                                            {&automatic->blocks});
+        TinyLM manual = make();
+        torch::nn::Sequential blocks;
+        for (const auto& block : *manual->blocks) {
+          blocks->push_back(shardwise::fsdp::fully_shard(block, options_for(g), "block"));
+        }
+        manual->blocks = manual->replace_module("blocks", blocks);
+        try {
+          manual->forward(data.tokens[0]);
+          FAIL() << "a unit ran before a root adopted it";
+        } catch (const c10::Error& e) {
+          EXPECT_NE(std::string(e.what()).find("before any root adopted it"), std::string::npos);
+        }
+        shardwise::fsdp::FullyShardedDataParallel<TinyLM> b(manual, options_for(g));
+        ASSERT_EQ(b.engine().num_units(), 4);  // three blocks and the root
+        torch::optim::AdamW opt_a(a.parameters(), torch::optim::AdamWOptions(1e-2));
+        torch::optim::AdamW opt_b(b.parameters(), torch::optim::AdamWOptions(1e-2));
+        auto batch = torch::indexing::Slice(rank * kBatchPerRank, (rank + 1) * kBatchPerRank);
+        for (int step = 0; step < kSteps; ++step) {
+          auto tokens = data.tokens[step].index({batch});
+          auto targets = data.targets[step].index({batch});
+          auto loss_a = lm_loss(a.forward(tokens), targets);
+          auto loss_b = lm_loss(b.forward(tokens), targets);
+          EXPECT_EQ(loss_a.item<double>(), loss_b.item<double>()) << "step " << step;
+          loss_a.backward();
+          loss_b.backward();
+          opt_a.step();
+          opt_b.step();
+          opt_a.zero_grad();
+          opt_b.zero_grad();
+        }
+        auto full_a = a.full_state_dict();
+        auto full_b = b.full_state_dict();
+        ASSERT_EQ(full_a.keys(), full_b.keys());
+        for (const auto& item : full_a) {
+          EXPECT_TRUE(torch::equal(item.value(), full_b[item.key()])) << item.key();
+        }
+        try {
+          shardwise::fsdp::fully_shard(
+              torch::nn::AnyModule(manual->blocks->ptr<shardwise::fsdp::FullyShardedModuleImpl>(0)),
+              options_for(g));
+          FAIL() << "a sharded block was sharded again";
+        } catch (const c10::Error& e) {
+          EXPECT_NE(std::string(e.what()).find("already sharded"), std::string::npos) << e.what();
+        }
+      });
+}
