@@ -10,11 +10,13 @@ ranks), tokens/s (all ranks), peak RSS per rank (``ru_maxrss``, includes the Pyt
 baseline, measured in fresh processes) and model-state bytes per rank counted from tensor
 storages (parameters + gradients + optimizer state), and the loss after the last step.
 
-``fsdp2-sw`` is torch FSDP2 over the shardwise backend: the two FSDP engines on the same
-transport. ``compute`` is the limit: one process training the unwrapped model on one rank's
-batch (the same per-rank batch, no communication, no sharding); "limit / step" is its step time
-over each row's. ``--hf`` trains a Hugging Face ``transformers`` GPT-2 sized like the preset (its
-``GPT2Block`` layers are the units of both FSDPs) instead of the bundled GPT; ``--llama`` a
+``fsdp2-sw`` is torch FSDP2 over the shardwise backend: the two FSDP engines on the same transport.
+``fully_shard`` rows are ``shardwise.fully_shard`` (FSDP2's API, the same calls per block and at
+the root) over the shardwise backend: against ``fsdp2-sw`` on the same backend, against ``fsdp2``
+each on its default one. ``compute`` is the limit: one process training the unwrapped model on one
+rank's batch (the same per-rank batch, no communication, no sharding); "limit / step" is its step
+time over each row's. ``--hf`` trains a Hugging Face ``transformers`` GPT-2 sized like the preset
+(its ``GPT2Block`` layers are the units of both FSDPs) instead of the bundled GPT; ``--llama`` a
 transformers ``LlamaForCausalLM`` of the preset's sizes (``1b``: ~1.1B parameters). On cuda the
 table adds MFU against the bf16 matmul rate measured in the same run.
 
@@ -127,7 +129,7 @@ def run_rank(framework: str, args) -> None:
 
     torch.set_num_threads(1)
     cuda = args.device == "cuda"
-    if framework.startswith("shardwise") or framework.startswith("fsdp2-sw"):
+    if framework.startswith(("shardwise", "fsdp2-sw", "fully_shard")):
         backend = "cpu:shardwise,cuda:shardwise" if cuda else "shardwise"
     else:
         backend = "nccl" if cuda else "gloo"
@@ -142,7 +144,15 @@ def run_rank(framework: str, args) -> None:
         model = build_model(cfg, args).to(device)
     parameters = sum(p.numel() for p in model.parameters())
     mixed = framework.endswith("-mp")
-    if framework.startswith("shardwise"):
+    if framework.startswith("fully_shard"):  # FSDP2's API, shardwise's engine
+        from torch.distributed.fsdp import MixedPrecisionPolicy
+
+        policy = MixedPrecisionPolicy(torch.bfloat16, torch.float32) if mixed else None
+        extra = {"mp_policy": policy} if policy else {}
+        for name in wrap_names(cfg, args):
+            shardwise.fully_shard(model.get_submodule(name), **extra)
+        shardwise.fully_shard(model, **extra)
+    elif framework.startswith("shardwise"):
         kwargs = {"param_dtype": torch.bfloat16, "reduce_dtype": torch.float32} if mixed else {}
         model = shardwise.FullyShardedDataParallel(model, wrap=wrap_names(cfg, args), **kwargs)
     elif framework == "compute":
@@ -283,10 +293,10 @@ def table(results: list[dict], args) -> list[str]:
         if not cuda
         else "- peak GPU memory: torch.cuda.max_memory_allocated",
         "",
-        "| framework | step s | tokens/s | tokens/s vs fsdp2 | tokens/s vs ddp | "
+        "| framework | step s | tokens/s | tokens/s vs fsdp2 | vs fsdp2-sw | tokens/s vs ddp | "
         + memory
         + " | model state MB/rank | final loss | limit / step |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     limit = base.get("compute")
     peak = None
@@ -298,11 +308,14 @@ def table(results: list[dict], args) -> list[str]:
         lines[-2] = lines[-2] + " MFU |"
         lines[-1] = lines[-1] + "---:|"
     for r in results:
-        anchor = base.get("fsdp2-mp" if r["framework"].endswith("-mp") else "fsdp2", r)
+        suffix = "-mp" if r["framework"].endswith("-mp") else ""
+        anchor = base.get("fsdp2" + suffix, r)
+        same = base.get("fsdp2-sw" + suffix)
+        versus_same = f"{r['tokens_per_s'] / same['tokens_per_s']:.2f}x" if same else "–"
         bound = f"{limit['step_s'] / r['step_s']:.2f}" if limit else "–"
         lines.append(
             f"| {r['framework']} | {r['step_s']:.3f} | {r['tokens_per_s']:.0f} | "
-            f"{r['tokens_per_s'] / anchor['tokens_per_s']:.2f}x | "
+            f"{r['tokens_per_s'] / anchor['tokens_per_s']:.2f}x | {versus_same} | "
             f"{r['tokens_per_s'] / base.get('ddp', r)['tokens_per_s']:.2f}x | "
             f"{r['peak_rss'] / 2**20:.0f} | {r['state_bytes'] / 2**20:.1f} | {r['loss']:.4f} | "
             f"{bound} |" + (f" {mfu(r, PRESETS[args.model], args, peak):.1%} |" if peak else "")

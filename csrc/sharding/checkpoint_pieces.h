@@ -1,5 +1,5 @@
 // World-size-independent checkpoint pieces, for LibTorch users and the Python trainer
-// (python/shardwise/train/pieces.py).
+// (python/shardwise/pieces.py).
 //
 // A piece is elements [start, start + values.numel()) of the flattened full tensor `name`: a
 // replicated tensor is one piece starting at 0, an FSDP shard the piece its rank owns. Loading

@@ -5,6 +5,8 @@ TransformerWithSharedParams with its BatchNorm and tied embedding; common_dtenso
 the one FSDP2's tests train), sharded as FSDP2's tests shard them: each block, then the root.
 torch's runs over gloo (the reference); ours over the shardwise backend."""
 
+import os
+
 import pytest
 import shardwise
 import torch
@@ -236,6 +238,35 @@ def fully_shard_state_dict_loads_into_the_plain_model_and_back(rank, world, gloo
     assert torch.equal(fresh(x), plain(x))
     with pytest.raises(RuntimeError, match="missing keys"):
         fresh.load_state_dict({k: v for k, v in plain.state_dict().items() if "0.in_proj" not in k})
+    _through_a_checkpoint(model, rank, world)
+
+
+def _through_a_checkpoint(model, rank, world):
+    """Saved with shardwise's checkpoint writer from this world's pieces; loaded into the plain
+    model (one rank's view of every rank's pieces) and into a fresh model sharded here."""
+    import shutil
+    from pathlib import Path
+
+    from shardwise import pieces
+    from shardwise.train import checkpoint
+
+    directory = Path(f"/tmp/shardwise-fully-shard-{os.environ['MASTER_PORT']}")
+    step_dir = checkpoint.save(
+        directory, 1, {"model": pieces.to_pieces(model.checkpoint_slots())}, rank, world, ""
+    )
+    saved = [p for r in range(world) for p in checkpoint.load(step_dir, r)["model"]]
+    plain, _, _ = _mlp_stack()
+    pieces.fill([pieces.Slot(n, 0, t.view(-1)) for n, t in plain.state_dict().items()], saved)
+    expected = model.state_dict()
+    assert all(torch.equal(plain.state_dict()[k], expected[k]) for k in expected)
+    fresh, blocks, _ = _mlp_stack()
+    _shard(shardwise.fully_shard, fresh, blocks, None, MixedPrecisionPolicy(), "MLPStack")
+    with torch.no_grad():
+        pieces.fill(fresh.checkpoint_slots(), saved)
+    assert _max_diff(fresh.state_dict(), expected) == 0
+    dist.barrier()
+    if rank == 0:
+        shutil.rmtree(directory)
 
 
 def fully_shard_bad_input_is_refused_before_any_work(rank, world, gloo):

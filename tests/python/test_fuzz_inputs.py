@@ -13,8 +13,8 @@ import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+from shardwise.pieces import Slot, fill
 from shardwise.train import config as train_config
-from shardwise.train.pieces import Slot, fill
 
 FAST = settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
 ENV = {"WORLD_SIZE": "2", "RANK": "0", "LOCAL_RANK": "0", "LOCAL_WORLD_SIZE": "2"}

@@ -4,8 +4,9 @@ measured peak, and the JSONL sink."""
 import json
 
 import pytest
+from shardwise import pieces
 from shardwise.models import PRESETS
-from shardwise.train import metrics, pieces
+from shardwise.train import metrics
 
 
 def test_straggler_is_the_rank_far_above_the_median():

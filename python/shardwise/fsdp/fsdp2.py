@@ -414,6 +414,33 @@ class FSDPModule:
                 out[names[id(p)]] = piece.detach().clone()
         return out
 
+    def checkpoint_slots(self) -> list:
+        """What this rank holds, as shardwise checkpoint slots (``shardwise.pieces``):
+        each parameter's piece (by the plain model's name and its first element) and each
+        persistent buffer whole. ``pieces.to_pieces(slots)`` saved with
+        ``shardwise.train.checkpoint.save`` loads with ``pieces.fill`` into a model sharded at
+        any world size, or into the plain model."""
+        from ..pieces import Slot
+
+        names = {id(p): n for n, p in self.named_parameters()}
+        slots = []
+        for state in self._fully_shard_states(recurse=True):
+            views = state.unit.shard_views()
+            for p, view, piece in zip(state.params, views, state.unit.owned_slices(), strict=True):
+                slots.append(Slot(names[id(p)], piece[0], view))
+        for name, buffer in self._persistent_buffers().items():
+            slots.append(Slot(name, 0, buffer.view(-1)))
+        return slots
+
+    def _persistent_buffers(self) -> dict[str, torch.Tensor]:
+        """The persistent buffers (those a state dict holds), by name."""
+        out = {}
+        for prefix, module in self.named_modules():
+            for name, buffer in module.named_buffers(recurse=False):
+                if buffer is not None and name not in module._non_persistent_buffers_set:
+                    out[f"{prefix}.{name}" if prefix else name] = buffer
+        return out
+
     def owned_slices(self) -> dict[str, tuple[int, int, int]]:
         """(start, valid, numel) of this rank's piece of every sharded parameter, by name: the
         elements [start, start + valid) of the flattened parameter of numel elements."""

@@ -24,8 +24,8 @@ import torch.distributed as dist
 
 from .. import _C
 from ..optim import FusedAdamW
+from ..pieces import Slot
 from .parallelize import Axes, Parallel, StrategyOptions, autocast_context, mesh_axes, parallelize
-from .pieces import Slot
 
 
 def build(strategy: str, options: StrategyOptions, world: int) -> TrainStep:

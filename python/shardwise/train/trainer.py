@@ -24,13 +24,13 @@ from typing import TYPE_CHECKING
 import torch
 import torch.distributed as dist
 
-from .. import _C
+from .. import _C, pieces
 from ..models.causal_lm import export_names
 from ..models.gpt import GPT, GPTConfig
 from . import checkpoint as ckpt
 from . import data as data_mod
 from . import device as device_mod
-from . import metrics, pieces, sources
+from . import metrics, sources
 from . import step as step_mod
 from .parallelize import StrategyOptions
 

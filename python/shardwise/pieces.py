@@ -38,7 +38,7 @@ def fill(slots: list[Slot], pieces: list[dict], strict: bool = True) -> None:
     """Copies into every slot the overlapping elements of the pieces of its name (C++:
     ``sharding/checkpoint_pieces.h``). With ``strict``, an element no piece covers is a
     ValueError naming the tensor and the range."""
-    from .. import _C
+    from . import _C
 
     _C.fill_from_pieces(
         [(s.name, int(s.start), s.view) for s in slots],
