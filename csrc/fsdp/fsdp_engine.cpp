@@ -218,6 +218,12 @@ void FsdpEngine::finalize_backward() {
   }
   for (int index : reduce_queue_) units_[index]->finish_reduce();
   reduce_queue_.clear();
+  // The reduce-scatter inputs are reused within a backward and released after it, so they do
+  // not add to the next forward's peak (which is where the activations peak).
+  for (auto& buffer : reduce_buffers_) {
+    if (buffer.defined() && !units_.empty()) units_[0]->lanes().freed(buffer);
+    buffer = at::Tensor();
+  }
   for (auto& u : units_) {
     u->discard_gather();  // a prefetch that was not used: its data predates the optimizer step
     if (u->options().reshard_after_backward) u->reshard();

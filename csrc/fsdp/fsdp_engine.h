@@ -107,8 +107,8 @@ class FsdpEngine : public std::enable_shared_from_this<FsdpEngine> {
   std::vector<bool> post_backward_done_;
   std::vector<int> grads_ready_;
   std::deque<int> reduce_queue_;  // units with a reduction in flight, in issue order
-  // Reduce-scatter inputs, reused round-robin: at most kReduceBuffers reductions are in flight
-  // (the oldest is finished before another starts), so the buffers are never allocated twice.
+  // Reduce-scatter inputs, reused round-robin within a backward: at most kReduceBuffers
+  // reductions are in flight (the oldest is finished before another starts); released after.
   static constexpr size_t kReduceBuffers = 2;
   std::array<at::Tensor, kReduceBuffers> reduce_buffers_;
   size_t reduces_issued_ = 0;

@@ -244,6 +244,7 @@ void ZeroOptimizer::launch_reduce(int b) {
   }
   bucket.launched = true;
   in_flight_.push_back(std::move(reduction));
+  max_in_flight_ = std::max(max_in_flight_, static_cast<int>(in_flight_.size()));
   if (!options_.overlap_comm) finish_oldest();
 }
 

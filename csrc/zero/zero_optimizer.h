@@ -132,6 +132,9 @@ class ZeroOptimizer : public std::enable_shared_from_this<ZeroOptimizer> {
   int64_t state_bytes() const;
   int64_t grad_partition_bytes() const;
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  // The most gradient reductions ever outstanding at once: 1 with overlap_comm = false (each is
+  // waited for before backward goes on), up to 2 with it.
+  int max_in_flight() const { return max_in_flight_; }
 
  private:
   double predivide_factor() const {
@@ -192,6 +195,7 @@ class ZeroOptimizer : public std::enable_shared_from_this<ZeroOptimizer> {
   std::vector<std::vector<at::Tensor>> state_;  // per master: exp_avg, exp_avg_sq / momentum
   at::Tensor grad_partition_;                   // stage 2
   std::deque<Reduction> in_flight_;
+  int max_in_flight_ = 0;
   std::array<at::Tensor, 2> reduce_buffers_;
   size_t reduces_issued_ = 0;
   size_t next_launch_ = 0;

@@ -149,6 +149,7 @@ void bind_zero(py::module& m) {
       .def("step_count", &ZeroOptimizer::step_count)
       .def("set_lr", &ZeroOptimizer::set_lr)
       .def("num_buckets", &ZeroOptimizer::num_buckets)
+      .def("max_in_flight", &ZeroOptimizer::max_in_flight)
       .def("master_bytes", &ZeroOptimizer::master_bytes)
       .def("state_bytes", &ZeroOptimizer::state_bytes)
       .def("grad_partition_bytes", &ZeroOptimizer::grad_partition_bytes)

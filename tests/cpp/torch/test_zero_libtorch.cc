@@ -29,7 +29,10 @@ struct Net : torch::nn::Module {
   torch::nn::Linear second;
 };
 
-void train_and_compare(int stage) {
+// overlap_comm: whether a bucket's reduction may still run while backward goes on. The most
+// reductions outstanding at once says which ran: 2 with it (the engine's two buffers), 1
+// without (each waited for at once); the parameters are the same either way.
+void train_and_compare(int stage, bool overlap_comm = true) {
   torch::manual_seed(0);
   Net reference;
   std::vector<Net> ranks(kWorld);
@@ -61,12 +64,17 @@ void train_and_compare(int stage) {
         options.reduce_bucket_numel = 60;  // several buckets
         options.optimizer.lr = 1e-2;
         options.optimizer.weight_decay = 0.1;
+        options.overlap_comm = overlap_comm;
         auto zero = shardwise::zero::ZeroOptimizer::create(net.parameters(), options);
         for (int step = 0; step < kSteps; ++step) {
           auto x = inputs[step].narrow(0, rank * kBatchPerRank, kBatchPerRank);
           auto t = targets[step].narrow(0, rank * kBatchPerRank, kBatchPerRank);
           torch::mse_loss(net.forward(x), t).backward();
           zero->step();
+        }
+        if (zero->max_in_flight() != (overlap_comm ? 2 : 1)) {
+          errors[rank] = "overlap_comm " + std::to_string(overlap_comm) + ": " +
+                         std::to_string(zero->max_in_flight()) + " reductions in flight";
         }
       } catch (const std::exception& e) {
         errors[rank] = e.what();
@@ -88,6 +96,9 @@ void train_and_compare(int stage) {
 
 TEST(ZeroLibTorch, Stage1TwoRanksMatchSingleProcessAdamW) { train_and_compare(1); }
 TEST(ZeroLibTorch, Stage2TwoRanksMatchSingleProcessAdamW) { train_and_compare(2); }
+TEST(ZeroLibTorch, Stage2WithoutOverlapCommWaitsForEachReduction) {
+  train_and_compare(2, /*overlap_comm=*/false);
+}
 
 // ZeRO over the data axis of a tensor-parallel model: 4 thread ranks as a 2 (dp) x 2 (tp) mesh.
 // Each tp rank holds its own half `split` of a weight and the same `replicated` bias; both dp
