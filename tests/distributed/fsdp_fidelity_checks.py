@@ -36,7 +36,7 @@ def _model():
 
 
 def _train(model, wrapped):
-    """Losses and the final full state of ``wrapped`` (``model`` inside it) under SGD."""
+    """The losses of ``wrapped`` (``model`` inside it) over STEPS steps of SGD."""
     opt = torch.optim.SGD(wrapped.parameters(), lr=0.01)
     losses = []
     for _ in range(STEPS):

@@ -171,6 +171,11 @@ class FullyShardedDataParallel(nn.Module):
                     unit.forward, repr(name), policy.param_dtype
                 )
         precision.cast_buffers(module, policy.buffer_dtype, keep=full_precision)
+        self._root_forward = (  # a function, not the module (which would register it twice)
+            self.module.__call__
+            if policy.param_dtype is None
+            else precision.explain_dtype_errors(self.module, ROOT, policy.param_dtype)
+        )
 
     # --- forward / backward -------------------------------------------------------------
 
@@ -188,11 +193,7 @@ class FullyShardedDataParallel(nn.Module):
         if policy.cast_root_forward_inputs or policy.cast_forward_inputs:
             args, kwargs = precision.cast_floats(policy.param_dtype, (args, kwargs))
         self._engine.pre_forward(self._root)
-        if policy.param_dtype is None:
-            out = self.module(*args, **kwargs)
-        else:
-            forward = precision.explain_dtype_errors(self.module, ROOT, policy.param_dtype)
-            out = forward(*args, **kwargs)
+        out = self._root_forward(*args, **kwargs)
         self._engine.post_forward(self._root, _tensors(out))
         return out
 
