@@ -97,6 +97,12 @@ void bind_unit(py::module& m) {
       .def("shard_views", &FsdpUnit::shard_views)
       .def("grad_shard_views", &FsdpUnit::grad_shard_views)
       .def("owned_slices", &slices_of)
+      .def("shapes",
+           [](const FsdpUnit& u) {
+             std::vector<std::vector<int64_t>> shapes;
+             for (int64_t i = 0; i < u.layout().num_params(); ++i) shapes.push_back(u.shape(i));
+             return shapes;
+           })
       .def("shard_rank", &FsdpUnit::shard_rank)
       .def("shard_size", &FsdpUnit::shard_size)
       .def("pinned", [](const FsdpUnit& u) {

@@ -56,7 +56,6 @@ class FullyShardedModuleImpl : public torch::nn::Module {
   at::Tensor forward(at::Tensor x);
   const torch::nn::AnyModule& inner() const { return inner_; }
   const std::shared_ptr<FsdpUnit>& unit() const { return unit_; }
-  bool adopted() const { return engine_ != nullptr; }
   void adopt(std::shared_ptr<FsdpEngine> engine, int index);
 
  private:

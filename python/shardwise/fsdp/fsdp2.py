@@ -44,10 +44,9 @@ _GATHERING = threading.local()  # inside FSDPModule.state_dict: nested calls sta
 class _State:
     """One fully_shard call: its modules, its unit, its policy; the engine once a root ran."""
 
-    def __init__(self, modules, params, shapes, unit, policy, auto_reshard, groups):
+    def __init__(self, modules, params, unit, policy, auto_reshard, groups):
         self.modules = modules
         self.params = params
-        self.shapes = shapes  # the parameters' own, before sharding
         self.unit = unit
         self.policy = policy
         self.auto_reshard = auto_reshard
@@ -79,7 +78,6 @@ def fully_shard(
     groups = _groups(mesh)
     ignored = {id(p) for p in ignored_params or ()}
     params = _managed_params(modules, ignored)
-    shapes = [p.shape for p in params]
     unit = _C.FsdpUnit(
         params,
         type(modules[0]).__name__,
@@ -91,7 +89,7 @@ def fully_shard(
         isinstance(offload_policy, CPUOffloadPolicy),
         isinstance(offload_policy, CPUOffloadPolicy) and offload_policy.pin_memory,
     )
-    state = _State(modules, params, shapes, unit, mp_policy, reshard_after_forward is None, groups)
+    state = _State(modules, params, unit, mp_policy, reshard_after_forward is None, groups)
     for m in modules:
         m.__dict__[_STATE] = state
         m.register_forward_pre_hook(_pre_forward, prepend=True, with_kwargs=True)
@@ -378,7 +376,7 @@ class FSDPModule:
         rest, missing, sharded = dict(state_dict), [], set()
         for state in self._fully_shard_states(recurse=True):
             tensors = []
-            for p, shape in zip(state.params, state.shapes, strict=True):
+            for p, shape in zip(state.params, state.unit.shapes(), strict=True):
                 sharded.update(names[id(p)])
                 keys = [n for n in names[id(p)] if n in state_dict]
                 if not keys:
@@ -386,7 +384,7 @@ class FSDPModule:
                     continue
                 for key in keys:
                     rest.pop(key)
-                if state_dict[keys[0]].shape != shape:
+                if tuple(state_dict[keys[0]].shape) != tuple(shape):
                     raise RuntimeError(
                         f"load_state_dict: {keys[0]} has shape {tuple(state_dict[keys[0]].shape)}"
                         f" but the parameter has {tuple(shape)}"
@@ -404,15 +402,21 @@ class FSDPModule:
             )
         return nn.modules.module._IncompatibleKeys(missing, result.unexpected_keys)
 
+    def _pieces(self):
+        """(name in the plain model, this rank's piece, (start, valid, numel)) of every sharded
+        parameter beneath this module: what the three methods below give."""
+        names = {id(p): n for n, p in self.named_parameters()}
+        for state in self._fully_shard_states(recurse=True):
+            unit = state.unit
+            for p, view, piece in zip(
+                state.params, unit.shard_views(), unit.owned_slices(), strict=True
+            ):
+                yield names[id(p)], view, tuple(piece)
+
     def sharded_state_dict(self) -> dict[str, torch.Tensor]:
         """This rank's piece of every parameter (1-D, no communication) by the plain model's
         names, with ``owned_slices()`` saying where each sits in the flattened parameter."""
-        names = {id(p): n for n, p in self.named_parameters()}
-        out = {}
-        for state in self._fully_shard_states(recurse=True):
-            for p, piece in zip(state.params, state.unit.shard_views(), strict=True):
-                out[names[id(p)]] = piece.detach().clone()
-        return out
+        return {name: view.detach().clone() for name, view, _ in self._pieces()}
 
     def checkpoint_slots(self) -> list:
         """What this rank holds, as shardwise checkpoint slots (``shardwise.pieces``):
@@ -421,35 +425,17 @@ class FSDPModule:
         ``shardwise.train.checkpoint.save`` loads with ``pieces.fill`` into a model sharded at
         any world size, or into the plain model."""
         from ..pieces import Slot
+        from .state_dict import persistent_buffers
 
-        names = {id(p): n for n, p in self.named_parameters()}
-        slots = []
-        for state in self._fully_shard_states(recurse=True):
-            views = state.unit.shard_views()
-            for p, view, piece in zip(state.params, views, state.unit.owned_slices(), strict=True):
-                slots.append(Slot(names[id(p)], piece[0], view))
-        for name, buffer in self._persistent_buffers().items():
+        slots = [Slot(name, piece[0], view) for name, view, piece in self._pieces()]
+        for name, buffer in persistent_buffers(self).items():
             slots.append(Slot(name, 0, buffer.view(-1)))
         return slots
-
-    def _persistent_buffers(self) -> dict[str, torch.Tensor]:
-        """The persistent buffers (those a state dict holds), by name."""
-        out = {}
-        for prefix, module in self.named_modules():
-            for name, buffer in module.named_buffers(recurse=False):
-                if buffer is not None and name not in module._non_persistent_buffers_set:
-                    out[f"{prefix}.{name}" if prefix else name] = buffer
-        return out
 
     def owned_slices(self) -> dict[str, tuple[int, int, int]]:
         """(start, valid, numel) of this rank's piece of every sharded parameter, by name: the
         elements [start, start + valid) of the flattened parameter of numel elements."""
-        names = {id(p): n for n, p in self.named_parameters()}
-        out = {}
-        for state in self._fully_shard_states(recurse=True):
-            for p, piece in zip(state.params, state.unit.owned_slices(), strict=True):
-                out[names[id(p)]] = tuple(piece)
-        return out
+        return {name: piece for name, _, piece in self._pieces()}
 
     @contextlib.contextmanager
     def summon_full_params(self):

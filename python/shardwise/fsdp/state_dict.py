@@ -16,10 +16,10 @@ import torch
 META = "_shardwise_fsdp"
 
 
-def _buffers(fsdp) -> dict[str, torch.Tensor]:
+def persistent_buffers(root: torch.nn.Module) -> dict[str, torch.Tensor]:
     """The persistent buffers (the ones ``state_dict`` holds), by their full names."""
     out = {}
-    for prefix, module in fsdp.module.named_modules():
+    for prefix, module in root.named_modules():
         for name, b in module.named_buffers(recurse=False):
             if b is not None and name not in module._non_persistent_buffers_set:
                 out[f"{prefix}.{name}" if prefix else name] = b
@@ -52,7 +52,7 @@ def get(fsdp, kind: str) -> dict:
             else:
                 state[f"{META}.unit{unit}.flat"] = torch.cat(pieces) if pieces else torch.empty(0)
         state[META] = meta
-    for name, buffer in _buffers(fsdp).items():
+    for name, buffer in persistent_buffers(fsdp.module).items():
         state[name] = buffer.detach().clone()
     return state
 
@@ -100,7 +100,7 @@ def load(fsdp, state: dict, kind: str, strict: bool = True):
             with torch.no_grad():
                 for view, piece in zip(views, pieces, strict=True):
                     view.copy_(piece.reshape(view.shape))
-    buffers = _buffers(fsdp)
+    buffers = persistent_buffers(fsdp.module)
     with torch.no_grad():
         for name, buffer in buffers.items():
             if name in state:

@@ -56,6 +56,25 @@ shardwise::fsdp::FullyShardOptions options_for(c10::intrusive_ptr<c10d::ProcessG
   return options;
 }
 
+torch::OrderedDict<std::string, torch::Tensor> copy_of_parameters(const TinyLM& model) {
+  torch::OrderedDict<std::string, torch::Tensor> copy;
+  for (const auto& item : model->named_parameters()) {
+    copy.insert(item.key(), item.value().detach().clone());
+  }
+  return copy;
+}
+
+// Rank 0's model starts from `initial`, the other ranks' from their own random parameters (so
+// only sync_module_states makes them agree).
+TinyLM model_on_rank(int rank, torch::OrderedDict<std::string, torch::Tensor>& initial) {
+  TinyLM model;
+  torch::NoGradGuard no_grad;
+  if (rank == 0) {
+    for (auto& item : model->named_parameters()) item.value().copy_(initial[item.key()]);
+  }
+  return model;
+}
+
 struct Data {
   torch::Tensor tokens = torch::randint(kVocab, {kSteps, kWorld * kBatchPerRank, kSeq});
   torch::Tensor targets = torch::randint(kVocab, {kSteps, kWorld * kBatchPerRank, kSeq});
@@ -65,10 +84,7 @@ TEST(FullyShardLibTorch, AutoWrappedModelMatchesSingleProcessTraining) {
   torch::manual_seed(0);
   const Data data;
   TinyLM reference;
-  torch::OrderedDict<std::string, torch::Tensor> initial;
-  for (const auto& item : reference->named_parameters()) {
-    initial.insert(item.key(), item.value().detach().clone());
-  }
+  auto initial = copy_of_parameters(reference);
   std::vector<double> reference_losses;
   torch::optim::AdamW reference_opt(reference->parameters(), torch::optim::AdamWOptions(1e-2));
   for (int step = 0; step < kSteps; ++step) {
@@ -84,11 +100,7 @@ TEST(FullyShardLibTorch, AutoWrappedModelMatchesSingleProcessTraining) {
   on_thread_ranks(kWorld, "fully_shard", [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> g) {
     // Rank 0 starts from the reference's parameters, rank 1 from its own random ones:
     // sync_module_states makes rank 0's everyone's.
-    TinyLM model;
-    if (rank == 0) {
-      torch::NoGradGuard no_grad;
-      for (auto& item : model->named_parameters()) item.value().copy_(initial[item.key()]);
-    }
+    TinyLM model = model_on_rank(rank, initial);
     auto* blocks_before = model->blocks.ptr().get();
     shardwise::fsdp::FullyShardedDataParallel<TinyLM> fsdp(model, options_for(g), {&model->blocks});
     ASSERT_NE(model->blocks.ptr().get(), blocks_before);
@@ -186,25 +198,13 @@ TEST(FullyShardLibTorch, BadInputIsNamed) {
 TEST(FullyShardLibTorch, PerModuleCallsMatchTheAutoWrappedModel) {
   torch::manual_seed(0);
   const Data data;
-  TinyLM initial_model;
-  torch::OrderedDict<std::string, torch::Tensor> initial;
-  for (const auto& item : initial_model->named_parameters()) {
-    initial.insert(item.key(), item.value().detach().clone());
-  }
+  auto initial = copy_of_parameters(TinyLM());
   on_thread_ranks(
       kWorld, "fully_shard_per_module", [&](int rank, c10::intrusive_ptr<c10d::ProcessGroup> g) {
-        auto make = [&] {
-          TinyLM model;
-          torch::NoGradGuard no_grad;
-          if (rank == 0) {
-            for (auto& item : model->named_parameters()) item.value().copy_(initial[item.key()]);
-          }
-          return model;
-        };
-        TinyLM automatic = make();
+        TinyLM automatic = model_on_rank(rank, initial);
         shardwise::fsdp::FullyShardedDataParallel<TinyLM> a(automatic, options_for(g),
                                                             {&automatic->blocks});
-        TinyLM manual = make();
+        TinyLM manual = model_on_rank(rank, initial);
         torch::nn::Sequential blocks;
         for (const auto& block : *manual->blocks) {
           blocks->push_back(shardwise::fsdp::fully_shard(block, options_for(g), "block"));
