@@ -215,12 +215,14 @@ ShardwiseBackend::Work ShardwiseBackend::enqueue(Lane& lane,
                                                  collectives::Kind kind,
                                                  uint64_t sequence,
                                                  Tensors outputs,
+                                                 const Tensors& inputs,
                                                  std::chrono::milliseconds timeout,
                                                  Body body,
                                                  int64_t inline_up_to) {
   int64_t bytes = 0;  // the outputs' payload: decides inlining, counted by op_log
   for (const auto& t : outputs) bytes += t.numel() * t.element_size();
-  auto work = c10::make_intrusive<ShardwiseWork>(rank_, type, sequence, std::move(outputs), spin_);
+  auto work =
+      c10::make_intrusive<ShardwiseWork>(rank_, type, sequence, std::move(outputs), inputs, spin_);
   Job job{work, collectives::make_tag(kind, sequence), timeout_or_default(timeout), std::move(body),
           static_cast<uint64_t>(bytes)};
   {
@@ -247,23 +249,24 @@ void ShardwiseBackend::changed(Lane& lane) {
 ShardwiseBackend::Work ShardwiseBackend::collective(c10d::OpType type,
                                                     collectives::Kind kind,
                                                     Tensors outputs,
+                                                    const Tensors& inputs,
                                                     std::chrono::milliseconds timeout,
                                                     bool async_op,
                                                     Body body) {
   const int64_t inline_up_to =
       async_op ? static_cast<int64_t>(options_.inline_bytes) : std::numeric_limits<int64_t>::max();
-  return enqueue(collective_lane_, type, kind, sequence_++, std::move(outputs), timeout,
+  return enqueue(collective_lane_, type, kind, sequence_++, std::move(outputs), inputs, timeout,
                  std::move(body), inline_up_to);
 }
 
 ShardwiseBackend::Work ShardwiseBackend::nccl(c10d::OpType type,
-                                              const at::Tensor& tensor,
                                               Tensors outputs,
+                                              const Tensors& inputs,
                                               const std::function<void(NcclComm&)>& body) {
   std::lock_guard<std::mutex> lock(nccl_mutex_);
-  if (!nccl_) nccl_ = make_cuda_comm(tensor.device());
+  if (!nccl_) nccl_ = make_cuda_comm(inputs.at(0).device());
   body(*nccl_);
-  auto work = c10::make_intrusive<ShardwiseWork>(rank_, type, 0, std::move(outputs));
+  auto work = c10::make_intrusive<ShardwiseWork>(rank_, type, 0, std::move(outputs), inputs);
   work->finish(nullptr);
   return work;
 }

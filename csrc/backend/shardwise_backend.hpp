@@ -149,20 +149,28 @@ class ShardwiseBackend : public c10d::Backend {
                collectives::Kind kind,
                uint64_t sequence,
                Tensors outputs,
+               const Tensors& inputs,
                std::chrono::milliseconds timeout,
                Body body,
                int64_t inline_up_to = -1);  // run in the caller's thread up to these bytes
   // A collective in issue order. It runs in the caller's thread when nothing is queued before it
   // and either the caller waits at once (async_op=False: torch sets opts.asyncOp) or its outputs
   // are at most options_.inline_bytes; else on the lane's thread.
+  // `outputs` complete the Work's future; `inputs` are what its profiler event records.
   template <typename Options>
-  Work collective(
-      c10d::OpType type, collectives::Kind kind, Tensors outputs, const Options& opts, Body body) {
-    return collective(type, kind, std::move(outputs), opts.timeout, opts.asyncOp, std::move(body));
+  Work collective(c10d::OpType type,
+                  collectives::Kind kind,
+                  Tensors outputs,
+                  const Tensors& inputs,
+                  const Options& opts,
+                  Body body) {
+    return collective(type, kind, std::move(outputs), inputs, opts.timeout, opts.asyncOp,
+                      std::move(body));
   }
   Work collective(c10d::OpType type,
                   collectives::Kind kind,
                   Tensors outputs,
+                  const Tensors& inputs,
                   std::chrono::milliseconds timeout,
                   bool async_op,
                   Body body);
@@ -176,8 +184,8 @@ class ShardwiseBackend : public c10d::Backend {
   // use, collectively; see ShardwiseOptions::cuda_comm) in the caller's thread, stream-ordered;
   // the returned work is already complete.
   Work nccl(c10d::OpType type,
-            const at::Tensor& tensor,
             Tensors outputs,
+            const Tensors& inputs,  // the first one's device picks the communicator
             const std::function<void(NcclComm&)>& body);
   std::unique_ptr<NcclComm> make_cuda_comm(const at::Device& device);
 

@@ -46,7 +46,7 @@ ShardwiseBackend::Work ShardwiseBackend::allreduce(Tensors& tensors,
                                                    const c10d::AllreduceOptions& opts) {
   if (!tensors.empty() && tensors[0].is_sparse()) return sparse_allreduce(tensors, opts);
   if (is_cuda_call(tensors, "all_reduce", "tensors")) {
-    return nccl(c10d::OpType::ALLREDUCE, tensors[0], tensors, [&](NcclComm& comm) {
+    return nccl(c10d::OpType::ALLREDUCE, tensors, tensors, [&](NcclComm& comm) {
       for (auto& t : tensors) {
         datatype_of(t, "all_reduce");
         TORCH_CHECK_VALUE(t.is_contiguous(),
@@ -60,7 +60,7 @@ ShardwiseBackend::Work ShardwiseBackend::allreduce(Tensors& tensors,
   for (const auto& t : tensors) {
     types.emplace_back(datatype_of(t, "all_reduce"), reduce_op_of(opts.reduceOp, t, "all_reduce"));
   }
-  return collective(c10d::OpType::ALLREDUCE, Kind::kAllreduce, tensors, opts,
+  return collective(c10d::OpType::ALLREDUCE, Kind::kAllreduce, tensors, tensors, opts,
                     [tensors, types](Transport& t, const CollectiveOptions& base) mutable {
                       for (size_t i = 0; i < tensors.size(); ++i) {
                         with_contiguous(tensors[i], [&](at::Tensor& c) {
@@ -87,11 +87,11 @@ ShardwiseBackend::Work ShardwiseBackend::broadcast(Tensors& tensors,
                     " is outside [0, ", size_, ")");
   const int root = static_cast<int>(opts.rootRank);
   if (cuda) {
-    return nccl(c10d::OpType::BROADCAST, tensors[0], tensors, [&](NcclComm& comm) {
+    return nccl(c10d::OpType::BROADCAST, tensors, tensors, [&](NcclComm& comm) {
       for (auto& t : tensors) comm.broadcast(t, root);
     });
   }
-  return collective(c10d::OpType::BROADCAST, Kind::kBroadcast, tensors, opts,
+  return collective(c10d::OpType::BROADCAST, Kind::kBroadcast, tensors, tensors, opts,
                     [tensors, root](Transport& t, const CollectiveOptions& base) mutable {
                       for (auto& tensor : tensors) {
                         with_contiguous(tensor, [&](at::Tensor& c) {
@@ -108,7 +108,7 @@ ShardwiseBackend::Work ShardwiseBackend::reduce(Tensors& tensors, const c10d::Re
   const auto op = reduce_op_of(opts.reduceOp, tensors[0], "reduce");
   const bool root = opts.rootRank == rank_;
   return collective(
-      c10d::OpType::REDUCE, Kind::kReduce, tensors, opts,
+      c10d::OpType::REDUCE, Kind::kReduce, tensors, tensors, opts,
       [tensors, dtype, op, root](Transport& t, const CollectiveOptions& base) mutable {
         at::Tensor work = tensors[0].contiguous().clone();
         collectives::allreduce(t, work.data_ptr(), work.numel(), with(base, dtype, op));
@@ -127,10 +127,10 @@ ShardwiseBackend::Work ShardwiseBackend::_allgather_base(at::Tensor& output,
       ") of ", input.scalar_type());
   const auto dtype = datatype_of(input, "all_gather_into_tensor");
   if (cuda) {
-    return nccl(c10d::OpType::_ALLGATHER_BASE, input, {output},
+    return nccl(c10d::OpType::_ALLGATHER_BASE, {output}, {input},
                 [&](NcclComm& comm) { comm.all_gather(output, input.contiguous()); });
   }
-  return collective(c10d::OpType::_ALLGATHER_BASE, Kind::kAllGather, {output}, opts,
+  return collective(c10d::OpType::_ALLGATHER_BASE, Kind::kAllGather, {output}, {input}, opts,
                     [output, input, dtype](Transport& t, const CollectiveOptions& base) mutable {
                       const at::Tensor in = input.contiguous();
                       with_contiguous(output, [&](at::Tensor& out) {
@@ -167,7 +167,7 @@ ShardwiseBackend::Work ShardwiseBackend::allgather(std::vector<Tensors>& outputs
   const at::Tensor input = inputs[0];
   Tensors list = outputs[0];
   if (cuda) {  // gathered flat on the device (NCCL or host-staged), then cut into the list
-    return nccl(c10d::OpType::ALLGATHER, input, list, [&](NcclComm& comm) {
+    return nccl(c10d::OpType::ALLGATHER, list, {input}, [&](NcclComm& comm) {
       const at::Tensor in = input.contiguous();
       at::Tensor flat = at::empty({size_ * in.numel()}, in.options());
       comm.all_gather(flat, in);
@@ -177,7 +177,7 @@ ShardwiseBackend::Work ShardwiseBackend::allgather(std::vector<Tensors>& outputs
     });
   }
   return collective(
-      c10d::OpType::ALLGATHER, Kind::kAllGather, list, opts,
+      c10d::OpType::ALLGATHER, Kind::kAllGather, list, {input}, opts,
       [input, list, dtype, this](Transport& t, const CollectiveOptions& base) mutable {
         const at::Tensor in = input.contiguous();
         at::Tensor flat = at::empty({size_ * in.numel()}, in.options());
@@ -213,7 +213,7 @@ ShardwiseBackend::Work ShardwiseBackend::allgather_coalesced(std::vector<Tensors
   for (const auto& t : inputs) pieces.push_back(t.contiguous().reshape({-1}).view(at::kByte));
   const at::Tensor joined = pieces.empty() ? at::empty({0}, at::kByte) : at::cat(pieces);  // a copy
   return collective(
-      c10d::OpType::ALLGATHER_COALESCED, Kind::kAllGather, outputs, opts,
+      c10d::OpType::ALLGATHER_COALESCED, Kind::kAllGather, outputs, inputs, opts,
       [joined, outputs, this](Transport& t, const CollectiveOptions& base) mutable {
         at::Tensor gathered = at::empty({size_ * joined.numel()}, joined.options());
         collectives::all_gather(t, joined.data_ptr(), gathered.data_ptr(), joined.numel(),
@@ -242,7 +242,7 @@ ShardwiseBackend::Work ShardwiseBackend::gather(std::vector<Tensors>& outputs,
   const at::Tensor input = inputs[0];
   Tensors list = root ? outputs[0] : Tensors{};
   return collective(
-      c10d::OpType::GATHER, Kind::kGather, list, opts,
+      c10d::OpType::GATHER, Kind::kGather, list, {input}, opts,
       [input, list, dtype, this](Transport& t, const CollectiveOptions& base) mutable {
         const at::Tensor in = input.contiguous();
         at::Tensor flat = at::empty({size_ * in.numel()}, in.options());
@@ -265,7 +265,7 @@ ShardwiseBackend::Work ShardwiseBackend::scatter(Tensors& outputs,
   at::Tensor output = outputs[0];
   Tensors list = root == rank_ ? inputs[0] : Tensors{};
   return collective(
-      c10d::OpType::SCATTER, Kind::kScatter, outputs, opts,
+      c10d::OpType::SCATTER, Kind::kScatter, outputs, list, opts,
       [output, list, root, this](Transport& t, const CollectiveOptions& base) mutable {
         // The root's inputs travel as one broadcast; each rank keeps its block.
         at::Tensor flat = list.empty() ? at::empty({size_ * output.numel()}, output.options())
@@ -290,11 +290,11 @@ ShardwiseBackend::Work ShardwiseBackend::_reduce_scatter_base(
   const auto dtype = datatype_of(input, "reduce_scatter_tensor");
   const auto op = reduce_op_of(opts.reduceOp, input, "reduce_scatter_tensor");
   if (cuda) {
-    return nccl(c10d::OpType::_REDUCE_SCATTER_BASE, input, {output},
+    return nccl(c10d::OpType::_REDUCE_SCATTER_BASE, {output}, {input},
                 [&](NcclComm& comm) { comm.reduce_scatter(output, input.contiguous(), op); });
   }
   return collective(
-      c10d::OpType::_REDUCE_SCATTER_BASE, Kind::kReduceScatter, {output}, opts,
+      c10d::OpType::_REDUCE_SCATTER_BASE, Kind::kReduceScatter, {output}, {input}, opts,
       [output, input, dtype, op](Transport& t, const CollectiveOptions& base) mutable {
         const at::Tensor in = input.contiguous();
         with_contiguous(output, [&](at::Tensor& out) {
@@ -362,11 +362,11 @@ ShardwiseBackend::Work ShardwiseBackend::alltoall_base(at::Tensor& output,
   auto [send_offsets, send_bytes] = byte_layout(input, input_splits, "input_split_sizes");
   auto [recv_offsets, recv_bytes] = byte_layout(output, output_splits, "output_split_sizes");
   if (cuda) {
-    return nccl(c10d::OpType::ALLTOALL_BASE, input, {output}, [&](NcclComm& comm) {
+    return nccl(c10d::OpType::ALLTOALL_BASE, {output}, {input}, [&](NcclComm& comm) {
       comm.alltoall(output, input.contiguous(), send_offsets, send_bytes, recv_offsets, recv_bytes);
     });
   }
-  return collective(c10d::OpType::ALLTOALL_BASE, Kind::kAlltoall, {output}, opts,
+  return collective(c10d::OpType::ALLTOALL_BASE, Kind::kAlltoall, {output}, {input}, opts,
                     [=](Transport& t, const CollectiveOptions& base) mutable {
                       const at::Tensor in = input.contiguous();
                       with_contiguous(output, [&](at::Tensor& out) {
@@ -405,7 +405,7 @@ ShardwiseBackend::Work ShardwiseBackend::alltoall(Tensors& outputs,
 
 ShardwiseBackend::Work ShardwiseBackend::barrier(const c10d::BarrierOptions& opts) {
   return collective(
-      c10d::OpType::BARRIER, Kind::kBarrier, {}, opts,
+      c10d::OpType::BARRIER, Kind::kBarrier, {}, {}, opts,
       [](Transport& t, const CollectiveOptions& base) { collectives::barrier(t, base); });
 }
 
@@ -415,7 +415,7 @@ ShardwiseBackend::Work ShardwiseBackend::send(Tensors& tensors, int dst_rank, in
                     "shardwise backend: send: destination rank ", dst_rank, " is not another rank",
                     " of this group of ", size_);
   if (cuda) {
-    return nccl(c10d::OpType::SEND, tensors[0], tensors, [&](NcclComm& comm) {
+    return nccl(c10d::OpType::SEND, tensors, tensors, [&](NcclComm& comm) {
       for (const auto& t : tensors) comm.send(t.contiguous(), dst_rank);
     });
   }
@@ -424,7 +424,7 @@ ShardwiseBackend::Work ShardwiseBackend::send(Tensors& tensors, int dst_rank, in
     std::lock_guard<std::mutex> lock(p2p_mutex_);
     sequence = sends_to_[dst_rank]++;
   }
-  return enqueue(send_lane_, c10d::OpType::SEND, Kind::kSendRecv, sequence, tensors,
+  return enqueue(send_lane_, c10d::OpType::SEND, Kind::kSendRecv, sequence, tensors, tensors,
                  c10d::kUnsetTimeout,
                  [tensors, dst_rank](Transport& t, const CollectiveOptions& base) {
                    for (const auto& tensor : tensors) {
@@ -440,7 +440,7 @@ ShardwiseBackend::Work ShardwiseBackend::recv(Tensors& tensors, int src_rank, in
                     "shardwise backend: recv: source rank ", src_rank, " is not another rank",
                     " of this group of ", size_);
   if (cuda) {
-    return nccl(c10d::OpType::RECV, tensors[0], tensors, [&](NcclComm& comm) {
+    return nccl(c10d::OpType::RECV, tensors, tensors, [&](NcclComm& comm) {
       for (auto& t : tensors) {
         TORCH_CHECK_VALUE(t.is_contiguous(),
                           "shardwise backend: recv: CUDA tensors must be "
@@ -449,7 +449,8 @@ ShardwiseBackend::Work ShardwiseBackend::recv(Tensors& tensors, int src_rank, in
       }
     });
   }
-  return enqueue(recv_lane_, c10d::OpType::RECV, Kind::kSendRecv, 0, tensors, c10d::kUnsetTimeout,
+  return enqueue(recv_lane_, c10d::OpType::RECV, Kind::kSendRecv, 0, tensors, tensors,
+                 c10d::kUnsetTimeout,
                  [this, tensors, src_rank](Transport& t, const CollectiveOptions& base) mutable {
                    receive_from(t, src_rank, tensors, base);
                  });
@@ -482,13 +483,14 @@ ShardwiseBackend::Work ShardwiseBackend::recvAnysource(Tensors& tensors, int /*t
   for (int r = 0; r < size_; ++r)
     if (r != rank_) peers.push_back(r);
   auto source = std::make_shared<std::atomic<int>>(-1);
-  Work work = enqueue(
-      recv_lane_, c10d::OpType::RECVANYSOURCE, Kind::kSendRecv, 0, tensors, c10d::kUnsetTimeout,
-      [this, tensors, peers, source](Transport& t, const CollectiveOptions& base) mutable {
-        const int peer = collectives::wait_for_any(t, peers, base.deadline);
-        source->store(peer);
-        receive_from(t, peer, tensors, base);
-      });
+  Work work =
+      enqueue(recv_lane_, c10d::OpType::RECVANYSOURCE, Kind::kSendRecv, 0, tensors, tensors,
+              c10d::kUnsetTimeout,
+              [this, tensors, peers, source](Transport& t, const CollectiveOptions& base) mutable {
+                const int peer = collectives::wait_for_any(t, peers, base.deadline);
+                source->store(peer);
+                receive_from(t, peer, tensors, base);
+              });
   static_cast<ShardwiseWork*>(work.get())->set_source(std::move(source));
   return work;
 }

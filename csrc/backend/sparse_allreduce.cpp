@@ -70,7 +70,7 @@ ShardwiseBackend::Work ShardwiseBackend::sparse_allreduce(Tensors& tensors,
                       "shardwise backend: all_reduce: a list mixing sparse and dense tensors (or "
                       "sparse CUDA tensors) is not supported; reduce them in separate calls");
   }
-  return collective(c10d::OpType::ALLREDUCE, collectives::Kind::kAllreduce, tensors, opts,
+  return collective(c10d::OpType::ALLREDUCE, collectives::Kind::kAllreduce, tensors, tensors, opts,
                     [tensors](Transport& t, const CollectiveOptions& base) mutable {
                       for (auto& tensor : tensors)
                         tensor.copy_(sparse_sum(t, tensor.coalesce(), base));

@@ -8,17 +8,25 @@
 
 namespace shardwise::backend {
 
+namespace {
+
+// The profiler's record of an operation: its inputs' shapes, only while someone listens
+// (otherwise no RecordFunction is made and nothing is copied: every collective passes here).
+std::optional<std::vector<at::Tensor>> profiled(const std::vector<at::Tensor>& inputs) {
+  if (!at::hasCallbacks() || inputs.empty()) return std::nullopt;
+  return inputs;
+}
+
+}  // namespace
+
 ShardwiseWork::ShardwiseWork(int rank,
                              c10d::OpType type,
                              uint64_t sequence,
                              std::vector<at::Tensor> outputs,
+                             const std::vector<at::Tensor>& inputs,
                              std::chrono::microseconds spin)
-    // A profiler event only while someone listens: otherwise no RecordFunction is made and the
-    // outputs are not copied for its input shapes (every collective passes here).
-    : c10d::Work(rank,
-                 type,
-                 at::hasCallbacks() ? profiling_title(type) : nullptr,
-                 at::hasCallbacks() ? std::optional(outputs) : std::nullopt),
+    : c10d::Work(
+          rank, type, at::hasCallbacks() ? profiling_title(type) : nullptr, profiled(inputs)),
       spin_(spin),
       sequence_(sequence),
       outputs_(std::move(outputs)) {}

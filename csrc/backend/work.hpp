@@ -19,11 +19,14 @@ namespace shardwise::backend {
 
 class ShardwiseWork : public c10d::Work {
  public:
-  // `spin`: how long wait() polls for completion before it blocks.
+  // `inputs`: the operation's inputs, whose shapes the profiler event records (as gloo and NCCL
+  // record them; none for a barrier). `spin`: how long wait() polls for completion before it
+  // blocks.
   ShardwiseWork(int rank,
                 c10d::OpType type,
                 uint64_t sequence,
                 std::vector<at::Tensor> outputs,
+                const std::vector<at::Tensor>& inputs,
                 std::chrono::microseconds spin = {});
 
   bool isCompleted() override;

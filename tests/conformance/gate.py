@@ -20,6 +20,9 @@ GATES = [
     (r'BACKEND != "gloo"', f"BACKEND not in {GLOO_LIKE}"),
     (r'require_backend_is_available\(\{"gloo"\}\)', "require_backend_is_available("
      '{"gloo", "shardwise"})'),
+    # the profiling allow-lists (collectives, CUDA collectives, send/recv), where gloo is listed
+    (r"(\n(?:CUDA_|SEND_RECV_)?PROFILING_SUPPORTED_BACKENDS = \[\n(?:    .*\n)*?)"
+     r"(    dist\.Backend\.GLOO,\n)", r'\1\2    "shardwise",\n'),
 ]  # fmt: skip
 NAME = "shardwise_distributed_test.py"
 
