@@ -65,6 +65,8 @@ FsdpUnit::FsdpUnit(std::vector<at::Tensor> params, UnitOptions options)
   const at::Device home = options_.offload_to_cpu ? at::Device(at::kCPU) : device_;
   const bool pinned = options_.offload_to_cpu && options_.pin_memory && device_.is_cuda();
   const auto shard_options = at::TensorOptions().dtype(dtype_).device(home).pinned_memory(pinned);
+  const auto grad_options =
+      shard_options.dtype(options_.keep_low_precision_grads ? param_dtype_ : dtype_);
   shard_ = at::zeros({layout_.shard_numel()}, shard_options);
   full_ =
       at::empty({layout_.param_numel()}, at::TensorOptions().dtype(param_dtype_).device(device_));
@@ -76,7 +78,7 @@ FsdpUnit::FsdpUnit(std::vector<at::Tensor> params, UnitOptions options)
     if (valid > 0) shard_views_.back().copy_(flat.narrow(0, layout_.start(i, shard_rank_), valid));
     // Separate tensors, not views of one buffer: LibTorch's zero_grad detaches gradients in
     // place, which views do not allow.
-    grad_views_.push_back(at::zeros({valid}, shard_options));
+    grad_views_.push_back(at::zeros({valid}, grad_options));
     full_views_.push_back(full_.narrow(0, full_offset, numels_[i]));
     full_offset += numels_[i];
     params_[i].mutable_grad() = at::Tensor();

@@ -42,6 +42,10 @@ struct UnitOptions {
   c10::intrusive_ptr<c10d::ProcessGroup> replicate_group;  // null: not replicated
   std::optional<at::ScalarType> param_dtype;   // compute / all-gather dtype; unset: the params'
   std::optional<at::ScalarType> reduce_dtype;  // gradient communication dtype; unset: param_dtype
+  // Gradient shards kept in param_dtype, not the parameters' dtype (torch FSDP1's
+  // keep_low_precision_grads): half their memory under bf16, for an optimizer that steps
+  // low-precision gradients. Without a param_dtype it changes nothing.
+  bool keep_low_precision_grads = false;
   bool reshard_after_forward = true;
   bool reshard_after_backward = true;  // false: stay gathered until the next forward (FSDP2)
   bool requires_gradient_sync = true;  // false: backward accumulates unsharded (no_sync)

@@ -42,6 +42,7 @@ UnitOptions unit_options(const FullyShardOptions& options, const std::string& na
   unit.replicate_group = options.replicate_group;
   unit.param_dtype = options.param_dtype;
   unit.reduce_dtype = options.reduce_dtype ? options.reduce_dtype : options.param_dtype;
+  unit.keep_low_precision_grads = options.keep_low_precision_grads;
   unit.reshard_after_forward = reshard;
   return unit;
 }

@@ -41,6 +41,7 @@ struct FullyShardOptions {
   c10::intrusive_ptr<c10d::ProcessGroup> replicate_group;  // hybrid sharding; null: none
   std::optional<at::ScalarType> param_dtype;               // e.g. at::kBFloat16
   std::optional<at::ScalarType> reduce_dtype;
+  bool keep_low_precision_grads = false;  // gradient shards in param_dtype (UnitOptions)
   bool reshard_after_forward = true;  // false: SHARD_GRAD_OP (keep units gathered until backward)
   bool sync_module_states = true;     // broadcast rank 0's parameters (each unit's before
                                       // sharding it) and buffers

@@ -49,6 +49,13 @@ def _train(model, wrapped):
     return losses
 
 
+def _gradients(model, wrapped):
+    """The gradients one more backward leaves on ``wrapped``'s parameters, by name."""
+    inputs = model.get_input("cpu")
+    model.get_loss(inputs, wrapped(*inputs)).backward()
+    return {n: p.grad for n, p in wrapped.named_parameters() if p.grad is not None}
+
+
 def _fsdp2(model, world):
     from torch.distributed.device_mesh import init_device_mesh
     from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
@@ -108,6 +115,56 @@ def fsdp_batchnorm_runs_in_fp32_under_mixed_precision_as_torch_fsdp_runs_it(rank
         torch_perr = (torch_state[name].float() - ref_state[name]).abs().max().item()
         our_perr = (state[name].float() - ref_state[name]).abs().max().item()
         assert our_perr <= 2 * torch_perr + 1e-4, f"{name}: {our_perr:.3e} vs {torch_perr:.3e}"
+
+
+def fsdp_keep_low_precision_grads_hands_the_optimizer_param_dtype_gradients(rank, world, gloo):
+    """MixedPrecision(bf16, bf16, bf16, keep_low_precision_grads=True) on torch's test model,
+    wrapped as torch's FSDP wraps it: the gradients SGD steps are bf16 (the BatchNorm's, a
+    full-precision unit, fp32) as under torch's FSDP, their shards take half the bytes, and
+    training is bit for bit the run that kept fp32 gradient shards (the values are bf16 either
+    way); its error against fp32 is at most 2x torch FSDP's with the same policy. Catches the
+    option refused, ignored (fp32 gradients), or its gradients rounded differently."""
+    from torch.distributed.fsdp import FullyShardedDataParallel, MixedPrecision
+    from torch.distributed.fsdp.wrap import ModuleWrapPolicy
+
+    def policy(keep):
+        bf16 = torch.bfloat16
+        return MixedPrecision(bf16, bf16, bf16, keep_low_precision_grads=keep)
+
+    wrap_policy = ModuleWrapPolicy(set(LAYERS))
+    reference = _model()
+    ref_losses = _train(reference, reference)
+    torch_model = _model()
+    torch_fsdp = FullyShardedDataParallel(
+        torch_model, auto_wrap_policy=wrap_policy, mixed_precision=policy(True),
+        device_id=torch.device("cpu"),
+    )  # fmt: skip
+    torch_losses = _train(torch_model, torch_fsdp)
+    runs = {}
+    for keep in (False, True):
+        model = _model()
+        wrapped = shardwise.FullyShardedDataParallel(
+            model, auto_wrap_policy=wrap_policy, mixed_precision=policy(keep)
+        )
+        losses = _train(model, wrapped)
+        grads = _gradients(model, wrapped)
+        runs[keep] = (losses, grads, wrapped.memory_bytes()["gradients"])
+    (full_losses, full_grads, full_bytes), (losses, grads, low_bytes) = runs[False], runs[True]
+    full_grads = {n: g.dtype for n, g in full_grads.items()}
+    low_elements = sum(g.numel() for g in grads.values() if g.dtype == torch.bfloat16)
+    grads = {n: g.dtype for n, g in grads.items()}
+    assert losses == full_losses, f"{losses} vs {full_losses}"
+    assert set(full_grads.values()) == {torch.float32}, full_grads
+    low = {n for n, d in grads.items() if d == torch.bfloat16}
+    assert set(grads.values()) == {torch.bfloat16, torch.float32}, grads
+    full_precision = sorted(n.rpartition("bn.")[1:] for n in grads if n not in low)
+    assert full_precision == [("bn.", "bias"), ("bn.", "weight")], grads
+    assert full_bytes - low_bytes == 2 * low_elements > 0, (full_bytes, low_bytes, low_elements)
+    torch_grads = {g.dtype for g in _gradients(torch_model, torch_fsdp).values()}
+    assert torch.bfloat16 in torch_grads, f"torch's FSDP: {torch_grads}"
+    torch_err = max(abs(a - b) / abs(b) for a, b in zip(torch_losses, ref_losses, strict=True))
+    our_err = max(abs(a - b) / abs(b) for a, b in zip(losses, ref_losses, strict=True))
+    assert our_err <= 2 * torch_err + 1e-3, f"loss error {our_err:.3e} vs FSDP {torch_err:.3e}"
 
 
 class BufferAdd(nn.Module):

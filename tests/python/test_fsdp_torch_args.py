@@ -112,12 +112,6 @@ def test_torch_enums_and_objects_map_to_shardwise_settings():
             lambda: torch_args.strategy_name(ShardingStrategy._HYBRID_SHARD_ZERO2),
             "sharding_strategy",
         ),
-        (
-            lambda: precision.from_torch(
-                MixedPrecision(param_dtype=torch.bfloat16, keep_low_precision_grads=True)
-            ),
-            "keep_low_precision_grads",
-        ),
         (lambda: torch_args.wrap_names(Model(), "blocks"), "auto_wrap_policy"),
         (lambda: torch_args.offload_flag("yes"), "cpu_offload"),
         (lambda: precision.from_torch(torch.bfloat16), "MixedPrecision"),
@@ -137,7 +131,9 @@ def test_accelerates_fsdp_config_reads_as_the_fsdp_config_keys():
     import yaml
     from shardwise.fsdp import FSDPConfig
 
-    cfg = FSDPConfig.from_mapping(yaml.safe_load(ACCELERATE.read_text())["fsdp_config"])
+    with pytest.warns(UserWarning, match="fsdp_cpu_ram_efficient_loading=True") as caught:
+        cfg = FSDPConfig.from_mapping(yaml.safe_load(ACCELERATE.read_text())["fsdp_config"])
+    assert "fsdp_use_orig_params" not in str(caught[0].message)  # true is what runs
     assert cfg.fsdp_sharding_strategy == "full_shard"
     assert cfg.fsdp_auto_wrap_policy == "transformer_auto_wrap"
     assert cfg.fsdp_backward_prefetch == "backward_pre"
@@ -158,6 +154,22 @@ def test_accelerates_fsdp_config_reads_as_the_fsdp_config_keys():
     assert more.fsdp_backward_prefetch == "none"
     with pytest.raises(ConfigError, match="given twice"):
         FSDPConfig.from_mapping({"fsdp_offload_params": True, "fsdp_cpu_offload": False})
+
+
+def test_accelerate_choices_with_no_counterpart_are_named():
+    """Catches fsdp_use_orig_params=false, fsdp_version=2 and
+    fsdp_cpu_ram_efficient_loading=true accepted without a word (nothing here changes for them):
+    one warning names each, with what runs."""
+    from shardwise.fsdp import FSDPConfig
+
+    asks = {
+        "fsdp_use_orig_params": False,
+        "fsdp_version": 2,
+        "fsdp_cpu_ram_efficient_loading": True,
+    }
+    with pytest.warns(UserWarning, match="accepted but ignored") as caught:
+        FSDPConfig.from_mapping(asks)
+    assert len(caught) == 1 and all(f"{k}=" in str(caught[0].message) for k in asks)
 
 
 @pytest.mark.parametrize(

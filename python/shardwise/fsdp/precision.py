@@ -12,7 +12,10 @@ What happens around the units, at module boundaries, is here, with torch's rules
   each module of those classes becomes its own unit without mixed precision. Its parameters and
   buffers stay in full precision, its floating-point inputs are cast up to fp32, and its outputs
   are cast back to the input dtype. torch's FSDP does this, and warns that it does.
-- ``keep_low_precision_grads=True`` is refused (see ``from_torch``).
+- ``keep_low_precision_grads`` (default False): True keeps the gradient shards the optimizer
+  sees in ``param_dtype`` (the C++ unit allocates them so: half their memory under bf16) where
+  False gives them the parameters' dtype. As in torch, the optimizer must accept low-precision
+  gradients beside full-precision parameters (``torch.optim.SGD`` does).
 
 When a unit's forward fails on mixed dtypes (an fp32 buffer added to bf16 activations, inputs
 left in fp32), the error names the unit, the dtypes and the settings that fix it.
@@ -42,6 +45,7 @@ class Precision(NamedTuple):
     cast_forward_inputs: bool = False
     cast_root_forward_inputs: bool = True
     full_precision_classes: tuple[type[nn.Module], ...] = ()
+    keep_low_precision_grads: bool = False
 
 
 def from_torch(value) -> Precision:
@@ -51,11 +55,6 @@ def from_torch(value) -> Precision:
             f"mixed_precision {value!r}: pass torch.distributed.fsdp.MixedPrecision(...), or "
             "the param_dtype / reduce_dtype / buffer_dtype arguments"
         )
-    if value.keep_low_precision_grads:
-        raise ConfigError(
-            "mixed_precision.keep_low_precision_grads=True is not supported: gradient shards are "
-            "kept in the parameters' dtype for the optimizer; leave it False (torch's default)"
-        )
     return Precision(
         value.param_dtype,
         value.reduce_dtype,
@@ -63,6 +62,7 @@ def from_torch(value) -> Precision:
         bool(value.cast_forward_inputs),
         bool(value.cast_root_forward_inputs),
         tuple(getattr(value, "_module_classes_to_ignore", ()) or ()),
+        bool(value.keep_low_precision_grads),
     )
 
 

@@ -6,8 +6,8 @@ evaluated the way torch's ``_recursive_wrap`` evaluates it), ``ShardingStrategy`
 ``CPUOffload``, ``BackwardPrefetch`` and ``device_id`` (``MixedPrecision``: ``precision.py``).
 
 Each is translated to shardwise's own argument; what would change training without a
-counterpart here (the ZeRO-2 hybrid strategy, ignored modules, ``param_init_fn``,
-``keep_low_precision_grads``) is refused naming the argument."""
+counterpart here (the ZeRO-2 hybrid strategy, ignored modules, ``param_init_fn``) is refused
+naming the argument."""
 
 from __future__ import annotations
 

@@ -129,3 +129,58 @@ TEST(FsdpLibTorch, TwoRanksMatchSingleProcessTraining) { train_two_ranks(false);
 TEST(FsdpLibTorch, NoGradForwardsReshardAndLeaveTrainingUnchanged) { train_two_ranks(true); }
 
 }  // namespace
+
+// One backward on two ranks in bf16 (reduced in bf16), with and without keep_low_precision_grads:
+// the gradients of every parameter, by rank and setting.
+std::vector<std::vector<torch::Tensor>> bf16_gradients(bool keep_low_precision_grads) {
+  torch::manual_seed(0);
+  Net reference;
+  const torch::Tensor x = torch::randn({kWorld * kBatchPerRank, 8}).to(at::kBFloat16);
+  auto store = c10::make_intrusive<c10d::HashStore>();
+  std::vector<std::vector<torch::Tensor>> grads(kWorld);
+  std::vector<std::string> errors(kWorld);
+  std::vector<std::thread> threads;
+  std::vector<Net> ranks(kWorld);
+  for (auto& net : ranks) copy_params(reference, net);
+  for (int rank = 0; rank < kWorld; ++rank) {
+    threads.emplace_back([&, rank] {
+      try {
+        Net& net = ranks[rank];
+        auto group = make_thread_group(store, rank, kWorld, "fsdp-low");
+        auto engine = shardwise::fsdp::FsdpEngine::create({});
+        shardwise::fsdp::UnitOptions unit;
+        unit.shard_group = group;
+        unit.param_dtype = unit.reduce_dtype = at::kBFloat16;
+        unit.keep_low_precision_grads = keep_low_precision_grads;
+        const int first = engine->add_unit(net.first->parameters(), unit);
+        const int root = engine->add_unit(net.second->parameters(), unit);
+        engine->set_root(root);
+        auto y =
+            forward(*engine, net, first, root, x.narrow(0, rank * kBatchPerRank, kBatchPerRank));
+        y.to(at::kFloat).pow(2).sum().backward();
+        for (auto& p : net.parameters()) grads[rank].push_back(p.grad().clone());
+      } catch (const std::exception& e) {
+        errors[rank] = e.what();
+      }
+    });
+  }
+  for (auto& t : threads) t.join();
+  for (int rank = 0; rank < kWorld; ++rank) EXPECT_EQ(errors[rank], "") << "rank " << rank;
+  return grads;
+}
+
+// Catches keep_low_precision_grads ignored (fp32 gradient shards) or its gradients rounded
+// differently from the fp32 shards' values (both hold the bf16 reduction's result).
+TEST(FsdpLibTorch, KeepLowPrecisionGradsGivesParamDtypeGradientsOfTheSameValues) {
+  const auto full = bf16_gradients(false);
+  const auto low = bf16_gradients(true);
+  for (int rank = 0; rank < kWorld; ++rank) {
+    ASSERT_EQ(full[rank].size(), low[rank].size());
+    for (size_t i = 0; i < low[rank].size(); ++i) {
+      EXPECT_EQ(full[rank][i].scalar_type(), at::kFloat) << "parameter " << i;
+      EXPECT_EQ(low[rank][i].scalar_type(), at::kBFloat16) << "parameter " << i;
+      EXPECT_TRUE(torch::equal(low[rank][i], full[rank][i].to(at::kBFloat16)))
+          << "rank " << rank << " parameter " << i;
+    }
+  }
+}
