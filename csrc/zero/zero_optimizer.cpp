@@ -68,7 +68,8 @@ std::shared_ptr<ZeroOptimizer> ZeroOptimizer::create_local(std::vector<at::Tenso
 }
 
 void ZeroOptimizer::allocate_state(const at::Tensor& like, int64_t numel) {
-  const at::TensorOptions options = like.options().dtype(at::kFloat);
+  const at::TensorOptions options =
+      like.options().dtype(at::kFloat).pinned_memory(like.is_pinned());  // as the master
   std::vector<at::Tensor> state;
   const int count = options_.optimizer.kind == OptimizerKind::kAdamW ? 2 : 1;
   for (int k = 0; k < count; ++k) state.push_back(at::zeros({numel}, options));
@@ -120,10 +121,14 @@ void ZeroOptimizer::init_partitioned(std::vector<at::Tensor> params) {
     current_numel += params_[i].numel();
   }
   close();
-  const at::Device state_device =
-      options_.offload_optimizer ? at::Device(at::kCPU) : params_[0].device();
+  const bool offload = options_.offload_optimizer;
+  const bool pinned = offload && options_.pin_memory && params_[0].is_cuda();
   at::Tensor master =
-      at::empty({partition_numel_}, params_[0].options().dtype(at::kFloat).device(state_device));
+      at::empty({partition_numel_}, params_[0]
+                                        .options()
+                                        .dtype(at::kFloat)
+                                        .device(offload ? at::kCPU : params_[0].device())
+                                        .pinned_memory(pinned));
   for (size_t b = 0; b < buckets_.size(); ++b) {
     const Bucket& bucket = buckets_[b];
     std::vector<at::Tensor> pieces;

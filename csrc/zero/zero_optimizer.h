@@ -73,9 +73,14 @@ struct ZeroOptions {
   int stage = 1;                                 // 0, 1, 2 (partitioned) or 3 (local)
   c10::intrusive_ptr<c10d::ProcessGroup> group;  // data-parallel group; null: one process
   int64_t reduce_bucket_numel = 500'000'000;     // reduce_bucket_size
-  bool overlap_comm = true;                      // stage 2: asynchronous reduce-scatters
-  bool offload_optimizer = false;                // master weights and state in CPU memory
-  double gradient_clipping = 0.0;                // max global norm; 0: off
+  // allgather_bucket_size, DeepSpeed's rule: a bucket's updated shard of S elements is
+  // all-gathered in max(1, S x world / this) calls of S / that many elements each (the last one
+  // takes the remainder).
+  int64_t allgather_bucket_numel = 500'000'000;
+  bool overlap_comm = true;        // stage 2: asynchronous reduce-scatters
+  bool offload_optimizer = false;  // master weights and state in CPU memory
+  bool pin_memory = false;         // offload_optimizer.pin_memory: page-locked, for GPU parameters
+  double gradient_clipping = 0.0;  // max global norm; 0: off
   // Stages 0-2: gradients are divided by this before the reduction and by dp_size / it after
   // (folded into the optimizer's gradient scale): DeepSpeed's gradient_predivide_factor, and
   // prescale_gradients = the data-parallel size. 0: the data-parallel size.
@@ -132,6 +137,14 @@ class ZeroOptimizer : public std::enable_shared_from_this<ZeroOptimizer> {
   int64_t state_bytes() const;
   int64_t grad_partition_bytes() const;
   int num_buckets() const { return static_cast<int>(buckets_.size()); }
+  // Elements of each bucket's shard on every rank (what each bucket all-gathers per rank).
+  std::vector<int64_t> bucket_shard_numels() const {
+    std::vector<int64_t> numels;
+    for (const Bucket& b : buckets_) numels.push_back(b.layout.shard_numel());
+    return numels;
+  }
+  // The master weights and optimizer state are page-locked (offload_optimizer + pin_memory).
+  bool pinned() const { return !masters_.empty() && masters_[0].is_pinned(); }
   // The most gradient reductions ever outstanding at once: 1 with overlap_comm = false (each is
   // waited for before backward goes on), up to 2 with it.
   int max_in_flight() const { return max_in_flight_; }

@@ -27,8 +27,12 @@ ZeroOptions options_of(const py::dict& d,
   o.stage = d["stage"].cast<int>();
   if (group) o.group = *group;
   o.reduce_bucket_numel = d["reduce_bucket_numel"].cast<int64_t>();
+  if (d.contains("allgather_bucket_numel")) {
+    o.allgather_bucket_numel = d["allgather_bucket_numel"].cast<int64_t>();
+  }
   o.overlap_comm = d["overlap_comm"].cast<bool>();
   o.offload_optimizer = d["offload_optimizer"].cast<bool>();
+  if (d.contains("pin_memory")) o.pin_memory = d["pin_memory"].cast<bool>();
   o.gradient_clipping = d["gradient_clipping"].cast<double>();
   if (d.contains("gradient_predivide_factor")) {
     o.gradient_predivide_factor = d["gradient_predivide_factor"].cast<double>();
@@ -149,6 +153,8 @@ void bind_zero(py::module& m) {
       .def("step_count", &ZeroOptimizer::step_count)
       .def("set_lr", &ZeroOptimizer::set_lr)
       .def("num_buckets", &ZeroOptimizer::num_buckets)
+      .def("pinned", &ZeroOptimizer::pinned)
+      .def("bucket_shard_numels", &ZeroOptimizer::bucket_shard_numels)
       .def("max_in_flight", &ZeroOptimizer::max_in_flight)
       .def("master_bytes", &ZeroOptimizer::master_bytes)
       .def("state_bytes", &ZeroOptimizer::state_bytes)

@@ -147,12 +147,46 @@ void ZeroOptimizer::step_partitioned(const at::Tensor& grads, double grad_scale)
   gather_parameters(low.empty() ? master : low[0]);
 }
 
+namespace {
+
+// One all-gather of elements [offset, offset + numel) of every rank's shard: `output` holds
+// world x numel of them, rank-major, until they are copied into place.
+struct GatherPiece {
+  int64_t offset = 0;
+  int64_t numel = 0;
+  at::Tensor output;
+  c10::intrusive_ptr<c10d::Work> work;
+};
+
+// The pieces a shard of `shard_numel` elements is gathered in (ZeroOptions::
+// allgather_bucket_numel's rule), each started now.
+std::vector<GatherPiece> start_gather(c10d::ProcessGroup& group,
+                                      const at::Tensor& shard,
+                                      int world,
+                                      int64_t allgather_bucket_numel) {
+  const int64_t shard_numel = shard.numel();
+  const int64_t count = std::max<int64_t>(1, shard_numel * world / allgather_bucket_numel);
+  const int64_t size = shard_numel / count;
+  std::vector<GatherPiece> pieces(count);
+  for (int64_t i = 0; i < count; ++i) {
+    GatherPiece& piece = pieces[i];
+    piece.offset = i * size;
+    piece.numel = i + 1 == count ? shard_numel - piece.offset : size;
+    at::Tensor input = shard.narrow(0, piece.offset, piece.numel);
+    piece.output = at::empty({world * piece.numel}, shard.options());
+    piece.work = group._allgather_base(piece.output, input);
+  }
+  return pieces;
+}
+
+}  // namespace
+
 // Every bucket's updated shard (in the parameters' dtype) all-gathered and copied out into the
 // parameters; the all-gathers are all started before the first is waited for.
 void ZeroOptimizer::gather_parameters(const at::Tensor& partition) {
   const at::TensorOptions options = params_[0].options();
   std::vector<at::Tensor> gathered(buckets_.size());
-  std::vector<c10::intrusive_ptr<c10d::Work>> works(buckets_.size());
+  std::vector<std::vector<GatherPiece>> pieces(buckets_.size());
   for (size_t b = 0; b < buckets_.size(); ++b) {
     at::Tensor shard = bucket_view(partition, static_cast<int>(b)).to(options);
     if (world_ == 1) {
@@ -160,11 +194,16 @@ void ZeroOptimizer::gather_parameters(const at::Tensor& partition) {
       continue;
     }
     gathered[b] = at::empty({buckets_[b].layout.total_numel()}, options);
-    works[b] = options_.group->_allgather_base(gathered[b], shard);
+    pieces[b] =
+        start_gather(*options_.group, shard.contiguous(), world_, options_.allgather_bucket_numel);
   }
   at::NoGradGuard no_grad;
   for (size_t b = 0; b < buckets_.size(); ++b) {
-    if (works[b]) works[b]->wait();
+    const at::Tensor by_rank = gathered[b].view({world_, -1});  // rank r's shard in row r
+    for (GatherPiece& piece : pieces[b]) {
+      piece.work->wait();
+      by_rank.narrow(1, piece.offset, piece.numel).copy_(piece.output.view({world_, -1}));
+    }
     std::vector<at::Tensor> outputs;
     std::vector<int64_t> numels;
     for (int64_t i : buckets_[b].params) {

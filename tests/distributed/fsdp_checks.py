@@ -496,6 +496,42 @@ def fsdp_bad_configs_fail_before_any_collective(rank, world, gloo):
     )
 
 
+def fsdp_wrap_checks_the_launch_keys_against_the_group(rank, world, gloo):
+    """The distributed config's launch keys given to shardwise.wrap: rank, world_size,
+    num_nodes x num_processes_per_node and backend that disagree with the process group are
+    refused naming the key; local_rank, master_addr and master_port, which only the launcher
+    reads, are named in a warning. Catches them dropped without a word (a config written for
+    another launch wrapping silently)."""
+    import warnings
+
+    import pytest_like as check
+
+    base = {"use_fsdp": True}
+    for key, value in (
+        ("rank", rank + 1),
+        ("world_size", world + 1),
+        ("backend", "mpi"),
+    ):
+        check.raises(
+            shardwise.fsdp.ConfigError,
+            f"{key}={value}",
+            lambda key=key, value=value: shardwise.wrap(make_model(), {**base, key: value}),
+        )
+    check.raises(
+        shardwise.fsdp.ConfigError,
+        "num_nodes x num_processes_per_node",
+        lambda: shardwise.wrap(
+            make_model(), {**base, "num_nodes": 2, "num_processes_per_node": world}
+        ),
+    )
+    launch = {"rank": rank, "world_size": world, "backend": dist.get_backend()}
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        shardwise.wrap(make_model(), {**base, **launch, "master_addr": "h", "local_rank": 0})
+    named = [str(w.message) for w in caught if "ignored by shardwise.wrap" in str(w.message)]
+    assert len(named) == 1 and "local_rank, master_addr" in named[0], named
+
+
 def fsdp_seed_config_block_trains(rank, world, gloo):
     """The distributed: block of the FSDP guide, verbatim (bf16 mixed precision,
     transformer_auto_wrap), wraps and trains: the loss falls."""

@@ -119,6 +119,42 @@ def zero_stage2_matches_single_process(rank, world, gloo):
     _parity(rank, world, 2)
 
 
+def zero_allgather_bucket_size_sets_the_parameter_all_gathers(rank, world, gloo):
+    """allgather_bucket_size, counted by the backend (communication_stats) over one stage-1
+    step: each bucket's updated shard of S elements goes in max(1, S x world // size) all-gathers
+    (DeepSpeed's rule), moving the same bytes in all, and training is bit for bit the default's
+    (one all-gather per bucket). On this machine pin_memory pins nothing (no GPU) and changes
+    nothing. Catches the key parsed and ignored."""
+    from shardwise import _C
+
+    def one_step(**zero):
+        config = zero_config(1, world)
+        config["zero_optimization"].update(zero)
+        engine = shardwise.zero.initialize(make_model(), config)
+        inputs, targets = local(global_batch(0, world), rank)
+        engine.backward(loss_of(engine, inputs, targets))
+        before = _C.communication_stats().get("all_gather", {})
+        engine.step()
+        after = _C.communication_stats().get("all_gather", {})
+        calls = after.get("calls", 0) - before.get("calls", 0)
+        moved = after.get("bytes", 0) - before.get("bytes", 0)
+        return engine, calls, moved
+
+    size = 700
+    default, calls, moved = one_step()
+    offload = {"device": "cpu", "pin_memory": True}
+    chunked, chunked_calls, chunked_moved = one_step(
+        allgather_bucket_size=size, offload_optimizer=offload
+    )
+    shards = default.optimizer.bucket_shard_numels()
+    assert calls == len(shards), (calls, shards)
+    assert chunked_calls == sum(max(1, s * world // size) for s in shards) > calls, chunked_calls
+    assert chunked_moved == moved, (chunked_moved, moved)
+    assert not chunked.optimizer.pinned()  # no GPU here: nothing to page-lock for
+    ours, ref = chunked.module.state_dict(), default.module.state_dict()
+    assert all(torch.equal(ours[n], t) for n, t in ref.items())
+
+
 def zero_stage3_matches_single_process(rank, world, gloo):
     """Stage 3: the FSDP engine's shards stepped in place by the fused AdamW."""
     _parity(rank, world, 3)

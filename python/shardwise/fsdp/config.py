@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import warnings
 from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 
@@ -71,9 +72,36 @@ ACCELERATE_ACCEPTED = frozenset(
 )
 
 
+def _warn_accelerate_choices(config: Mapping) -> None:
+    """``ACCELERATE_ACCEPTED`` keys whose value asks for something else than what runs."""
+    unmet = {
+        "fsdp_use_orig_params": (
+            False,
+            "parameters are always the original tensors, as with true",
+        ),
+        "fsdp_cpu_ram_efficient_loading": (
+            True,
+            "every rank builds the model; fsdp_sync_module_states broadcasts rank 0's",
+        ),
+        "fsdp_version": (2, "one engine reads FSDP1's and FSDP2's keys alike"),
+    }
+    named = [
+        f"{key}={config[key]!r} ({why})"
+        for key, (asks, why) in unmet.items()
+        if key in config and str(config[key]).lower() == str(asks).lower()
+    ]
+    if named:
+        warnings.warn(
+            "Accelerate fsdp_config: accepted but ignored: " + "; ".join(named), stacklevel=4
+        )
+
+
 def _from_accelerate(config: Mapping) -> dict:
-    """``config`` with Accelerate's keys and upper-case values in the FSDP config keys' form."""
+    """``config`` with Accelerate's keys and upper-case values in the FSDP config keys' form;
+    the Accelerate keys with nothing to choose here are named in one warning when a value asks
+    for what does not run."""
     out: dict = {}
+    _warn_accelerate_choices(config)
     for key, value in config.items():
         if key in ACCELERATE_ACCEPTED:
             continue

@@ -56,7 +56,8 @@ class FullyShardedDataParallel(nn.Module):
         param_dtype / reduce_dtype / buffer_dtype: mixed precision (None: keep the parameters').
         wrap: names of submodules that become units (children first); the rest is the root unit.
         backward_prefetch: backward_pre, backward_post or none. forward_prefetch: bool.
-        cpu_offload: keep shards and gradient shards in CPU memory.
+        cpu_offload: keep shards and gradient shards in CPU memory; ``pin_memory`` (default
+            True, as torch's FSDP pins them) page-locks them when the parameters are on a GPU.
         activation_checkpointing: recompute each unit's activations in backward.
         sync_module_states: broadcast parameters and buffers from rank 0 first.
         state_dict_type: full_state_dict, sharded_state_dict or local_state_dict.
@@ -83,6 +84,7 @@ class FullyShardedDataParallel(nn.Module):
         backward_prefetch: str = "backward_pre",
         forward_prefetch: bool = False,
         cpu_offload: bool = False,
+        pin_memory: bool = True,
         activation_checkpointing: bool = False,
         sync_module_states: bool = False,
         state_dict_type: str = "full_state_dict",
@@ -153,6 +155,8 @@ class FullyShardedDataParallel(nn.Module):
                 _dtype_name((policy.reduce_dtype or policy.param_dtype) if mixed else None),
                 reshard and name != ROOT,
                 cpu_offload,
+                keep_low_precision_grads=mixed and policy.keep_low_precision_grads,
+                pin_memory=pin_memory,
             )
             self._unit_params.append(params)
             self._unit_names.append(name)
@@ -349,12 +353,43 @@ def _check_other_parallelisms(extra: dict) -> None:
     for key in ("pipeline_schedule", "num_microbatches"):
         if extra.get(key) is not None:
             raise ConfigError(f"{key} has no effect without pipeline_parallel_size > 1; drop it")
-    if extra.get("world_size") is not None and dist.is_initialized():
-        if int(extra["world_size"]) != dist.get_world_size():
+    _check_launch_keys(extra)
+
+
+def _check_launch_keys(extra: dict) -> None:
+    """The launch keys say how the process group was made, and wrap() is given it made: those
+    it can compare with the group are errors when they disagree; the others are named in one
+    warning."""
+    if dist.is_initialized():
+        world = dist.get_world_size()
+        nodes, per_node = extra.get("num_nodes"), extra.get("num_processes_per_node")
+        given = {
+            "world_size": (extra.get("world_size"), world),
+            "rank": (extra.get("rank"), dist.get_rank()),
+            "num_nodes x num_processes_per_node": (
+                int(nodes) * int(per_node) if nodes is not None and per_node is not None else None,
+                world,
+            ),
+        }
+        for key, (value, actual) in given.items():
+            if value is not None and int(value) != actual:
+                raise ConfigError(
+                    f"{key}={value} but the process group says {actual}; fix the config or the "
+                    "launch"
+                )
+        backend = extra.get("backend")
+        if backend is not None and str(backend) not in str(dist.get_backend()):
             raise ConfigError(
-                f"world_size={extra['world_size']} but the process group has "
-                f"{dist.get_world_size()} ranks; fix the config or the launch"
+                f"backend={backend} but the process group runs {dist.get_backend()}; fix the "
+                "config or init_process_group"
             )
+    unused = [k for k in ("local_rank", "master_addr", "master_port") if k in extra]
+    if unused:
+        warnings.warn(
+            f"{', '.join(unused)} ignored by shardwise.wrap: they are read by whoever "
+            "initialized the process group (torchrun, init_process_group)",
+            stacklevel=3,
+        )
 
 
 def _tensors(out) -> list[torch.Tensor]:

@@ -190,7 +190,7 @@ def _offloads(zero: dict, lost: list) -> tuple[dict, dict]:
     return out["offload_optimizer"], out["offload_param"]
 
 
-def _unimplemented_choices(given: Mapping, zero: Mapping) -> list[str]:
+def _unimplemented_choices(zero: Mapping) -> list[str]:
     """Keys whose value asks for a behaviour shardwise does not have, each named with what runs
     instead (an absent key is DeepSpeed's default, which is what runs)."""
     lost = []
@@ -199,19 +199,6 @@ def _unimplemented_choices(given: Mapping, zero: Mapping) -> list[str]:
             "zero_optimization.contiguous_gradients=false (gradients are always packed into "
             "their bucket's contiguous buffer)"
         )
-    gather = given.get("allgather_bucket_size")
-    if gather is not None and float(gather) != float(zero["reduce_bucket_size"]):
-        lost.append(
-            f"zero_optimization.allgather_bucket_size={gather} (updated parameters are "
-            "all-gathered in reduce_bucket_size's buckets, one all-gather per bucket)"
-        )
-    for key in ("offload_optimizer", "offload_param"):
-        section = zero[key]
-        if isinstance(section, Mapping) and section.get("pin_memory"):
-            lost.append(
-                f"zero_optimization.{key}.pin_memory=true (offloaded tensors are in pageable "
-                "CPU memory)"
-            )
     return lost
 
 
@@ -234,6 +221,10 @@ def _optimizer(config: Mapping, lost: list) -> dict:
                 f"optimizer.params.{key}={params[key]!r} is not supported (the fused AdamW has "
                 f"{key}={allowed}); drop it"
             )
+    given = optimizer["params"] if isinstance(optimizer["params"], Mapping) else {}
+    for key in ("torch_adam", "fused", "foreach"):  # DeepSpeed's choice of Adam kernel
+        if key in given:
+            lost.append(f"optimizer.params.{key} (the C++ fused AdamW / SGD runs)")
     beta1, beta2 = params["betas"]
     return {
         "type": kind,
@@ -337,7 +328,7 @@ def load(config: Mapping | str | Path, world_size: int, auto: Mapping | None = N
         lost.append("zero_optimization.allgather_partitions=false (parameters are all-gathered)")
     if not zero["reduce_scatter"]:
         lost.append("zero_optimization.reduce_scatter=false (gradients are reduce-scattered)")
-    lost.extend(_unimplemented_choices(config.get("zero_optimization") or {}, zero))
+    lost.extend(_unimplemented_choices(zero))
     if bf16["enabled"] and fp16["enabled"]:
         raise ConfigError("bf16.enabled and fp16.enabled are both true; enable one of them")
     optimizer = _optimizer(config, lost)
@@ -370,9 +361,15 @@ def load(config: Mapping | str | Path, world_size: int, auto: Mapping | None = N
         "stage": int(zero["stage"]),
         # DeepSpeed's 0 means no bucketing: each gradient is reduced on its own
         "reduce_bucket_numel": max(1, int(float(zero["reduce_bucket_size"]))),
+        "allgather_bucket_numel": max(1, int(float(zero["allgather_bucket_size"]))),
         "overlap_comm": bool(zero["overlap_comm"]),
         "offload_optimizer": offload["device"] == "cpu",
         "offload_param": offload_param["device"] == "cpu",
+        # the offloaded tensors page-locked (when the parameters are on a GPU): the optimizer's
+        # (stages 0-2), or stage 3's offloaded shards (either section, the one that offloads)
+        "pin_memory": any(
+            s["device"] == "cpu" and bool(s["pin_memory"]) for s in (offload, offload_param)
+        ),
         "gradient_clipping": clip,
         # prescale_gradients: divide by the whole data-parallel size before reducing (0 = it)
         "gradient_predivide_factor": 0.0 if config.get("prescale_gradients") else predivide,

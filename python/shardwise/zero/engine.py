@@ -76,6 +76,7 @@ class ZeroEngine(nn.Module):
             # stage 3 offloads the shards themselves (offload_param, or offload_optimizer: the
             # optimizer steps the shards where they live)
             cpu_offload=native["offload_optimizer"] or native["offload_param"],
+            pin_memory=native["pin_memory"],
             process_group=group,
         )
         shards, pieces = [], []
