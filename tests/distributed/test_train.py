@@ -527,3 +527,60 @@ def test_profile_writes_a_chrome_trace_per_rank_with_the_collectives_named():
         assert {"shardwise:_allgather_base", "shardwise:_reduce_scatter_base"} <= names, sorted(
             n for n in names if n and n.startswith("shardwise")
         )
+
+
+def test_training_mixed_precision_sets_the_collectives_dtype():
+    """training.mixed_precision=bf16 means bf16 communication where the guides say so, counted by
+    training.profile_communication on the last step: FSDP all-gathers bf16 parameters (half the
+    bytes of fsdp_mixed_precision=false, which keeps fp32 parameters under autocast) and
+    reduce-scatters fp32 gradients (fsdp_reduce_dtype's default); DDP with
+    distributed.ddp_comm_hook=bf16 all-reduces its gradients in half the bytes. Catches
+    mixed precision meaning autocast only, every collective left in fp32."""
+    from shardwise.models import GPT, PRESETS
+
+    def last_step(name, config, *overrides):
+        common = ("training.max_steps=2", "training.profile_communication=true")
+        _, recs, _ = run(name, 2, config, "model.preset=tiny", *common, *overrides)
+        return recs[-1]["communication"]
+
+    fsdp = ("training.mixed_precision=bf16",)
+    bf16 = last_step("mp_fsdp_bf16", "fsdp.yaml", *fsdp)
+    fp32 = last_step("mp_fsdp_fp32", "fsdp.yaml", *fsdp, "distributed.fsdp_mixed_precision=false")
+    assert 2 * bf16["all_gather"]["bytes"] == fp32["all_gather"]["bytes"], (bf16, fp32)
+    calls_and_bytes = [
+        {k: c["reduce_scatter"][k] for k in ("calls", "bytes")} for c in (bf16, fp32)
+    ]
+    assert calls_and_bytes[0] == calls_and_bytes[1], (bf16, fp32)
+    ddp = ("training.gradient_accumulation_steps=1",)
+    plain = last_step("mp_ddp_fp32", "ddp.yaml", *ddp)["all_reduce"]["bytes"]
+    hooked = last_step("mp_ddp_bf16", "ddp.yaml", *ddp, "distributed.ddp_comm_hook=bf16")
+    grads = sum(p.numel() for p in GPT(PRESETS["tiny"]).parameters())
+    assert plain - hooked["all_reduce"]["bytes"] == 2 * grads, (plain, hooked)
+
+
+def test_fsdp_state_dict_type_decides_what_the_trainer_exports():
+    """distributed.fsdp_state_dict_type=sharded_state_dict: no model.safetensors (nothing
+    gathered on rank 0) but model-sharded/, each rank's pieces with a manifest, which
+    load_sharded_model reads into the plain GPT: bit for bit the full_state_dict export of the
+    same run. Catches the key parsed and the full model exported regardless."""
+    from safetensors.torch import load_file
+    from shardwise.models import GPT, PRESETS
+    from shardwise.train import checkpoint as ckpt
+
+    same = ("model.preset=tiny", "training.max_steps=3", "training.mixed_precision=no")
+    full, _, _ = run("export_full", 2, "fsdp.yaml", *same)
+    sharded, _, log = run(
+        "export_sharded",
+        2,
+        "fsdp.yaml",
+        *same,
+        "distributed.fsdp_state_dict_type=sharded_state_dict",
+    )
+    assert not (sharded / "model.safetensors").exists(), log[-2000:]
+    assert len(list((sharded / ckpt.SHARDED_EXPORT).glob("*/rank*"))) == 2, log[-2000:]
+    model = GPT(PRESETS["tiny"])
+    ckpt.load_sharded_model(sharded / ckpt.SHARDED_EXPORT, model)
+    expected = load_file(full / "model.safetensors")
+    state = model.state_dict()
+    for name, tensor in expected.items():
+        assert torch.equal(state[name], tensor), name

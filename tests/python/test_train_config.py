@@ -205,6 +205,25 @@ def test_mixed_precision_must_be_set_consistently():
     assert load("distributed.mixed_precision=bf16").mixed_precision == "bf16"
 
 
+def test_mixed_precision_resolves_fsdps_keys_and_ddps_hook():
+    """training.mixed_precision bf16/fp16 gives FSDP its own mixed precision in that dtype
+    (gradients reduced in fsdp_reduce_dtype) unless the keys say otherwise; ddp_comm_hook is
+    DDP's, refused naming the strategy elsewhere."""
+    from shardwise.train.parallelize import StrategyOptions
+
+    keys = StrategyOptions.from_config(load("training.mixed_precision=fp16")).fsdp
+    assert keys["fsdp_mixed_precision"] and keys["fsdp_param_dtype"] == "float16", keys
+    assert "fsdp_reduce_dtype" not in keys  # FSDPConfig's default (float32) applies
+    off = load("training.mixed_precision=bf16", "distributed.fsdp.fsdp_mixed_precision=false")
+    assert StrategyOptions.from_config(off).fsdp["fsdp_mixed_precision"] is False
+    assert "fsdp_mixed_precision" not in StrategyOptions.from_config(load()).fsdp
+    assert (
+        StrategyOptions.from_config(load("distributed.ddp_comm_hook=bf16")).ddp_comm_hook == "bf16"
+    )
+    message = error_of("distributed.strategy=fsdp", "distributed.ddp_comm_hook=fp16")
+    assert "distributed.ddp_comm_hook" in message and "strategy=fsdp" in message
+
+
 def test_strategy_conflicts_with_sub_blocks():
     message = error_of("distributed.strategy=ddp", "distributed.zero.zero_optimization.stage=2")
     assert "distributed.zero" in message and "strategy=ddp" in message

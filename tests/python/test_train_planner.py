@@ -264,11 +264,35 @@ def test_config_plan_counts_tp_activations_and_traffic():
     assert row.activations == split and 0.45 * unsplit < split < 0.6 * unsplit
     tp = gpt_costs.gpt_tp_communication_bytes(gpt, mb, True, 2, 2)
     params = gpt_costs.gpt_tp_parameters(gpt, 2, True)
-    data = 0.5 * (2 * 2 * params + 2 * params)  # zero3 over 2 ranks: gather P twice, scatter G
+    # FSDP over 2 ranks: gather bf16 P twice, reduce-scatter G in fp32 (fsdp_reduce_dtype)
+    data = 0.5 * (2 * 2 * params + 4 * params)
     assert row.communication == math.ceil(data + tp["total"] + tp["regather"])
     # the same config without tp: no tp traffic, all the activations
     mesh = 'model.mesh_shape=[[4,1],["fsdp","tp"]]'
     flat = load_config(path, [mesh, "distributed.sequence_parallel=false"], env={})
     flat_row = planner.plan_for_config(flat, 2**40).row("zero3")
     assert flat_row.activations == unsplit
-    assert flat_row.communication == math.ceil(0.75 * 3 * 2 * gpt.num_parameters())
+    assert flat_row.communication == math.ceil(0.75 * (2 * 2 + 4) * gpt.num_parameters())
+
+
+def test_config_plan_moves_the_dtypes_the_run_communicates_in():
+    """The planner's traffic follows what runs under training.mixed_precision=bf16: DDP reduces
+    its fp32 gradients (autocast) or, with ddp_comm_hook=bf16, bf16 ones; FSDP gathers bf16
+    parameters and reduces fp32 gradients, or fp32 both with fsdp_mixed_precision=false. Catches
+    a plan that counts bf16 traffic for collectives that run in fp32."""
+    from conftest import load_train_config as load
+
+    def comm(row, *overrides):
+        cfg = load("training.mixed_precision=bf16", "distributed.world_size=2", *overrides)
+        return planner.plan_for_config(cfg, 2**40).row(row).communication
+
+    phi = load().gpt_config().num_parameters()
+    ddp = ("distributed.strategy=ddp", "training.gradient_accumulation_steps=1")
+    r = (2 - 1) / 2  # world 2: a rank sends (n-1)/n of what it reduces or gathers
+    assert comm("ddp", *ddp) == math.ceil(2 * r * 4 * phi)
+    assert comm("ddp", *ddp, "distributed.ddp_comm_hook=bf16") == math.ceil(2 * r * 2 * phi)
+    fsdp = ("distributed.strategy=fsdp", "training.gradient_accumulation_steps=1")
+    assert comm("zero3", *fsdp) == math.ceil(r * (2 * 2 * phi + 4 * phi))
+    off = "distributed.fsdp.fsdp_mixed_precision=false"
+    assert comm("zero3", *fsdp, off) == math.ceil(r * (2 * 4 * phi + 4 * phi))
+    assert comm("zero3", "distributed.strategy=zero") == math.ceil(r * (2 * 2 * phi + 2 * phi))

@@ -46,6 +46,7 @@ import torch
 from ..atomic_file import atomic_write, atomic_write_path
 
 MANIFEST = "manifest.json"
+SHARDED_EXPORT = "model-sharded"  # the trainer's export under fsdp_state_dict_type sharded / local
 _SCALARS = (bool, int, float, str, type(None), torch.dtype, torch.device)
 
 
@@ -209,6 +210,24 @@ def load(path: str | Path, rank: int, map_location="cpu"):
         return torch.load(
             Path(path) / rank_file_name(rank), map_location=map_location, weights_only=True
         )
+
+
+def load_sharded_model(directory: str | Path, model: torch.nn.Module) -> Path:
+    """Fills ``model``'s parameters (the plain GPT's names) from a sharded export
+    (``SHARDED_EXPORT``, written by any world size): the newest intact step in ``directory``,
+    every rank's pieces, every element covered or a ValueError naming the tensor. Returns the
+    step directory read."""
+    from .. import pieces
+
+    step_dir = latest(directory)
+    if step_dir is None:
+        raise FileNotFoundError(f"{directory}: no intact sharded export (manifest and rank files)")
+    world = int(read_manifest(step_dir)["world_size"])
+    saved = [p for r in range(world) for p in load(step_dir, r)["pieces"]]
+    slots = [pieces.Slot(n, 0, p.detach().view(-1)) for n, p in model.named_parameters()]
+    with torch.no_grad():
+        pieces.fill(slots, saved)
+    return step_dir
 
 
 def _unshared(state_dict: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:

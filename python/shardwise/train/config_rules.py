@@ -379,6 +379,13 @@ def _check_sync_every(cfg: TrainConfig) -> None:
 
 def _check_training(cfg: TrainConfig) -> None:
     _check_sync_every(cfg)
+    d = cfg.distributed
+    if d.ddp_comm_hook != "no" and d.strategy != "ddp":
+        raise ValueError(
+            f"distributed.ddp_comm_hook={d.ddp_comm_hook} compresses DDP's all-reduce but "
+            f"distributed.strategy={d.strategy}; leave it out (FSDP reduces in "
+            f"fsdp_reduce_dtype, ZeRO in the parameters' dtype)"
+        )
     if cfg.training.profile_communication and "shardwise" not in cfg.distributed.backend:
         raise ValueError(
             f"training.profile_communication counts the shardwise backend's operations; "

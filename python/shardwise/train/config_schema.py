@@ -184,13 +184,16 @@ class DistributedSection(_Section):
     mesh_shape: list | None = None
     mesh_axis_names: list[str] | None = None
     mixed_precision: Literal["no", "fp16", "bf16"] | None = None
+    # strategy ddp: gradients all-reduced in this dtype (torch's fp16_compress_hook /
+    # bf16_compress_hook, Accelerate's DDPCommunicationHookType): half the bytes; no: fp32
+    ddp_comm_hook: Literal["no", "fp16", "bf16"] = "no"
     fsdp: dict[str, Any] | None = None
     zero: dict[str, Any] | None = None  # DeepSpeed's keys, or the path of a ds_config.json
     pipeline: PipelineSection | None = None
     # the launch keys the config itself gave (before the defaults were filled in)
     _launch_given: set = PrivateAttr(default_factory=set)
 
-    _precision = field_validator("mixed_precision", mode="before")(_precision_word)
+    _precision = field_validator("mixed_precision", "ddp_comm_hook", mode="before")(_precision_word)
 
     @field_validator("zero", mode="before")
     @classmethod

@@ -26,6 +26,7 @@ import torch
 import torch.distributed as dist
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from ..models.gpt import GPT, GPTConfig
 
@@ -43,6 +44,9 @@ class StrategyOptions:
     # the forward's autocast (DDP, pipeline; FSDP unless its own mixed precision), ZeRO's
     # parameter dtype; fp16 with dynamic loss scaling
     precision: str = "bf16"
+    ddp_comm_hook: str = (
+        "no"  # no | fp16 | bf16: DDP's all-reduce dtype (distributed.ddp_comm_hook)
+    )
     initial_loss_scale: float = 2.0**16
     checkpointing: bool = False
     fsdp: dict = field(default_factory=dict)  # the FSDP config keys
@@ -68,9 +72,10 @@ class StrategyOptions:
             seed=t.seed,
             clip=t.gradient_clip_norm or None,
             precision=cfg.mixed_precision,
+            ddp_comm_hook=d.ddp_comm_hook,
             initial_loss_scale=2.0**t.initial_loss_scale_power,
             checkpointing=cfg.activation_checkpointing,
-            fsdp=dict(d.fsdp or {}),
+            fsdp=fsdp_keys(d.fsdp or {}, cfg.mixed_precision),
             zero=dict(d.zero or {}),
             zero_auto=cfg.zero_auto(),
             pipeline=d.pipeline.model_dump() if d.pipeline else {},
@@ -83,6 +88,22 @@ class StrategyOptions:
             device=t.device,
             build=cfg.model._builder,
         )
+
+
+PARAM_DTYPES = {"bf16": "bfloat16", "fp16": "float16"}
+COMM_HOOKS = {"bf16": default_hooks.bf16_compress_hook, "fp16": default_hooks.fp16_compress_hook}
+
+
+def fsdp_keys(given: dict, precision: str) -> dict:
+    """The FSDP keys FSDP runs with: ``training.mixed_precision`` bf16 or fp16 means FSDP's own
+    mixed precision in that dtype (parameters all-gathered and computed in it, gradients reduced
+    in ``fsdp_reduce_dtype``, fp32 unless given) unless the keys set ``fsdp_mixed_precision``
+    themselves; ``fsdp_mixed_precision: false`` keeps fp32 parameters under autocast."""
+    keys = dict(given)
+    if precision in PARAM_DTYPES and "fsdp_mixed_precision" not in keys:
+        keys["fsdp_mixed_precision"] = True
+        keys.setdefault("fsdp_param_dtype", PARAM_DTYPES[precision])
+    return keys
 
 
 @dataclass
@@ -167,6 +188,9 @@ class Parallel:
     engine: object = None  # zero.ZeroEngine
     head_copy: int | None = None  # id of the last stage's copy of a tied embedding
     autocast: str = "no"  # the forward's autocast: no, bf16 or fp16
+    # FSDP's fsdp_state_dict_type: the trainer exports the full model (full_state_dict) or each
+    # rank's pieces without gathering (sharded_state_dict, local_state_dict)
+    state_dict_type: str = "full_state_dict"
     is_last: bool = True  # holds the last pipeline stage (where the loss is)
     loss_scale: Callable[[], float] = lambda: 1.0  # fp16: set by the step to its scaler's
 
@@ -386,10 +410,13 @@ def data_parallel(par: Parallel) -> None:
             k: (n, a, c, par.tp_runs(n, named[n])) for k, (n, a, c) in _fsdp_slots(wrapped).items()
         }
         par.autocast = "no" if cfg.fsdp_mixed_precision else o.precision
+        par.state_dict_type = wrapped.state_dict_type
     else:
         wrapped = model
         if par.axes.data_size > 1:
             wrapped = nn.parallel.DistributedDataParallel(model, process_group=par.axes.data_group)
+            if o.ddp_comm_hook != "no":
+                wrapped.register_comm_hook(par.axes.data_group, COMM_HOOKS[o.ddp_comm_hook])
         par.owned = {
             id(p): (n, 0, p.numel(), par.tp_runs(n, p)) for n, p in model.named_parameters()
         }
@@ -440,6 +467,7 @@ def _pipeline_data_parallel(par: Parallel) -> None:
             if keys.get("fsdp_mixed_precision"):
                 stage.precision = "no"  # FSDP casts; no autocast on top
             stage = wrap(stage, keys, process_group=axes.data_group, one_unit=True)
+            par.state_dict_type = stage.state_dict_type
             for k, (n, a, c) in _fsdp_slots(stage).items():
                 par.owned[k] = (to_global[n.removeprefix("body.")], a, c, runs[n])
         else:

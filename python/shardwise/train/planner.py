@@ -44,8 +44,10 @@ factor: a row fits when ``total × overhead ≤ device memory`` (rule of thumb "
 × overhead" from the practice notes).
 
 Communication per rank and optimizer step (``Row.communication``, ring traffic): the data axis's
-collectives from the state sizes, plus tensor parallelism's (``gpt_costs``) and the pipeline's
-stage messages when the model's shapes are known (``plan_for_config``).
+collectives from the state sizes, in the dtypes each row moves (``communicated_bytes_for_config``:
+DDP's fp32 gradients under autocast, FSDP's param and reduce dtypes), plus tensor parallelism's
+(``gpt_costs``) and the pipeline's stage messages when the model's shapes are known
+(``plan_for_config``).
 
 Recommendation order (simplest first): a single device when there is one and it fits,
 then DDP, ZeRO-2 (start there, not at stage 1), ZeRO-3 / FSDP full_shard only when stage 2 does
@@ -56,7 +58,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 
 from .gpt_costs import (  # noqa: F401  (the GPT's costs, also used as planner.*)
     _saved_bytes,
@@ -179,6 +181,9 @@ class _Inputs:
     stage_message: int | None = None  # bytes a stage sends per micro-batch (and gets back)
     tp_communication: Callable[[int], float] | None = None  # tp degree -> bytes per micro-batch
     extra_communication: float = 0.0  # per step, added to every row (a configured tp axis)
+    # row -> bytes per element of the parameters it gathers and the gradients it reduces, where
+    # they differ from the states' own (plan's communicated_bytes)
+    communicated: dict = field(default_factory=dict)
 
 
 def _data_communication(name: str, par: float, grad: float, n: int, m: int) -> float:
@@ -202,15 +207,25 @@ def _rows(i: _Inputs) -> tuple[list[Row], int]:
     zopt = opt + (4 * phi if i.precision == "fp32" else 0)
     args = (i.overhead, i.memory)
 
-    def comm(name: str, sharded_over: int = n, states: float = 1.0) -> float:
-        data = _data_communication(name, par * states, grad * states, sharded_over, m)
+    def comm(name: str, sharded_over: int = n, states: float = 1.0, row: str = "") -> float:
+        moved_p, moved_g = i.communicated.get(row or name, (bp, bg))
+        moved = phi * states
+        data = _data_communication(name, moved_p * moved, moved_g * moved, sharded_over, m)
         return data + i.extra_communication
 
     rows = [
         _row("ddp", par, grad, opt, act, *args, comm=comm("ddp")),
         _row("zero1", par, grad, zopt / n, act, *args, comm=comm("zero1")),
         _row("zero2", par, grad / n, zopt / n, act, *args, comm=comm("zero2")),
-        _row("fsdp_shard_grad_op", par, grad / n, opt / n, act, *args, comm=comm("zero2")),
+        _row(
+            "fsdp_shard_grad_op",
+            par,
+            grad / n,
+            opt / n,
+            act,
+            *args,
+            comm=comm("zero2", row="fsdp_shard_grad_op"),
+        ),  # fmt: skip
         _row("zero3", par / n, grad / n, opt / n, act, *args, gathered=gather, comm=comm("zero3")),
     ]
 
@@ -218,7 +233,7 @@ def _rows(i: _Inputs) -> tuple[list[Row], int]:
         share = (i.stage_params(p) / phi) if i.stage_params else 1 / p  # the largest stage
         traffic = None
         if i.stage_message is not None:  # + activations forward, their gradients back
-            traffic = comm("ddp", n // p, share) + 2 * i.stage_message * m
+            traffic = comm("ddp", n // p, share, row="pipeline") + 2 * i.stage_message * m
         return _row("pipeline", par * share, grad * share, opt * share, act, *args, comm=traffic)
 
     def tensor_parallel(t: int) -> Row:
@@ -226,7 +241,7 @@ def _rows(i: _Inputs) -> tuple[list[Row], int]:
         # with sequence parallelism every activation is split t ways (Korthikanti et al.)
         traffic = None
         if i.tp_communication is not None:
-            traffic = comm("zero3", n // t, 1 / t) + i.tp_communication(t) * m
+            traffic = comm("zero3", n // t, 1 / t, row="tp_zero3") + i.tp_communication(t) * m
         return _row(
             "tp_zero3",
             par / n,
@@ -304,6 +319,7 @@ def plan(
     stage_message_bytes: int | None = None,
     tp_communication_bytes=None,
     extra_communication_bytes: float = 0.0,
+    communicated_bytes: dict[str, tuple[int, int]] | None = None,
 ) -> Plan:
     """Per-rank bytes of every strategy for ``params`` parameters on ``world_size`` devices of
     ``device_memory_bytes`` each, and the simplest one that fits.
@@ -321,6 +337,9 @@ def plan(
     ``tp_communication_bytes(t)`` per micro-batch (``gpt_tp_communication_bytes``; None:
     unknown); and
     ``extra_communication_bytes`` (a configured tp axis's traffic per step) goes to every row.
+    ``communicated_bytes``: row name -> (bytes per parameter element gathered, per gradient
+    element reduced) where a row moves other dtypes than the states it holds
+    (``communicated_bytes_for_config``); default: the parameters' and gradients' own.
     """
     _check(params=params, world_size=world_size, device_memory_bytes=device_memory_bytes)
     for name, value in (
@@ -351,6 +370,7 @@ def plan(
             stage_message_bytes,
             tp_communication_bytes,
             extra_communication_bytes,
+            dict(communicated_bytes or {}),
         )
     )
     return Plan(
@@ -461,4 +481,33 @@ def plan_for_config(cfg, memory: int, optimizer: str = "adamw", overhead: float 
         extra_communication_bytes=(
             tp_bytes(tp, sp, d.sequence_parallel_save_gathered) * micro_batches if tp > 1 else 0.0
         ),
+        communicated_bytes=communicated_bytes_for_config(cfg),
     )
+
+
+def communicated_bytes_for_config(cfg) -> dict[str, tuple[int, int]]:
+    """What the data-parallel rows of a shardwise-train config move per element, where it is
+    not the states' dtype (``plan``'s communicated_bytes). Under bf16 / fp16, DDP and the
+    pipeline's replicas hold fp32 parameters under autocast, so they reduce fp32 gradients (DDP in
+    ``distributed.ddp_comm_hook``'s dtype when one is set); FSDP gathers in its param_dtype and
+    reduces in fsdp_reduce_dtype, as the config's FSDP keys resolve them (the
+    fsdp_shard_grad_op row, and the zero3 and tp_zero3 rows when the strategy is fsdp); ZeRO
+    moves its bf16 / fp16 parameters and gradients (the rows' default). In fp32 all move fp32."""
+    from ..fsdp.config import FSDPConfig, dtype_of
+    from .parallelize import fsdp_keys
+
+    if cfg.mixed_precision == "no":
+        return {}
+    d = cfg.distributed
+    hooked = d.ddp_comm_hook != "no"
+    keys = fsdp_keys(d.fsdp or {}, cfg.mixed_precision)
+    fsdp = (4, 4)
+    if keys["fsdp_mixed_precision"]:
+        fsdp = tuple(
+            dtype_of(k, keys.get(k, getattr(FSDPConfig, k))).itemsize
+            for k in ("fsdp_param_dtype", "fsdp_reduce_dtype")
+        )
+    out = {"ddp": (4, 2 if hooked else 4), "pipeline": (4, 4), "fsdp_shard_grad_op": fsdp}
+    if d.strategy == "fsdp":
+        out.update(zero3=fsdp, tp_zero3=fsdp)
+    return out

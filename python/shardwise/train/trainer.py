@@ -308,7 +308,10 @@ class Trainer:
 
     def _finish(self) -> dict:
         """The full model as safetensors (a Hugging Face model's with its config.json, so
-        ``from_pretrained`` loads the folder) and a text sample (rank 0)."""
+        ``from_pretrained`` loads the folder) and a text sample (rank 0); under FSDP's
+        ``sharded_state_dict`` / ``local_state_dict``, each rank's pieces instead."""
+        if self.stepper.par.state_dict_type != "full_state_dict":
+            return self._finish_sharded()
         state = {k: v.cpu() for k, v in self.stepper.full_state_dict().items()}
         result = {}
         if self.rank == 0:
@@ -326,6 +329,21 @@ class Trainer:
                 self.sinks.note(f"wrote {path} (no sample: give data.tokenizer to decode one)")
         dist.barrier()
         return result
+
+    def _finish_sharded(self) -> dict:
+        """Each rank's pieces of the model's parameters, nothing gathered (a model too large
+        for one rank's memory exports too), as a checkpoint in ``model-sharded/``: rank files and
+        a manifest. ``load_sharded_model`` fills any model of the plain GPT's names from it."""
+        slots = [s for s in self.stepper.save_slots() if ":" not in s.name]  # not the moments
+        path = ckpt.save(
+            self.output_dir / ckpt.SHARDED_EXPORT, self.step, {"pieces": pieces.to_pieces(slots)},
+            self.rank, self.world, self.cfg.to_yaml(), keep_last=1,
+        )  # fmt: skip
+        self.sinks.note(
+            f"wrote {path} ({self.stepper.par.state_dict_type}: each rank's pieces, no full "
+            "model gathered; shardwise.train.checkpoint.load_sharded_model reads them)"
+        )
+        return {"sharded": str(path)}
 
 
 def sample(
