@@ -1,0 +1,370 @@
+"""Where each accepted configuration key is shown to take effect, read by
+``test_every_key_takes_effect.py``. Keys are ``schema:key``: ``train:`` shardwise-train's config
+(dotted paths of ``TrainConfig``; ``distributed.fsdp`` and ``distributed.zero`` are the next two
+schemas), ``fsdp:`` the FSDP config keys (``FSDPConfig``'s fields and the other ``distributed:``
+keys ``FSDPConfig.from_mapping`` accepts), ``accelerate:`` Accelerate's ``fsdp_config`` spellings,
+``deepspeed:`` DeepSpeed's JSON keys (dotted, e.g. ``zero_optimization.overlap_comm``).
+
+- ``EFFECTS``: the tests that fail if the key were ignored (they observe what runs: bytes moved,
+  memory held, losses, files written, a refusal where refusing is the key's whole effect). An
+  alias counts through two links: a test that it reads as the key it stands for, and that key's
+  effect test. A test that only checks the parsed or resolved value does not count.
+- ``NO_OPS``: keys accepted, ignored, and named in ``DeepSpeedConfigWarning``, by where the code
+  names them (derived from the ``IGNORED_*`` tables; a few are named only for some values).
+- ``GAPS``: every other key, with why it is here: no test, only parsing tested, or an engine
+  argument tested without the key that sets it. Move a key to ``EFFECTS`` when a test lands.
+"""
+
+from __future__ import annotations
+
+from shardwise.zero import deepspeed_keys as _K
+
+TT = "tests/distributed/test_train.py::"
+TTP = "tests/distributed/test_train_tp.py::"
+TTM = "tests/distributed/test_train_models.py::"
+ZC = "tests/distributed/zero_checks.py::"
+FC = "tests/distributed/fsdp_checks.py::"
+FE = "tests/distributed/fsdp_effect_checks.py::"
+FF = "tests/distributed/fsdp_fidelity_checks.py::"
+TC = "tests/python/test_train_config.py::"
+TR = "tests/python/test_train_config_rules.py::"
+TS = "tests/python/test_train_sources.py::"
+TMS = "tests/python/test_train_model_source.py::"
+TDV = "tests/python/test_train_device.py::"
+TDS = "tests/python/test_deepspeed_config.py::"
+FT = "tests/python/test_fsdp_torch_args.py::"
+CZ = "tests/cpp/torch/test_zero_libtorch.cc::"
+
+_MIXED = TT + "test_training_mixed_precision_sets_the_collectives_dtype"
+_BY_HAND = TT + "test_processes_launched_by_hand_with_distributed_train_as_torchrun_does"
+_HYBRID = TTP + "test_hybrid_mesh_shards_within_the_fsdp_axis"
+_STAGE_KEYS = FF + "fsdp_a_pipeline_stage_takes_the_configs_fsdp_keys"
+_FP16 = TTP + "test_fp16_loss_scaling_for_every_strategy"
+_DS_JSON = TT + "test_a_deepspeed_json_config_trains_with_its_scheduler"
+_ONE_ON_TWO = TT + "test_checkpoint_of_one_rank_loads_on_two"
+_SCHEDULED = TDS + "test_a_scheduled_engine_trains_like_torch_adamw_under_deepspeeds_scheduler"
+_SGD = ZC + "zero_clipping_sgd_and_offload_match_torch"
+_REFUSED = TDS + "test_values_that_would_change_training_are_refused"
+_WRAP_REFUSES = FT + "test_wrap_refuses_keys_it_would_silently_drop"
+_ACCEL = FT + "test_accelerates_fsdp_config_reads_as_the_fsdp_config_keys"
+
+EFFECTS: dict[str, tuple[str, ...]] = {
+    # ---- shardwise-train
+    "train:model.preset": (TT + "test_a_run_that_cannot_fit_is_refused",),
+    "train:model.mesh_shape": (_HYBRID, TTP + "test_planner_counts_tp_shards"),
+    "train:model.hf_config": (
+        TTM + "test_export_loads_with_from_pretrained",
+        TMS + "test_a_hugging_face_shape_is_measured",
+    ),
+    "train:model.hf_overrides": (TMS + "test_a_hugging_face_shape_is_measured",),
+    "train:model.pretrained": (TMS + "test_pretrained_weights_load_as_saved",),
+    # the named callable builds the model: json:dumps is called and raises
+    "train:model.factory": (TMS + "test_bad_model_sections_are_refused_with_the_fix",),
+    "train:data.path": (
+        TS + "test_nanogpt_folder_uses_its_val_bin",
+        TS + "test_val_path_or_the_last_fraction",
+    ),
+    "train:data.val_path": (TS + "test_val_path_or_the_last_fraction",),
+    "train:data.val_fraction": (TS + "test_val_path_or_the_last_fraction",),
+    "train:data.tokenizer": (TT + "test_a_jsonl_dataset_with_a_tokenizer_json_trains",),
+    "train:data.seq_len": (TTM + "test_export_loads_with_from_pretrained",),
+    "train:training.micro_batch_size": (
+        _ONE_ON_TWO,
+        TT + "test_sharded_checkpoint_loads_at_another_world_size",
+    ),
+    "train:training.batch_size": (
+        TC + "test_fsdp_config_batch_size_and_micro_batch_size_are_one_setting",
+        _ONE_ON_TWO,
+    ),
+    "train:training.learning_rate": (_DS_JSON,),
+    "train:training.warmup_steps": (_DS_JSON,),
+    "train:training.bf16": (TC + "test_an_fsdp_config_block_is_accepted_unchanged", _MIXED),
+    "train:training.mixed_precision": (_MIXED, _FP16),
+    "train:training.initial_loss_scale_power": (_FP16,),
+    "train:training.max_steps": (TT + "test_strategy_trains_and_exports",),
+    "train:training.eval_every": (
+        TT + "test_eval_loss_is_the_exported_models_loss_on_the_validation_batches",
+    ),
+    "train:training.profile_communication": (
+        TT + "test_metrics_measure_each_rank_its_phases_and_its_communication",
+    ),
+    "train:training.checkpoint.dir": (TT + "test_strategy_trains_and_exports",),
+    "train:training.checkpoint.every_steps": (
+        TT + "test_sharded_checkpoint_loads_at_another_world_size",
+    ),
+    "train:distributed.world_size": (_BY_HAND,),
+    "train:distributed.rank": (_BY_HAND,),
+    "train:distributed.master_addr": (_BY_HAND,),
+    "train:distributed.master_port": (_BY_HAND,),
+    "train:distributed.timeout_s": (TC + "test_the_collective_timeout_reaches_the_run",),
+    "train:distributed.tensor_parallel_size": (TTM + "test_model_matches_one_process",),
+    "train:distributed.mixed_precision": (
+        TC + "test_mixed_precision_must_be_set_consistently",
+        _MIXED,
+    ),
+    "train:distributed.ddp_comm_hook": (_MIXED,),
+    "train:distributed.pipeline.num_microbatches": (
+        TT + "test_pipeline_checkpoint_resumes_as_ddp_on_one_process",
+        TT + "test_eval_loss_is_the_exported_models_loss_on_the_validation_batches",
+    ),
+    # ---- FSDP config keys
+    "fsdp:fsdp_sharding_strategy": (_STAGE_KEYS, _HYBRID),
+    "fsdp:fsdp_state_dict_type": (
+        TT + "test_fsdp_state_dict_type_decides_what_the_trainer_exports",
+    ),
+    "fsdp:fsdp_mixed_precision": (_MIXED, _STAGE_KEYS),
+    # fp16 reaches FSDP as fsdp_param_dtype float16: bf16 parameters never overflow at 2**24
+    "fsdp:fsdp_param_dtype": (_FP16,),
+    "fsdp:mesh_shape": (_HYBRID,),
+    "fsdp:tensor_parallel_size": (_WRAP_REFUSES,),
+    "fsdp:pipeline_parallel_size": (_WRAP_REFUSES,),
+    "fsdp:use_zero": (_WRAP_REFUSES,),
+    "fsdp:num_microbatches": (_WRAP_REFUSES,),
+    # ---- DeepSpeed JSON keys
+    "deepspeed:train_batch_size": (TDS + "test_deepspeed_initialize_returns_its_four_tuple",),
+    "deepspeed:gradient_accumulation_steps": (ZC + "zero_accumulation_matches_one_big_batch",),
+    "deepspeed:gradient_clipping": (_SGD,),
+    "deepspeed:bf16.enabled": (ZC + "zero_memory_matches_the_formulas",),
+    "deepspeed:fp16.enabled": (ZC + "zero_fp16_overflow_skips_everywhere",),
+    "deepspeed:fp16.initial_scale_power": (ZC + "zero_fp16_overflow_skips_everywhere",),
+    "deepspeed:fp16.hysteresis": (ZC + "zero_fp16_overflow_skips_everywhere",),
+    "deepspeed:zero_optimization.stage": (ZC + "zero_memory_matches_the_formulas",),
+    "deepspeed:optimizer.type": (_SGD,),
+    "deepspeed:optimizer.params.lr": (ZC + "zero_stage1_matches_single_process",),
+    "deepspeed:optimizer.params.weight_decay": (ZC + "zero_stage1_matches_single_process",),
+    "deepspeed:optimizer.params.momentum": (_SGD,),
+    "deepspeed:optimizer.params.nesterov": (_SGD,),
+    # only the fused AdamW's value is accepted: refusing the other is the whole effect
+    "deepspeed:optimizer.params.adam_w_mode": (_REFUSED,),
+    "deepspeed:optimizer.params.amsgrad": (_REFUSED,),
+    "deepspeed:scheduler.type": (_SCHEDULED, _DS_JSON),
+    "deepspeed:scheduler.params.warmup_min_lr": (_SCHEDULED,),
+    "deepspeed:scheduler.params.warmup_num_steps": (_SCHEDULED, _DS_JSON),
+    "deepspeed:scheduler.params.total_num_steps": (_SCHEDULED,),
+    "deepspeed:scheduler.params.warmup_type": (_SCHEDULED,),
+    # the launch keys wrap() compares with the process group
+    **{
+        f"fsdp:{key}": (FC + "fsdp_wrap_checks_the_launch_keys_against_the_group",)
+        for key in ("world_size", "rank", "backend", "num_nodes", "num_processes_per_node")
+    },
+    "deepspeed:zero_optimization.allgather_bucket_size": (
+        ZC + "zero_allgather_bucket_size_sets_the_parameter_all_gathers",
+    ),
+}
+
+# Documented DeepSpeed keys accepted and named in the one DeepSpeedConfigWarning, by table.
+_IGNORED_TABLES = {
+    "IGNORED_TOP": ("",),
+    "IGNORED_ZERO": ("zero_optimization.",),
+    "IGNORED_OFFLOAD": (
+        "zero_optimization.offload_optimizer.",
+        "zero_optimization.offload_param.",
+    ),
+    "IGNORED_FP16": ("fp16.",),
+    "IGNORED_BF16": ("bf16.",),
+}
+NO_OPS: dict[str, str] = {
+    f"deepspeed:{prefix}{key}": f"python/shardwise/zero/deepspeed_keys.py {table}"
+    for table, prefixes in _IGNORED_TABLES.items()
+    for prefix in prefixes
+    for key in getattr(_K, table)
+}
+# Implemented only at DeepSpeed's default; any other value is named in the same warning.
+NO_OPS.update(
+    {
+        "deepspeed:zero_optimization.contiguous_gradients": (
+            "python/shardwise/zero/config.py _unimplemented_choices (named when false)"
+        ),
+        "deepspeed:zero_optimization.reduce_scatter": (
+            "python/shardwise/zero/config.py load (named when false)"
+        ),
+        "deepspeed:zero_optimization.allgather_partitions": (
+            "python/shardwise/zero/config.py load (named when false)"
+        ),
+    }
+)
+
+# Named in a warning by the code that accepts them (the test that sees the warning after it).
+NO_OPS.update(
+    {
+        **{
+            f"fsdp:{key}": "python/shardwise/fsdp/module.py _check_launch_keys "
+            f"({FC}fsdp_wrap_checks_the_launch_keys_against_the_group)"
+            for key in ("local_rank", "master_addr", "master_port")
+        },
+        **{
+            f"accelerate:{key}": "python/shardwise/fsdp/config.py _warn_accelerate_choices "
+            f"({FT}test_accelerate_choices_with_no_counterpart_are_named)"
+            for key in ("fsdp_use_orig_params", "fsdp_cpu_ram_efficient_loading", "fsdp_version")
+        },
+        **{
+            f"deepspeed:optimizer.params.{key}": "python/shardwise/zero/config.py _optimizer "
+            f"({TDS}test_adams_kernel_choices_are_named_with_what_runs)"
+            for key in ("torch_adam", "fused", "foreach")
+        },
+    }
+)
+
+_PARSED = "only parsing is tested: "
+_ENGINE = "the engine argument's effect is tested ("
+_NO_KEY = ") but no test sets this key"
+_ROUND = "only its resolution into the config is tested: "
+
+GAPS: dict[str, str] = {
+    # ---- shardwise-train
+    "train:model.vocab_size": "only refusals read it in tests "
+    f"({TS}test_a_tokenizer_sets_the_vocabulary_or_names_it); no test checks the built model",
+    "train:model.seq_len": "needed by model.factory, but data.seq_len wins in every run; "
+    "no test checks the length a model trains on",
+    "train:model.dim": "only refusals read it in tests "
+    f"({TR}test_tensor_parallel_refusals_name_the_key_and_the_fix)",
+    "train:model.layers": _PARSED + TC + "test_model_preset_shorthand_and_field_overrides "
+    "(the resolved GPTConfig)",
+    "train:model.heads": "only refusals and validation read it in tests "
+    f"({TR}test_tensor_parallel_refusals_name_the_key_and_the_fix)",
+    "train:model.mlp_ratio": "no test sets it",
+    "train:model.dropout": "no test sets it",
+    "train:model.factory_args": f"{TTM}test_model_matches_one_process passes tiny_lm's own "
+    "defaults; no test checks the arguments reach the factory",
+    "train:data.corpus": "one allowed value (pydoc), nothing to switch; no test",
+    "train:data.format": "read_tokens' format argument is tested directly "
+    f"({TS}test_text_file_and_folder_are_byte_tokens); no test sets data.format",
+    "train:data.dtype": "_C.read_token_file's dtype is tested directly "
+    f"({TS}test_bin_files_read_as_numpy_reads_them); data.dtype only by its refusal",
+    "train:data.text_field": "read_tokens' text_field argument is tested directly "
+    f"({TS}test_local_datasets_as_the_datasets_library_reads_them); no test sets the key",
+    "train:data.shuffle_seed": _ROUND + TC + "test_the_shuffle_seed_orders_the_batches "
+    "(the data_seed property), not the order of the batches",
+    "train:training.gradient_accumulation_steps": "runs keep it equal on both sides of every "
+    "comparison or override it to 1; no run compares accumulation with one big batch",
+    "train:training.sync_gradients_every": f"{TT}test_sync_gradients_every_reduces_midway_"
+    "with_the_same_result checks unchanged losses (also true if ignored); sync_points is "
+    "tested as a function",
+    "train:training.lr_scaling": _ROUND + TC + "test_learning_rate_scaling_math "
+    "(scaled_learning_rate); no run observes the scaled rate",
+    "train:training.base_batch_size": _ROUND + TC + "test_learning_rate_scaling_math; "
+    "no run observes the scaled rate",
+    "train:training.gradient_clip_norm": "runs clip at 1.0 on both sides of every comparison; "
+    "no test compares a clipped run with an unclipped one",
+    "train:training.gradient_checkpointing": _ROUND + TC + "test_the_fsdp_sections_gradient_"
+    "checkpointing_turns_checkpointing_on (a flag); no run observes the recomputation",
+    "train:training.seed": "no test runs two seeds and checks the model or batches differ",
+    "train:training.device": _ROUND + TDV + "test_auto_is_the_gpu_when_there_is_one_with_"
+    "nccl_for_cuda_tensors; GPU runs set cuda, which auto also picks there",
+    "train:training.log_every": "every run logs every step, the default; no test sets another",
+    "train:training.eval_batches": "runs use the default 4; no test sets another",
+    "train:training.profile.wait": f"{TT}test_profile_writes_a_chrome_trace_per_rank_with_the_"
+    "collectives_named checks one trace, which the defaults also give; not which steps",
+    "train:training.profile.warmup": "the profile test checks one trace per rank, which the "
+    "defaults also give; no test checks the steps recorded",
+    "train:training.profile.active": "the profile test checks one trace per rank, which the "
+    "defaults also give; no test checks the steps recorded",
+    "train:training.profile.record_shapes": "no test sets it",
+    "train:training.checkpoint.keep_last": "ckpt.save's keep_last is tested directly "
+    "(tests/python/test_train_checkpoint.py::test_keep_last_deletes_older_checkpoints); "
+    "no run sets the key below the checkpoints it makes",
+    "train:distributed.enabled": "only validated (enabled=false with a world > 1 is refused); "
+    "--distributed, not the key, runs check_launch",
+    "train:distributed.strategy": "every run's strategy is also what its other keys imply "
+    "(a zero or fsdp block, a mesh axis); no run sets one they would not infer",
+    "train:distributed.backend": "on CPU every run sets the default (shardwise); "
+    f"{TDV}test_auto_is_the_gpu_when_there_is_one_with_nccl_for_cuda_tensors checks resolution",
+    "train:distributed.local_rank": f"{_BY_HAND} sets it, but on CPU nothing reads it "
+    "(it picks the GPU); no GPU test sets it",
+    "train:distributed.num_nodes": _ROUND + TR + "test_rule_world_size_equals_nodes_times_"
+    "processes (a validation rule)",
+    "train:distributed.num_processes_per_node": _ROUND + TR + "test_rule_world_size_equals_"
+    "nodes_times_processes; device tests set LOCAL_WORLD_SIZE, not the key",
+    "train:distributed.sequence_parallel": "tp runs with it match runs without (as they must); "
+    "only the planner's estimate reads it in tests",
+    "train:distributed.sequence_parallel_save_gathered": "the ZeRO x tp runs set it; their "
+    "losses would be the same without it; no test observes the saved input",
+    "train:distributed.pipeline_parallel_size": _ROUND + TR + "test_the_distributed_layout_is_"
+    "accepted_with_derived_values; no run sets it",
+    "train:distributed.mesh_shape": _ROUND + TR + "test_distributed_mesh_shape_with_axis_names "
+    "(the layout); no run sets it",
+    "train:distributed.mesh_axis_names": _ROUND + TR + "test_distributed_mesh_shape_with_axis_"
+    "names (the layout); no run sets it",
+    "train:distributed.pipeline.schedule": f"{TT}test_strategy_trains_and_exports runs "
+    "interleaved_1f1b and zb_h1 but only checks they train; no test observes the schedule",
+    "train:distributed.pipeline.virtual_stages": "the interleaved run only checks it trains and "
+    "exports (the same with one virtual stage); no test observes the stages",
+    "train:distributed.pipeline.split": "runs with split=time only check they train and match "
+    "(as split=parameters would); no test observes the cut",
+    # ---- FSDP config keys
+    "fsdp:use_fsdp": "no test sets it false (true is also what an fsdp block implies)",
+    "fsdp:fsdp_backward_prefetch": _ENGINE + FE + "fsdp_prefetch_gathers_the_next_unit_"
+    "before_the_current_one_computes" + _NO_KEY,
+    "fsdp:fsdp_forward_prefetch": _ENGINE + FE + "fsdp_prefetch_gathers_the_next_unit_"
+    "before_the_current_one_computes" + _NO_KEY,
+    "fsdp:fsdp_auto_wrap_policy": "units are checked only for the default "
+    f"({FC}fsdp_seed_config_block_trains); no test sets size_based_auto_wrap or none",
+    "fsdp:fsdp_min_num_params": f"named when beside transformer_auto_wrap ({_STAGE_KEYS}); "
+    "no test checks it bounds size_based_auto_wrap's units",
+    "fsdp:fsdp_transformer_layer_cls": _PARSED + _ACCEL,
+    "fsdp:fsdp_reduce_dtype": f"only its default (float32) is observed ({_MIXED}); no test "
+    "sets another",
+    "fsdp:fsdp_buffer_dtype": f"{_ENGINE}{FF}fsdp_forward_inputs_are_cast_by_torchs_rules{_NO_KEY}",
+    "fsdp:fsdp_cpu_offload": f"{_PARSED}{_ACCEL}; the engine's cpu_offload only in parity "
+    f"({FC}fsdp_prefetch_offload_checkpointing_match), which holds without it",
+    "fsdp:gradient_checkpointing": _ENGINE + FE + "fsdp_activation_checkpointing_keeps_only_"
+    "each_units_input" + _NO_KEY,
+    "fsdp:sync_module_states": f"{_ENGINE}{FC}fsdp_prefetch_offload_checkpointing_match{_NO_KEY}",
+    "fsdp:zero_stage": "refused by wrap() when > 0 (_check_other_parallelisms); no test",
+    "fsdp:pipeline_schedule": "refused by wrap() (_check_other_parallelisms); no test",
+    # ---- Accelerate's fsdp_config spellings (read as the FSDP key they stand for)
+    "accelerate:fsdp_offload_params": f"{_PARSED}{_ACCEL}; fsdp_cpu_offload has no effect "
+    "test either",
+    "accelerate:fsdp_transformer_layer_cls_to_wrap": f"{_PARSED}{_ACCEL}; "
+    "fsdp_transformer_layer_cls has no effect test either",
+    "accelerate:fsdp_backward_prefetch_policy": "no test (not even parsing)",
+    "accelerate:fsdp_sync_module_states": f"{_PARSED}{_ACCEL}; sync_module_states has no "
+    "effect test either",
+    "accelerate:fsdp_activation_checkpointing": f"{_PARSED}{_ACCEL}; gradient_checkpointing "
+    "has no effect test either",
+    "accelerate:fsdp_reshard_after_forward": "read as fsdp_sharding_strategy; no test "
+    "(not even parsing)",
+    # ---- DeepSpeed JSON keys
+    "deepspeed:train_micro_batch_size_per_gpu": "only the batch-size arithmetic and refusals "
+    "are tested; no test checks deepspeed.initialize's loader batch from it",
+    "deepspeed:prescale_gradients": f"{ZC}zero_prescale_and_predivide_match_single_process "
+    "checks unchanged results, which also hold if it is ignored",
+    "deepspeed:gradient_predivide_factor": f"{ZC}zero_prescale_and_predivide_match_single_"
+    "process checks unchanged results (true if ignored); only <= 0 is refused",
+    "deepspeed:zero_optimization.overlap_comm": f"{_ENGINE}{CZ}ZeroLibTorch."
+    f"Stage2WithoutOverlapCommWaitsForEachReduction{_NO_KEY}",
+    "deepspeed:zero_optimization.reduce_bucket_size": "only the resolved option is tested "
+    f"({TDS}test_bucket_sizes_auto_follow_the_models_hidden_size); no test counts buckets",
+    "deepspeed:zero_optimization.stage3_prefetch_bucket_size": "turns stage 3's forward "
+    "prefetch on when > 0 (ZeroEngine._shard); no test",
+    "deepspeed:zero_optimization.cpu_offload": _PARSED + TDS + "test_real_configs_load_and_"
+    "name_what_they_ignore (the native flag); offload has no effect test",
+    "deepspeed:zero_optimization.cpu_offload_param": "no test; offload has no effect test",
+    "deepspeed:zero_optimization.cpu_offload_params": "no test; offload has no effect test",
+    "deepspeed:zero_optimization.offload_optimizer.device": f"{_SGD} checks parity with it, "
+    "which holds without it; no test checks where the state lives",
+    "deepspeed:zero_optimization.offload_optimizer.pin_memory": "page-locks the offloaded "
+    "state only for GPU parameters (ZeroOptimizer.pinned()); no GPU test has run it",
+    "deepspeed:zero_optimization.offload_param.device": _PARSED + TDS + "test_real_configs_"
+    "load_and_name_what_they_ignore (the native flag)",
+    "deepspeed:zero_optimization.offload_param.pin_memory": "page-locks stage 3's offloaded "
+    "shards only for GPU parameters (FSDP unit pin_memory); no GPU test has run it",
+    "deepspeed:fp16.loss_scale": "no test sets a static scale",
+    "deepspeed:fp16.loss_scale_window": f"{ZC}zero_fp16_overflow_skips_everywhere sets 100 but "
+    "runs too few steps to see the scale grow",
+    "deepspeed:fp16.min_loss_scale": "no test sets it",
+    "deepspeed:optimizer.params.betas": "every parity test leaves DeepSpeed's default on both "
+    "sides; no test sets it",
+    "deepspeed:optimizer.params.eps": "no test sets it",
+    "deepspeed:optimizer.params.dampening": "no test sets it",
+    "deepspeed:optimizer.params.bias_correction": "refused when false (config._optimizer), "
+    "but no test",
+    "deepspeed:scheduler.params.warmup_max_lr": f"{_SCHEDULED} sets it equal to the "
+    "optimizer's lr, its default; no test tells them apart",
+    "deepspeed:scheduler.params.warmup_min_ratio": "_C.WarmupSchedule is tested with it "
+    f"({TDS}test_schedules_equal_deepspeeds_own), not the key from a config",
+    "deepspeed:scheduler.params.cos_min_ratio": "_C.WarmupSchedule is tested with it "
+    f"({TDS}test_schedules_equal_deepspeeds_own), not the key from a config",
+    "deepspeed:scheduler.params.last_batch_iteration": "no test sets it (the schedule tests "
+    "start at its default, -1)",
+}
