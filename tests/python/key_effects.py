@@ -150,6 +150,16 @@ EFFECTS: dict[str, tuple[str, ...]] = {
     "deepspeed:zero_optimization.allgather_bucket_size": (
         ZC + "zero_allgather_bucket_size_sets_the_parameter_all_gathers",
     ),
+    **{
+        f"deepspeed:optimizer.params.{key}": (
+            TDS + "test_optimizer_params_reach_the_fused_optimizer",
+        )
+        for key in ("betas", "eps", "dampening")
+    },
+    **{
+        f"deepspeed:fp16.{key}": (TDS + "test_fp16_loss_scale_and_its_floor_reach_the_loss_scaler",)
+        for key in ("loss_scale", "min_loss_scale")
+    },
 }
 
 # Documented DeepSpeed keys accepted and named in the one DeepSpeedConfigWarning, by table.
@@ -349,14 +359,8 @@ GAPS: dict[str, str] = {
     "load_and_name_what_they_ignore (the native flag)",
     "deepspeed:zero_optimization.offload_param.pin_memory": "page-locks stage 3's offloaded "
     "shards only for GPU parameters (FSDP unit pin_memory); no GPU test has run it",
-    "deepspeed:fp16.loss_scale": "no test sets a static scale",
     "deepspeed:fp16.loss_scale_window": f"{ZC}zero_fp16_overflow_skips_everywhere sets 100 but "
     "runs too few steps to see the scale grow",
-    "deepspeed:fp16.min_loss_scale": "no test sets it",
-    "deepspeed:optimizer.params.betas": "every parity test leaves DeepSpeed's default on both "
-    "sides; no test sets it",
-    "deepspeed:optimizer.params.eps": "no test sets it",
-    "deepspeed:optimizer.params.dampening": "no test sets it",
     "deepspeed:optimizer.params.bias_correction": "refused when false (config._optimizer), "
     "but no test",
     "deepspeed:scheduler.params.warmup_max_lr": f"{_SCHEDULED} sets it equal to the "

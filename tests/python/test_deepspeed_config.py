@@ -345,3 +345,77 @@ def test_adams_kernel_choices_are_named_with_what_runs():
     config = load({"train_batch_size": 2, "optimizer": {"type": "AdamW", "params": params}}, 1)
     for key in ("torch_adam", "fused", "foreach"):
         assert any(f"optimizer.params.{key} (" in entry for entry in config["ignored"]), key
+
+
+@pytest.mark.parametrize(
+    "kind, params",
+    [
+        ("AdamW", {"betas": [0.8, 0.99]}),
+        ("AdamW", {"eps": 1e-2}),
+        ("SGD", {"momentum": 0.9, "dampening": 0.5}),
+    ],
+)
+def test_optimizer_params_reach_the_fused_optimizer(kind, params):
+    """Catches optimizer.params betas, eps or dampening parsed and dropped: the engine trains
+    as torch's optimizer given the same values, and not as it would with the defaults (so the
+    value is what made the difference)."""
+    torch.manual_seed(0)
+    batches = [(torch.randn(4, 6), torch.randn(4, 3)) for _ in range(6)]
+
+    def trained(given, engine_run):
+        torch.manual_seed(1)
+        model = torch.nn.Sequential(torch.nn.Linear(6, 16), torch.nn.Tanh(), torch.nn.Linear(16, 3))
+        if engine_run:
+            config = {
+                "train_micro_batch_size_per_gpu": 4,
+                "optimizer": {"type": kind, "params": {"lr": 1e-2, **given}},
+                "zero_optimization": {"stage": 1},
+            }
+            engine = shardwise.zero.initialize(model, config)
+            for x, y in batches:
+                engine.backward(torch.nn.functional.mse_loss(engine(x), y))
+                engine.step()
+            return torch.cat([p.detach().view(-1) for p in model.parameters()])
+        args = {k: tuple(v) if k == "betas" else v for k, v in given.items()}
+        opt = (torch.optim.AdamW if kind == "AdamW" else torch.optim.SGD)(
+            model.parameters(), lr=1e-2, **({"weight_decay": 0.0} | args)
+        )
+        for x, y in batches:
+            torch.nn.functional.mse_loss(model(x), y).backward()
+            opt.step()
+            opt.zero_grad()
+        return torch.cat([p.detach().view(-1) for p in model.parameters()])
+
+    ours, theirs = trained(params, True), trained(params, False)
+    assert torch.allclose(ours, theirs, rtol=1e-5, atol=1e-6), (ours - theirs).abs().max()
+    defaults = {"momentum": 0.9} if kind == "SGD" else {}  # dampening needs momentum
+    assert not torch.allclose(ours, trained(defaults, False), rtol=1e-4, atol=1e-5)
+
+
+def test_fp16_loss_scale_and_its_floor_reach_the_loss_scaler():
+    """Catches fp16.loss_scale (a static scale) or fp16.min_loss_scale parsed and dropped:
+    fp16 training whose scaled loss always overflows (2**40 x the loss is inf in fp16) keeps a
+    static scale as given, and a dynamic one halves down to min_loss_scale and stops there (it
+    would go on to 2**33 after 7 halvings without the floor)."""
+
+    def scales(fp16, steps=8):
+        torch.manual_seed(0)
+        model = torch.nn.Linear(6, 3)
+        config = {
+            "train_micro_batch_size_per_gpu": 4,
+            "fp16": {"enabled": True, "hysteresis": 1, **fp16},
+            "optimizer": {"type": "SGD", "params": {"lr": 1e-3}},
+            "zero_optimization": {"stage": 1},
+        }
+        engine = shardwise.zero.initialize(model, config)
+        seen = []
+        for _ in range(steps):
+            x = torch.randn(4, 6).half()
+            engine.backward(engine(x).float().pow(2).sum() + 1.0)
+            engine.step()
+            seen.append(engine.optimizer.loss_scale())
+        return seen
+
+    assert scales({"loss_scale": 2.0**40}) == [2.0**40] * 8
+    floored = scales({"initial_scale_power": 40, "min_loss_scale": 2.0**37})
+    assert floored[0] == 2.0**39 and floored[-1] == 2.0**37 and min(floored) == 2.0**37, floored
