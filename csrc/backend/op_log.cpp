@@ -76,7 +76,7 @@ const char* profiling_title(c10d::OpType type) {
     case OpType::RECV:
       return "shardwise:recv";
     case OpType::RECVANYSOURCE:
-      return "shardwise:recv_any_source";
+      return "shardwise:recvAnySource";  // gloo's spelling, which torch's tests look for
     case OpType::BARRIER:
       return "shardwise:barrier";
     default:
