@@ -76,6 +76,37 @@ def fsdp_prefetch_gathers_the_next_unit_before_the_current_one_computes(rank, wo
     assert fetched_seen[("2", "backward")] - fetched_seen[("2", "forward")] == 2, fetched_seen
 
 
+def fsdp_the_configs_prefetch_and_wrap_keys_run_as_the_arguments(rank, world, gloo):
+    """The same counts through shardwise.wrap and the FSDP config keys: fsdp_forward_prefetch
+    and fsdp_backward_prefetch (Accelerate's NO_PREFETCH spelling for none) change when the
+    next unit's all-gather is issued, and transformer_auto_wrap with
+    fsdp_transformer_layer_cls makes each block a unit (one all-gather per block; with no_wrap
+    the whole model is one unit, gathered once before block 0). Catches the keys parsed and
+    the wrapping or prefetch left at their defaults."""
+
+    def wrapped(log, **keys):
+        torch.manual_seed(0)
+        body = nn.Sequential(*[_Block(str(i), log) for i in range(3)])
+        cls = {"fsdp_transformer_layer_cls": ["_Block"]}
+        return shardwise.wrap(body, {"use_fsdp": True, **cls, **keys})
+
+    log: list = []
+    plain = wrapped(log, fsdp_backward_prefetch="NO_PREFETCH")
+    _step(plain, log)
+    plain_seen = _step(plain, log)
+    fetched = wrapped(log, fsdp_forward_prefetch=True, fsdp_backward_prefetch="backward_pre")
+    _step(fetched, log)
+    fetched_seen = _step(fetched, log)
+    assert plain_seen[("0", "forward")] == 1, plain_seen
+    assert fetched_seen[("0", "forward")] == 2, fetched_seen
+    assert plain_seen[("2", "backward")] - plain_seen[("2", "forward")] == 1, plain_seen
+    assert fetched_seen[("2", "backward")] - fetched_seen[("2", "forward")] == 2, fetched_seen
+    whole = wrapped(log, fsdp_auto_wrap_policy="no_wrap")
+    _step(whole, log)
+    whole_seen = _step(whole, log)
+    assert whole_seen[("0", "forward")] == whole_seen[("2", "forward")] == 1, whole_seen
+
+
 def fsdp_shard_grad_op_keeps_parameters_gathered_until_backward(rank, world, gloo):
     """shard_grad_op: after forward every unit's parameters are still full (their own shapes)
     and backward gathers nothing; full_shard: they are shards after forward and backward

@@ -160,6 +160,15 @@ EFFECTS: dict[str, tuple[str, ...]] = {
         f"deepspeed:fp16.{key}": (TDS + "test_fp16_loss_scale_and_its_floor_reach_the_loss_scaler",)
         for key in ("loss_scale", "min_loss_scale")
     },
+    **{
+        f"fsdp:{key}": (FE + "fsdp_the_configs_prefetch_and_wrap_keys_run_as_the_arguments",)
+        for key in (
+            "fsdp_forward_prefetch",
+            "fsdp_backward_prefetch",
+            "fsdp_auto_wrap_policy",
+            "fsdp_transformer_layer_cls",
+        )
+    },
 }
 
 # Documented DeepSpeed keys accepted and named in the one DeepSpeedConfigWarning, by table.
@@ -303,15 +312,8 @@ GAPS: dict[str, str] = {
     "(as split=parameters would); no test observes the cut",
     # ---- FSDP config keys
     "fsdp:use_fsdp": "no test sets it false (true is also what an fsdp block implies)",
-    "fsdp:fsdp_backward_prefetch": _ENGINE + FE + "fsdp_prefetch_gathers_the_next_unit_"
-    "before_the_current_one_computes" + _NO_KEY,
-    "fsdp:fsdp_forward_prefetch": _ENGINE + FE + "fsdp_prefetch_gathers_the_next_unit_"
-    "before_the_current_one_computes" + _NO_KEY,
-    "fsdp:fsdp_auto_wrap_policy": "units are checked only for the default "
-    f"({FC}fsdp_seed_config_block_trains); no test sets size_based_auto_wrap or none",
     "fsdp:fsdp_min_num_params": f"named when beside transformer_auto_wrap ({_STAGE_KEYS}); "
     "no test checks it bounds size_based_auto_wrap's units",
-    "fsdp:fsdp_transformer_layer_cls": _PARSED + _ACCEL,
     "fsdp:fsdp_reduce_dtype": f"only its default (float32) is observed ({_MIXED}); no test "
     "sets another",
     "fsdp:fsdp_buffer_dtype": f"{_ENGINE}{FF}fsdp_forward_inputs_are_cast_by_torchs_rules{_NO_KEY}",
