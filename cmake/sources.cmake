@@ -172,4 +172,5 @@ set(SHARDWISE_TORCH_TEST_SOURCES
   tests/cpp/torch/test_training_composition_libtorch.cc
   tests/cpp/torch/test_run_stats_libtorch.cc
   tests/cpp/torch/test_torch_optim_adapters_libtorch.cc
+  tests/cpp/torch/test_work_libtorch.cc
 )

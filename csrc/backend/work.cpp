@@ -94,6 +94,13 @@ void ShardwiseWork::complete_future(const c10::intrusive_ptr<c10::ivalue::Future
 }
 
 void ShardwiseWork::finish(std::exception_ptr error) {
+  // The profiler's event ends with the operation, before anyone can see it complete: a waiter
+  // woken first could drop this work, or stop the profiler and export its trace, while the
+  // end callback still runs here (a pipeline's asynchronous sends crashed the trace export).
+  if (recordFunctionEndCallback_) {
+    recordFunctionEndCallback_();
+    recordFunctionEndCallback_ = nullptr;
+  }
   c10::intrusive_ptr<c10::ivalue::Future> future;
   {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -103,10 +110,6 @@ void ShardwiseWork::finish(std::exception_ptr error) {
   }
   done_.notify_all();
   if (future) complete_future(future);
-  if (recordFunctionEndCallback_) {  // the profiler's event ends with the operation
-    recordFunctionEndCallback_();
-    recordFunctionEndCallback_ = nullptr;
-  }
 }
 
 }  // namespace shardwise::backend

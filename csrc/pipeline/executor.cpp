@@ -1,6 +1,7 @@
 #include "pipeline/executor.h"
 
 #include <ATen/ATen.h>
+#include <ATen/record_function.h>
 #include <c10/util/Exception.h>
 #include <torch/csrc/autograd/autograd.h>
 
@@ -227,6 +228,9 @@ StepResult PipelineExecutor::run(const std::vector<Action>& list,
       for (; k < end; ++k) result.times.push_back({begin, now()});
       continue;
     }
+    // each compute action a profiler range of its name ("pipeline:F1.0"): traces show the
+    // schedule as it ran (the name is built only while a profiler records)
+    RECORD_USER_SCOPE("pipeline:" + action_name(list[k]));
     if (list[k].kind == ActionKind::kForward) {
       forward(list[k], inputs, result);
     } else if (list[k].kind == ActionKind::kBackwardWeight) {
