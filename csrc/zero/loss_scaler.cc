@@ -38,7 +38,8 @@ bool LossScaler::update(bool overflow) {
       --state_.hysteresis_left;
     }
     state_.last_overflow = state_.iteration;
-  } else if ((state_.iteration - state_.last_overflow) % options_.window == 0) {
+  } else if (const int64_t clean_before = state_.iteration - state_.last_overflow - 1;
+             clean_before > 0 && clean_before % options_.window == 0) {
     state_.hysteresis_left = options_.hysteresis;
     state_.scale *= options_.factor;
   }

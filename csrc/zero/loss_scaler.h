@@ -7,8 +7,8 @@
 // - overflow: the step is skipped. With `hysteresis` h > 1 the first h - 1 overflows (since the
 //   last growth) only use up hysteresis; after that the scale is divided by `factor`, never
 //   below `min_scale`.
-// - no overflow: once `window` steps have passed since the last overflow (or since the start),
-//   the scale is multiplied by `factor` and the hysteresis refilled.
+// - no overflow: when the clean steps before this one since the last overflow (or the start) are
+//   a positive multiple of `window`, scale *= `factor`, hysteresis refilled (DeepSpeed's rule).
 // A static scale (dynamic = false) never changes, but overflowing steps are still skipped.
 #pragma once
 

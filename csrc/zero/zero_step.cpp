@@ -95,6 +95,7 @@ void ZeroOptimizer::run_optimizer(const std::vector<at::Tensor>& masters,
     op.call(masters, grads, first, second, low, o.lr, o.beta1, o.beta2, o.eps, o.weight_decay,
             step_count_, grad_scale);
   } else {
+    if (o.momentum == 0.0) first.clear();  // as torch's SGD: no momentum, no buffer to update
     static auto op = c10::Dispatcher::singleton()
                          .findSchemaOrThrow("shardwise::fused_sgd_", "")
                          .typed<void(at::TensorList, at::TensorList, at::TensorList, at::TensorList,

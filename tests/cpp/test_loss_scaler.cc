@@ -17,13 +17,31 @@ TEST(LossScaler, GrowsEveryWindowBacksOffAfterHysteresisAndStopsAtTheMinimum) {
   options.hysteresis = 2;
   options.min_scale = 2;
   LossScaler scaler(options);
-  // iteration: 0 1 2 | 3: overflow uses hysteresis | 4, 5: overflows halve | 6 7 8: grows at
-  // 8 (3 clean steps after the overflow at 5) | 9: hysteresis | 10..13: halve down to the minimum.
+  // DeepSpeed's DynamicLossScaler(16, 3, 2, 2, False) on the same overflows gives this scale:
+  // iteration 0 1 2 clean (a growth needs 3 clean steps before it) | 3: the overflow uses up
+  // hysteresis | 4, 5: overflows halve | 6 7 8 clean (the growth would come at 9) | 9..13:
+  // overflows halve at once (hysteresis refills only on growth) down to the minimum.
   const std::vector<bool> overflow = {false, false, false, true, true, true, false,
                                       false, false, true,  true, true, true, true};
-  const std::vector<double> scale = {16, 16, 32, 32, 16, 8, 8, 8, 16, 16, 8, 4, 2, 2};
+  const std::vector<double> scale = {16, 16, 16, 16, 8, 4, 4, 4, 4, 2, 2, 2, 2, 2};
   for (size_t i = 0; i < overflow.size(); ++i) {
     EXPECT_EQ(scaler.update(overflow[i]), overflow[i]) << "iteration " << i;
+    EXPECT_EQ(scaler.scale(), scale[i]) << "iteration " << i;
+  }
+}
+
+TEST(LossScaler, GrowsAfterWindowPlusOneCleanStepsAsDeepSpeed) {
+  LossScalerOptions options;
+  options.initial_scale = 16;
+  options.window = 2;
+  options.hysteresis = 1;
+  LossScaler scaler(options);
+  // DeepSpeed's DynamicLossScaler(16, 2, 1, 1, False): the third clean step grows (two clean
+  // steps before it), an overflow halves, and growth resumes three clean steps later.
+  const std::vector<bool> overflow = {false, false, false, true, false, false, false, false, false};
+  const std::vector<double> scale = {16, 16, 32, 16, 16, 16, 32, 32, 64};
+  for (size_t i = 0; i < overflow.size(); ++i) {
+    scaler.update(overflow[i]);
     EXPECT_EQ(scaler.scale(), scale[i]) << "iteration " << i;
   }
 }

@@ -229,6 +229,10 @@ def test_bucket_sizes_auto_follow_the_models_hidden_size():
             "offload_param.device 'nvme'",
         ),
         ({"gradient_predivide_factor": 0}, "gradient_predivide_factor must be > 0"),
+        (
+            {"optimizer": {"type": "Adam", "params": {"bias_correction": False}}},
+            "optimizer.params.bias_correction=False is not supported",
+        ),
     ],
 )
 def test_values_that_would_change_training_are_refused(config, words):
@@ -419,3 +423,119 @@ def test_fp16_loss_scale_and_its_floor_reach_the_loss_scaler():
     assert scales({"loss_scale": 2.0**40}) == [2.0**40] * 8
     floored = scales({"initial_scale_power": 40, "min_loss_scale": 2.0**37})
     assert floored[0] == 2.0**39 and floored[-1] == 2.0**37 and min(floored) == 2.0**37, floored
+
+
+def _engine_lrs(scheduler: dict, steps: int) -> list[float]:
+    """The lr of a shardwise engine configured with this DeepSpeed scheduler block: before its
+    first step and after each."""
+    torch.manual_seed(0)
+    model = torch.nn.Linear(6, 3)
+    config = {
+        "train_micro_batch_size_per_gpu": 4,
+        "optimizer": {"type": "AdamW", "params": {"lr": 1e-2}},
+        "scheduler": scheduler,
+        "zero_optimization": {"stage": 1},
+    }
+    engine = shardwise.zero.initialize(model, config)
+    lrs = [engine.get_lr()[0]]
+    for _ in range(steps):
+        engine.backward(engine(torch.randn(4, 6)).pow(2).mean())
+        engine.step()
+        lrs.append(engine.get_lr()[0])
+    return lrs
+
+
+@pytest.mark.parametrize(
+    "kind, params",
+    [
+        ("WarmupDecayLR", {"warmup_max_lr": 4e-3, "warmup_num_steps": 4, "total_num_steps": 12}),
+        ("WarmupCosineLR", {"warmup_min_ratio": 0.2, "warmup_num_steps": 4, "total_num_steps": 12}),
+        ("WarmupCosineLR", {"cos_min_ratio": 0.5, "warmup_num_steps": 2, "total_num_steps": 10}),
+        ("WarmupLR", {"warmup_num_steps": 6, "last_batch_iteration": 2}),
+    ],
+)
+def test_scheduler_params_from_the_config_set_the_engines_lr(kind, params):
+    """Catches scheduler.params warmup_max_lr, warmup_min_ratio, cos_min_ratio or
+    last_batch_iteration parsed and dropped: the engine's lr, step by step, is DeepSpeed's own
+    scheduler's with these params, and not its lr with the key left out."""
+    ours = _engine_lrs({"type": kind, "params": params}, 12)
+    theirs = deepspeed_lrs(kind, params, 1e-2, 12)
+    assert ours == pytest.approx(theirs, rel=1e-12, abs=1e-18), (ours, theirs)
+    key = next(k for k in params if k not in ("warmup_num_steps", "total_num_steps"))
+    without = {k: v for k, v in params.items() if k != key}
+    assert ours != pytest.approx(deepspeed_lrs(kind, without, 1e-2, 12), rel=1e-6), key
+
+
+def test_fp16_loss_scale_window_grows_the_scale_as_deepspeeds_scaler():
+    """Catches fp16.loss_scale_window parsed and dropped: with no overflow the engine's dynamic
+    scale doubles every window steps exactly as DeepSpeed's DynamicLossScaler does with the
+    same settings (window 2 doubles it 4 times in 9 steps; the default, 1000, never)."""
+    from deepspeed.runtime.fp16.loss_scaler import DynamicLossScaler
+
+    def ours(window: int, steps: int = 9) -> list[float]:
+        torch.manual_seed(0)
+        model = torch.nn.Linear(6, 3)
+        fp16 = {"enabled": True, "initial_scale_power": 4, "hysteresis": 2}
+        config = {
+            "train_micro_batch_size_per_gpu": 4,
+            "fp16": {**fp16, "loss_scale_window": window},
+            "optimizer": {"type": "SGD", "params": {"lr": 1e-3}},
+            "zero_optimization": {"stage": 1},
+        }
+        engine = shardwise.zero.initialize(model, config)
+        seen = []
+        for _ in range(steps):
+            engine.backward(engine(torch.randn(4, 6).half()).float().pow(2).mean())
+            engine.step()
+            seen.append(engine.optimizer.loss_scale())
+        return seen
+
+    scaler = DynamicLossScaler(2.0**4, 2, 1.0, 2, False)
+    theirs = []
+    for _ in range(9):
+        scaler.update_scale(False)
+        theirs.append(scaler.cur_scale)
+    assert ours(2) == theirs and theirs[-1] == 2.0**8, (ours(2), theirs)
+    assert ours(1000) == [2.0**4] * 9
+
+
+def test_train_micro_batch_size_per_gpu_sets_the_loaders_batch():
+    """Catches train_micro_batch_size_per_gpu parsed and dropped: deepspeed.initialize's loader
+    yields batches of it (3 of 10 rows: 3, 3, 3 and the last 1, as DeepSpeed's loader), where
+    train_batch_size=5 alone gives 5."""
+    model = torch.nn.Linear(4, 2)
+    data = torch.utils.data.TensorDataset(torch.randn(10, 4), torch.randn(10, 2))
+    for config, sizes in (
+        ({"train_micro_batch_size_per_gpu": 3}, [3, 3, 3, 1]),
+        ({"train_batch_size": 5}, [5, 5]),
+    ):
+        config = {**config, "optimizer": {"type": "Adam", "params": {"lr": 1e-3}}}
+        _, _, loader, _ = shardwise.deepspeed.initialize(
+            model=model, model_parameters=model.parameters(), training_data=data, config=config
+        )
+        assert [len(x) for x, _ in loader] == sizes, config
+
+
+def test_sgd_without_momentum_trains_as_torchs_sgd():
+    """Catches ZeRO's SGD without momentum (DeepSpeed's and torch's default) failing at its
+    first step: it handed the fused SGD a momentum buffer to update with momentum 0."""
+    torch.manual_seed(0)
+    batches = [(torch.randn(4, 6), torch.randn(4, 3)) for _ in range(4)]
+    model = torch.nn.Linear(6, 3)
+    reference = torch.nn.Linear(6, 3)
+    reference.load_state_dict(model.state_dict())
+    config = {
+        "train_micro_batch_size_per_gpu": 4,
+        "optimizer": {"type": "SGD", "params": {"lr": 0.1, "weight_decay": 0.01}},
+        "zero_optimization": {"stage": 2},
+    }
+    engine = shardwise.zero.initialize(model, config)
+    opt = torch.optim.SGD(reference.parameters(), lr=0.1, weight_decay=0.01)
+    for x, y in batches:
+        engine.backward(torch.nn.functional.mse_loss(engine(x), y))
+        assert engine.step()
+        torch.nn.functional.mse_loss(reference(x), y).backward()
+        opt.step()
+        opt.zero_grad()
+    for ours, theirs in zip(model.parameters(), reference.parameters(), strict=True):
+        assert torch.allclose(ours, theirs, rtol=1e-6, atol=1e-7), (ours - theirs).abs().max()

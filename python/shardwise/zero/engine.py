@@ -203,14 +203,16 @@ class ZeroEngine(nn.Module):
 class WarmupScheduler:
     """DeepSpeed's scheduler interface (``step``, ``get_lr``, ``get_last_lr``, ``state_dict``)
     over the C++ schedule (``csrc/optim/warmup_schedule.h``); it sets the engine's lr as
-    DeepSpeed's does its optimizer's: at construction (``last_batch_iteration`` -1) and after
-    every optimizer step that was not skipped."""
+    DeepSpeed's does its optimizer's: at construction only when ``last_batch_iteration`` is -1
+    (a schedule started later leaves the optimizer's lr for the first step, as DeepSpeed's
+    does) and after every optimizer step that was not skipped."""
 
     def __init__(self, engine: ZeroEngine, options: Mapping):
         self._engine = engine
         self._schedule = _C.WarmupSchedule(dict(options))
         self.last_batch_iteration = int(options.get("last_batch_iteration", -1))
-        self._apply()
+        if self.last_batch_iteration == -1:
+            self._apply()
 
     def get_lr(self) -> list[float]:
         return [self._schedule.lr(self.last_batch_iteration)]
