@@ -127,6 +127,27 @@ def fsdp_shard_grad_op_keeps_parameters_gathered_until_backward(rank, world, glo
         assert _gathers() - start - after_forward == backward_gathers, strategy
 
 
+def _saved_bytes(model, x) -> int:
+    """The bytes autograd saves for backward in one forward of ``model`` (parameters aside)."""
+    storages: dict[int, int] = {}
+
+    def pack(t):
+        params = {p.untyped_storage().data_ptr() for p in model.parameters()}
+        if t.untyped_storage().data_ptr() not in params:
+            storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
+        return t
+
+    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+        loss = model(x).pow(2).sum()
+    loss.backward()
+    return sum(storages.values())
+
+
+# what the loss saves (the model's output), and what each unit saves without checkpointing (its
+# input, the hidden pre-activation and the GELU output) and with it (its input only)
+_OUTSIDE, _PLAIN, _CHECKPOINTED = BATCH * DIM * 4, BATCH * 9 * DIM * 4, BATCH * DIM * 4
+
+
 def fsdp_activation_checkpointing_keeps_only_each_units_input(rank, world, gloo):
     """activation_checkpointing: each unit keeps only its input (DIM floats per row) where
     autograd saved its input, the hidden pre-activation and the GELU output (9 x DIM), to the
@@ -136,24 +157,107 @@ def fsdp_activation_checkpointing_keeps_only_each_units_input(rank, world, gloo)
     saved, grads = {}, {}
     for checkpointed in (False, True):
         model = _model(log, activation_checkpointing=checkpointed)
-        storages: dict[int, int] = {}
-
-        def pack(t, model=model, storages=storages):
-            params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-            if t.untyped_storage().data_ptr() not in params:
-                storages[t.untyped_storage().data_ptr()] = t.untyped_storage().nbytes()
-            return t
-
         torch.manual_seed(1)
-        x = torch.randn(BATCH, DIM)
-        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-            loss = model(x).pow(2).sum()
-        loss.backward()
-        saved[checkpointed] = sum(storages.values())
+        saved[checkpointed] = _saved_bytes(model, torch.randn(BATCH, DIM))
         grads[checkpointed] = [p.grad.clone() for p in model.parameters()]
-    outside = BATCH * DIM * 4  # what the loss saves: the model's output
-    assert saved == {False: outside + 3 * BATCH * 9 * DIM * 4, True: outside + 3 * BATCH * DIM * 4}
+    assert saved == {False: _OUTSIDE + 3 * _PLAIN, True: _OUTSIDE + 3 * _CHECKPOINTED}
     assert all(torch.equal(a, b) for a, b in zip(grads[False], grads[True], strict=True))
+
+
+def _wrapped(log: list, seed: int = 0, **keys):
+    """Three probed blocks through shardwise.wrap with these FSDP (or Accelerate) config keys,
+    each block a unit unless the keys say otherwise."""
+    torch.manual_seed(seed)
+    body = nn.Sequential(*[_Block(str(i), log) for i in range(3)])
+    return shardwise.wrap(body, {"fsdp_transformer_layer_cls": ["_Block"], **keys})
+
+
+def fsdp_the_configs_checkpointing_and_strategy_keys_run(rank, world, gloo):
+    """Through shardwise.wrap: gradient_checkpointing (and Accelerate's
+    fsdp_activation_checkpointing) make each unit keep only its input, to the byte;
+    Accelerate's fsdp_reshard_after_forward=false keeps the gathered parameters for backward
+    (backward gathers nothing) where true gathers each unit again. Catches a key parsed and its
+    engine argument left at the default."""
+    log: list = []
+    x = torch.randn(BATCH, DIM)
+    for keys in ({}, {"gradient_checkpointing": True}, {"fsdp_activation_checkpointing": True}):
+        per_unit = _CHECKPOINTED if keys else _PLAIN
+        assert _saved_bytes(_wrapped(log, **keys), x) == _OUTSIDE + 3 * per_unit, keys
+    for reshard, backward_gathers in ((False, 0), (True, 3)):
+        model = _wrapped(log, fsdp_reshard_after_forward=reshard)
+        _step(model, log)  # the first backward also all-gathers the forward order to check it
+        start = _gathers()
+        loss = model(x).pow(2).sum()
+        after_forward = _gathers() - start
+        loss.backward()
+        assert _gathers() - start - after_forward == backward_gathers, reshard
+
+
+def fsdp_the_configs_unit_and_sync_keys_run(rank, world, gloo):
+    """Through shardwise.wrap: use_fsdp=false returns the module itself; size_based_auto_wrap
+    makes each block a unit when fsdp_min_num_params is below a block's parameters (block 2's
+    forward sees gathers after block 0's) and none when above (one gather before block 0);
+    Accelerate's fsdp_transformer_layer_cls_to_wrap and fsdp_backward_prefetch_policy give the
+    FSDP keys' units and prefetch; sync_module_states (and fsdp_sync_module_states) make ranks
+    that built different models all start from the model rank 0 built (its output), which
+    without it they do not (each keeps the shard of its own). Catches each key ignored."""
+    log: list = []
+    body = nn.Linear(DIM, DIM)
+    assert shardwise.wrap(body, {"use_fsdp": False}) is body
+    block = sum(p.numel() for p in _Block("x", log).parameters())
+    size = {"fsdp_auto_wrap_policy": "size_based_auto_wrap"}
+    for bound, per_block in ((block - 1, True), (block + 1, False)):
+        model = _wrapped(log, **size, fsdp_min_num_params=bound)
+        _step(model, log)
+        seen = _step(model, log)
+        assert (seen[("2", "forward")] > seen[("0", "forward")]) == per_block, (bound, seen)
+    # Accelerate's spellings: the blocks named as the units and no backward prefetch give the
+    # FSDP keys' gathers; without the class named, the Sequential's blocks are no units
+    ours = _wrapped(log, fsdp_backward_prefetch="NO_PREFETCH")
+    _step(ours, log)
+    expected = _step(ours, log)
+    for spelled, same in (({}, False), ({"fsdp_transformer_layer_cls_to_wrap": "_Block"}, True)):
+        body = nn.Sequential(*[_Block(str(i), log) for i in range(3)])
+        theirs = shardwise.wrap(body, {**spelled, "fsdp_backward_prefetch_policy": "NO_PREFETCH"})
+        _step(theirs, log)
+        assert (_step(theirs, log) == expected) == same, (spelled, expected)
+    # without sync, every rank keeps its shard of the model it built: the gathered parameters mix
+    # rank 0's and rank 1's, so they are not rank 0's model
+    x = torch.ones(BATCH, DIM)
+    rank0 = _wrapped(log, seed=0, use_fsdp=False)(x)
+    for keys in ({}, {"sync_module_states": True}, {"fsdp_sync_module_states": True}):
+        out = _wrapped(log, seed=rank, **keys)(x)
+        assert torch.equal(out, rank0) == bool(keys), keys
+
+
+def fsdp_the_configs_precision_keys_cast_buffers_and_reductions(rank, world, gloo):
+    """Through shardwise.wrap under fsdp_mixed_precision: fsdp_buffer_dtype=bfloat16 casts the
+    buffers (float32 keeps them), and fsdp_reduce_dtype=bfloat16 reduce-scatters the gradients
+    in half the bytes of float32. Catches the dtype keys parsed and the policy built without
+    them."""
+    from shardwise import _C
+
+    class WithBuffer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layer = nn.Linear(DIM, DIM)
+            self.register_buffer("shift", torch.ones(DIM))
+
+        def forward(self, x):
+            return self.layer(x) + self.shift.to(x.dtype)
+
+    scattered = {}
+    for dtype in ("float32", "bfloat16"):
+        torch.manual_seed(0)
+        keys = {"fsdp_mixed_precision": True, "fsdp_param_dtype": "bfloat16"}
+        model = shardwise.wrap(
+            WithBuffer(), {**keys, "fsdp_buffer_dtype": dtype, "fsdp_reduce_dtype": dtype}
+        )
+        assert model.module.shift.dtype == getattr(torch, dtype), (dtype, model.module.shift)
+        before = _C.communication_stats().get("reduce_scatter", {}).get("bytes", 0)
+        model(torch.randn(BATCH, DIM)).float().pow(2).sum().backward()
+        scattered[dtype] = _C.communication_stats()["reduce_scatter"]["bytes"] - before
+    assert 2 * scattered["bfloat16"] == scattered["float32"], scattered
 
 
 EFFECT_CHECKS = [f for n, f in sorted(globals().items()) if n.startswith("fsdp_")]

@@ -155,6 +155,36 @@ def zero_allgather_bucket_size_sets_the_parameter_all_gathers(rank, world, gloo)
     assert all(torch.equal(ours[n], t) for n, t in ref.items())
 
 
+def zero_reduce_bucket_size_sets_the_gradient_reductions(rank, world, gloo):
+    """reduce_bucket_size, counted by the backend over one stage-2 step: a tenth of the
+    configured 3000 elements splits the gradients into more buckets, so more reduction calls
+    move the same bytes, and training is bit for bit the same. Catches the key parsed and the
+    buckets left at their default size."""
+    from shardwise import _C
+
+    def reductions() -> tuple[int, int]:
+        stats = _C.communication_stats()
+        ops = [v for k, v in stats.items() if k in ("reduce_scatter", "all_reduce", "reduce")]
+        return sum(o.get("calls", 0) for o in ops), sum(o.get("bytes", 0) for o in ops)
+
+    def one_step(size: int):
+        config = zero_config(2, world)
+        config["zero_optimization"]["reduce_bucket_size"] = size
+        engine = shardwise.zero.initialize(make_model(), config)
+        inputs, targets = local(global_batch(0, world), rank)
+        calls, moved = reductions()
+        engine.backward(loss_of(engine, inputs, targets))
+        engine.step()
+        after = reductions()
+        return engine, after[0] - calls, after[1] - moved
+
+    default, calls, moved = one_step(3000)
+    small, small_calls, small_moved = one_step(300)
+    assert small_calls > calls > 0 and small_moved == moved, (calls, small_calls, moved)
+    ours, ref = small.module.state_dict(), default.module.state_dict()
+    assert all(torch.equal(ours[n], t) for n, t in ref.items())
+
+
 def zero_stage3_matches_single_process(rank, world, gloo):
     """Stage 3: the FSDP engine's shards stepped in place by the fused AdamW."""
     _parity(rank, world, 3)
@@ -187,6 +217,79 @@ def zero_prescale_and_predivide_match_single_process(rank, world, gloo):
         _parity(rank, world, stage, sgd=True, prescale_gradients=True)
         _parity(rank, world, stage, sgd=True, gradient_predivide_factor=2.0 * world)
     _parity(rank, world, 2, clip=0.05, gradient_predivide_factor=0.5)
+
+
+def zero_prescale_and_predivide_divide_before_the_fp16_reduction(rank, world, gloo):
+    """prescale_gradients and gradient_predivide_factor seen in what is reduced: fp16 gradients
+    of 40000 on every rank (static loss scale 1) sum to more than fp16 holds, so without
+    either the reduced gradient overflows and the step is skipped on every rank; divided by the
+    world (prescale) or by 2 x world (predivide) first, the sum fits and the step is taken.
+    Catches either key parsed and the division left until after the reduction."""
+
+    def stepped(stage: int, **keys) -> bool:
+        model = torch.nn.Linear(1, 1, bias=False).half()
+        config = {
+            "train_micro_batch_size_per_gpu": 1,
+            "fp16": {"enabled": True, "loss_scale": 1.0},
+            "optimizer": {"type": "SGD", "params": {"lr": 0.0}},
+            "zero_optimization": {"stage": stage},
+            **keys,
+        }
+        engine = shardwise.zero.initialize(model, config)
+        engine.backward(engine(torch.full((1, 1), 40000.0, dtype=torch.half)).float().sum())
+        return engine.step()
+
+    for stage in (1, 2):
+        assert not stepped(stage), stage
+        assert stepped(stage, prescale_gradients=True), stage
+        assert stepped(stage, gradient_predivide_factor=2.0 * world), stage
+
+
+def zero_overlap_comm_false_waits_for_each_reduction(rank, world, gloo):
+    """overlap_comm from the config, seen in the engine: stage 2 with several buckets keeps
+    two reductions in flight during backward by default (true) and one with overlap_comm
+    false, with the same trained weights. Catches the key parsed and not passed on."""
+    trained, in_flight = {}, {}
+    for overlap in (True, False):
+        config = zero_config(2, world)
+        config["zero_optimization"].update(reduce_bucket_size=300, overlap_comm=overlap)
+        engine = shardwise.zero.initialize(make_model(), config)
+        train_zero(engine, rank, world, 2)
+        trained[overlap] = engine.module.state_dict()
+        in_flight[overlap] = engine.optimizer.max_in_flight()
+    assert in_flight == {True: 2, False: 1}, in_flight
+    assert all(torch.equal(trained[True][n], t) for n, t in trained[False].items())
+
+
+def zero_stage3_prefetch_bucket_size_gathers_the_next_block_ahead(rank, world, gloo):
+    """stage3_prefetch_bucket_size, counted by the backend when each block computes: above 0
+    (DeepSpeed's default 5e7) stage 3 issues block 1's all-gather before block 0 computes (2
+    gathers seen there, as FSDP's forward prefetch); 0 turns prefetch off (1 gather seen).
+    Catches the key parsed and prefetch left on or off whatever it says."""
+    from fsdp_effect_checks import BATCH, _Block, _step
+
+    class Stack(torch.nn.Module):
+        def __init__(self, log):
+            super().__init__()
+            self.blocks = torch.nn.ModuleList(_Block(str(i), log) for i in range(3))
+
+        def forward(self, x):
+            for block in self.blocks:
+                x = block(x)
+            return x
+
+    for size, seen_by_block0 in ((0, 1), (50_000_000, 2)):
+        log: list = []
+        torch.manual_seed(0)
+        config = {
+            "train_micro_batch_size_per_gpu": BATCH,
+            "optimizer": {"type": "AdamW", "params": {"lr": LR}},
+            "zero_optimization": {"stage": 3, "stage3_prefetch_bucket_size": size},
+        }
+        engine = shardwise.zero.initialize(Stack(log), config)
+        _step(engine.module, log)  # the first step records the forward order prefetch follows
+        seen = _step(engine.module, log)
+        assert seen[("0", "forward")] == seen_by_block0, (size, seen)
 
 
 def zero1_matches_zero_redundancy_optimizer(rank, world, gloo):
@@ -346,6 +449,11 @@ CHECKS = [
     zero_accumulation_matches_one_big_batch,
     zero_clipping_sgd_and_offload_match_torch,
     zero_prescale_and_predivide_match_single_process,
+    zero_prescale_and_predivide_divide_before_the_fp16_reduction,
+    zero_allgather_bucket_size_sets_the_parameter_all_gathers,
+    zero_reduce_bucket_size_sets_the_gradient_reductions,
+    zero_overlap_comm_false_waits_for_each_reduction,
+    zero_stage3_prefetch_bucket_size_gathers_the_next_block_ahead,
     zero1_matches_zero_redundancy_optimizer,
     zero_fp16_overflow_skips_everywhere,
     zero_memory_matches_the_formulas,

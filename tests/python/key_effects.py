@@ -20,6 +20,7 @@ from __future__ import annotations
 from shardwise.zero import deepspeed_keys as _K
 
 TT = "tests/distributed/test_train.py::"
+TK = "tests/distributed/test_train_keys.py::"
 TTP = "tests/distributed/test_train_tp.py::"
 TTM = "tests/distributed/test_train_models.py::"
 ZC = "tests/distributed/zero_checks.py::"
@@ -46,7 +47,18 @@ _SCHEDULED = TDS + "test_a_scheduled_engine_trains_like_torch_adamw_under_deepsp
 _SGD = ZC + "zero_clipping_sgd_and_offload_match_torch"
 _REFUSED = TDS + "test_values_that_would_change_training_are_refused"
 _WRAP_REFUSES = FT + "test_wrap_refuses_keys_it_would_silently_drop"
+_SCHED_PARAMS = TDS + "test_scheduler_params_from_the_config_set_the_engines_lr"
+_PIPELINE = TK + "test_pipeline_schedule_and_virtual_stages_are_what_runs"
+_PRESCALE = ZC + "zero_prescale_and_predivide_divide_before_the_fp16_reduction"
+_SHARE = (
+    "tests/python/test_train_planner.py::"
+    + "test_processes_per_node_decide_each_ranks_share_of_the_host"
+)
 _ACCEL = FT + "test_accelerates_fsdp_config_reads_as_the_fsdp_config_keys"
+_LR = TK + "test_lr_scaling_and_base_batch_size_set_the_logged_learning_rate"
+_MESH = TK + "test_distributed_mesh_shape_lays_out_tensor_parallelism"
+_SP = TK + "test_sequence_parallel_reduce_scatters_and_saves_gathered_inputs"
+_PROFILED = TK + "test_profile_schedule_records_the_steps_it_names"
 
 EFFECTS: dict[str, tuple[str, ...]] = {
     # ---- shardwise-train
@@ -107,6 +119,48 @@ EFFECTS: dict[str, tuple[str, ...]] = {
         TT + "test_pipeline_checkpoint_resumes_as_ddp_on_one_process",
         TT + "test_eval_loss_is_the_exported_models_loss_on_the_validation_batches",
     ),
+    # ---- shardwise-train keys observed in one- and two-process runs
+    "train:model.vocab_size": (TK + "test_model_shape_keys_build_the_model_the_run_exports",),
+    "train:model.seq_len": (TK + "test_model_shape_keys_build_the_model_the_run_exports",),
+    "train:model.dim": (TK + "test_model_shape_keys_build_the_model_the_run_exports",),
+    "train:model.layers": (TK + "test_model_shape_keys_build_the_model_the_run_exports",),
+    "train:model.mlp_ratio": (TK + "test_model_shape_keys_build_the_model_the_run_exports",),
+    "train:model.heads": (TK + "test_model_heads_splits_attention",),
+    "train:model.dropout": (TK + "test_model_dropout_drops_in_training_only",),
+    "train:model.factory_args": (TK + "test_model_factory_args_reach_the_factory",),
+    "train:data.shuffle_seed": (TK + "test_data_shuffle_seed_orders_the_batches",),
+    "train:training.seed": (TK + "test_training_seed_initializes_the_model",),
+    "train:training.gradient_accumulation_steps": (
+        TK + "test_gradient_accumulation_of_two_halves_equals_one_batch",
+    ),
+    "train:training.sync_gradients_every": (
+        TK + "test_sync_gradients_every_reduces_after_each_micro_batch",
+    ),
+    "train:training.lr_scaling": (_LR,),
+    "train:training.base_batch_size": (_LR,),
+    "train:training.gradient_clip_norm": (TK + "test_gradient_clip_norm_bounds_the_update",),
+    "train:training.gradient_checkpointing": (
+        TK + "test_gradient_checkpointing_recomputes_each_block_in_backward",
+    ),
+    "train:training.log_every": (TK + "test_log_every_picks_the_logged_steps",),
+    "train:training.eval_batches": (TK + "test_eval_batches_sets_the_batches_evaluated",),
+    "train:training.checkpoint.keep_last": (TK + "test_checkpoint_keep_last_keeps_that_many",),
+    "train:distributed.backend": (
+        TK + "test_distributed_backend_picks_the_process_groups_backend",
+    ),
+    "train:distributed.strategy": (TK + "test_distributed_strategy_shards_the_model_state",),
+    "train:distributed.mesh_shape": (_MESH,),
+    "train:distributed.mesh_axis_names": (_MESH,),
+    "train:distributed.sequence_parallel": (_SP,),
+    "train:distributed.sequence_parallel_save_gathered": (_SP,),
+    **{
+        f"train:training.profile.{key}": (_PROFILED,)
+        for key in ("wait", "warmup", "active", "record_shapes")
+    },
+    **{
+        f"train:data.{key}": (TS + "test_data_format_dtype_and_text_field_keys_decide_the_tokens",)
+        for key in ("format", "dtype", "text_field")
+    },
     # ---- FSDP config keys
     "fsdp:fsdp_sharding_strategy": (_STAGE_KEYS, _HYBRID),
     "fsdp:fsdp_state_dict_type": (
@@ -169,6 +223,59 @@ EFFECTS: dict[str, tuple[str, ...]] = {
             "fsdp_transformer_layer_cls",
         )
     },
+    # the FSDP keys and Accelerate's spellings through shardwise.wrap (fsdp_effect_checks)
+    **{
+        key: (FE + "fsdp_the_configs_unit_and_sync_keys_run",)
+        for key in (
+            "fsdp:use_fsdp",
+            "fsdp:fsdp_min_num_params",
+            "fsdp:sync_module_states",
+            "accelerate:fsdp_sync_module_states",
+            "accelerate:fsdp_transformer_layer_cls_to_wrap",
+            "accelerate:fsdp_backward_prefetch_policy",
+        )
+    },
+    **{
+        key: (FE + "fsdp_the_configs_checkpointing_and_strategy_keys_run",)
+        for key in (
+            "fsdp:gradient_checkpointing",
+            "accelerate:fsdp_activation_checkpointing",
+            "accelerate:fsdp_reshard_after_forward",
+        )
+    },
+    **{
+        f"fsdp:{key}": (FE + "fsdp_the_configs_precision_keys_cast_buffers_and_reductions",)
+        for key in ("fsdp_buffer_dtype", "fsdp_reduce_dtype")
+    },
+    # DeepSpeed keys read by the engine in one process, against DeepSpeed's own objects
+    "deepspeed:optimizer.params.bias_correction": (_REFUSED,),
+    "deepspeed:scheduler.params.warmup_max_lr": (_SCHED_PARAMS,),
+    "deepspeed:scheduler.params.warmup_min_ratio": (_SCHED_PARAMS,),
+    "deepspeed:scheduler.params.cos_min_ratio": (_SCHED_PARAMS,),
+    "deepspeed:scheduler.params.last_batch_iteration": (_SCHED_PARAMS,),
+    "deepspeed:fp16.loss_scale_window": (
+        TDS + "test_fp16_loss_scale_window_grows_the_scale_as_deepspeeds_scaler",
+    ),
+    "deepspeed:train_micro_batch_size_per_gpu": (
+        TDS + "test_train_micro_batch_size_per_gpu_sets_the_loaders_batch",
+    ),
+    "train:distributed.pipeline.schedule": (_PIPELINE,),
+    "train:distributed.pipeline.virtual_stages": (_PIPELINE,),
+    "deepspeed:zero_optimization.reduce_bucket_size": (
+        ZC + "zero_reduce_bucket_size_sets_the_gradient_reductions",
+    ),
+    "deepspeed:prescale_gradients": (_PRESCALE,),
+    "deepspeed:gradient_predivide_factor": (_PRESCALE,),
+    "deepspeed:zero_optimization.overlap_comm": (
+        ZC + "zero_overlap_comm_false_waits_for_each_reduction",
+    ),
+    "deepspeed:zero_optimization.stage3_prefetch_bucket_size": (
+        ZC + "zero_stage3_prefetch_bucket_size_gathers_the_next_block_ahead",
+    ),
+    "train:distributed.num_nodes": (_SHARE,),
+    "train:distributed.num_processes_per_node": (_SHARE,),
+    "fsdp:zero_stage": (_WRAP_REFUSES,),
+    "fsdp:pipeline_schedule": (_WRAP_REFUSES,),
 }
 
 # Documented DeepSpeed keys accepted and named in the one DeepSpeedConfigWarning, by table.
@@ -231,124 +338,24 @@ _ROUND = "only its resolution into the config is tested: "
 
 GAPS: dict[str, str] = {
     # ---- shardwise-train
-    "train:model.vocab_size": "only refusals read it in tests "
-    f"({TS}test_a_tokenizer_sets_the_vocabulary_or_names_it); no test checks the built model",
-    "train:model.seq_len": "needed by model.factory, but data.seq_len wins in every run; "
-    "no test checks the length a model trains on",
-    "train:model.dim": "only refusals read it in tests "
-    f"({TR}test_tensor_parallel_refusals_name_the_key_and_the_fix)",
-    "train:model.layers": _PARSED + TC + "test_model_preset_shorthand_and_field_overrides "
-    "(the resolved GPTConfig)",
-    "train:model.heads": "only refusals and validation read it in tests "
-    f"({TR}test_tensor_parallel_refusals_name_the_key_and_the_fix)",
-    "train:model.mlp_ratio": "no test sets it",
-    "train:model.dropout": "no test sets it",
-    "train:model.factory_args": f"{TTM}test_model_matches_one_process passes tiny_lm's own "
-    "defaults; no test checks the arguments reach the factory",
     "train:data.corpus": "one allowed value (pydoc), nothing to switch; no test",
-    "train:data.format": "read_tokens' format argument is tested directly "
-    f"({TS}test_text_file_and_folder_are_byte_tokens); no test sets data.format",
-    "train:data.dtype": "_C.read_token_file's dtype is tested directly "
-    f"({TS}test_bin_files_read_as_numpy_reads_them); data.dtype only by its refusal",
-    "train:data.text_field": "read_tokens' text_field argument is tested directly "
-    f"({TS}test_local_datasets_as_the_datasets_library_reads_them); no test sets the key",
-    "train:data.shuffle_seed": _ROUND + TC + "test_the_shuffle_seed_orders_the_batches "
-    "(the data_seed property), not the order of the batches",
-    "train:training.gradient_accumulation_steps": "runs keep it equal on both sides of every "
-    "comparison or override it to 1; no run compares accumulation with one big batch",
-    "train:training.sync_gradients_every": f"{TT}test_sync_gradients_every_reduces_midway_"
-    "with_the_same_result checks unchanged losses (also true if ignored); sync_points is "
-    "tested as a function",
-    "train:training.lr_scaling": _ROUND + TC + "test_learning_rate_scaling_math "
-    "(scaled_learning_rate); no run observes the scaled rate",
-    "train:training.base_batch_size": _ROUND + TC + "test_learning_rate_scaling_math; "
-    "no run observes the scaled rate",
-    "train:training.gradient_clip_norm": "runs clip at 1.0 on both sides of every comparison; "
-    "no test compares a clipped run with an unclipped one",
-    "train:training.gradient_checkpointing": _ROUND + TC + "test_the_fsdp_sections_gradient_"
-    "checkpointing_turns_checkpointing_on (a flag); no run observes the recomputation",
-    "train:training.seed": "no test runs two seeds and checks the model or batches differ",
     "train:training.device": _ROUND + TDV + "test_auto_is_the_gpu_when_there_is_one_with_"
     "nccl_for_cuda_tensors; GPU runs set cuda, which auto also picks there",
-    "train:training.log_every": "every run logs every step, the default; no test sets another",
-    "train:training.eval_batches": "runs use the default 4; no test sets another",
-    "train:training.profile.wait": f"{TT}test_profile_writes_a_chrome_trace_per_rank_with_the_"
-    "collectives_named checks one trace, which the defaults also give; not which steps",
-    "train:training.profile.warmup": "the profile test checks one trace per rank, which the "
-    "defaults also give; no test checks the steps recorded",
-    "train:training.profile.active": "the profile test checks one trace per rank, which the "
-    "defaults also give; no test checks the steps recorded",
-    "train:training.profile.record_shapes": "no test sets it",
-    "train:training.checkpoint.keep_last": "ckpt.save's keep_last is tested directly "
-    "(tests/python/test_train_checkpoint.py::test_keep_last_deletes_older_checkpoints); "
-    "no run sets the key below the checkpoints it makes",
     "train:distributed.enabled": "only validated (enabled=false with a world > 1 is refused); "
     "--distributed, not the key, runs check_launch",
-    "train:distributed.strategy": "every run's strategy is also what its other keys imply "
-    "(a zero or fsdp block, a mesh axis); no run sets one they would not infer",
-    "train:distributed.backend": "on CPU every run sets the default (shardwise); "
-    f"{TDV}test_auto_is_the_gpu_when_there_is_one_with_nccl_for_cuda_tensors checks resolution",
     "train:distributed.local_rank": f"{_BY_HAND} sets it, but on CPU nothing reads it "
     "(it picks the GPU); no GPU test sets it",
-    "train:distributed.num_nodes": _ROUND + TR + "test_rule_world_size_equals_nodes_times_"
-    "processes (a validation rule)",
-    "train:distributed.num_processes_per_node": _ROUND + TR + "test_rule_world_size_equals_"
-    "nodes_times_processes; device tests set LOCAL_WORLD_SIZE, not the key",
-    "train:distributed.sequence_parallel": "tp runs with it match runs without (as they must); "
-    "only the planner's estimate reads it in tests",
-    "train:distributed.sequence_parallel_save_gathered": "the ZeRO x tp runs set it; their "
-    "losses would be the same without it; no test observes the saved input",
     "train:distributed.pipeline_parallel_size": _ROUND + TR + "test_the_distributed_layout_is_"
     "accepted_with_derived_values; no run sets it",
-    "train:distributed.mesh_shape": _ROUND + TR + "test_distributed_mesh_shape_with_axis_names "
-    "(the layout); no run sets it",
-    "train:distributed.mesh_axis_names": _ROUND + TR + "test_distributed_mesh_shape_with_axis_"
-    "names (the layout); no run sets it",
-    "train:distributed.pipeline.schedule": f"{TT}test_strategy_trains_and_exports runs "
-    "interleaved_1f1b and zb_h1 but only checks they train; no test observes the schedule",
-    "train:distributed.pipeline.virtual_stages": "the interleaved run only checks it trains and "
-    "exports (the same with one virtual stage); no test observes the stages",
     "train:distributed.pipeline.split": "runs with split=time only check they train and match "
     "(as split=parameters would); no test observes the cut",
     # ---- FSDP config keys
-    "fsdp:use_fsdp": "no test sets it false (true is also what an fsdp block implies)",
-    "fsdp:fsdp_min_num_params": f"named when beside transformer_auto_wrap ({_STAGE_KEYS}); "
-    "no test checks it bounds size_based_auto_wrap's units",
-    "fsdp:fsdp_reduce_dtype": f"only its default (float32) is observed ({_MIXED}); no test "
-    "sets another",
-    "fsdp:fsdp_buffer_dtype": f"{_ENGINE}{FF}fsdp_forward_inputs_are_cast_by_torchs_rules{_NO_KEY}",
     "fsdp:fsdp_cpu_offload": f"{_PARSED}{_ACCEL}; the engine's cpu_offload only in parity "
     f"({FC}fsdp_prefetch_offload_checkpointing_match), which holds without it",
-    "fsdp:gradient_checkpointing": _ENGINE + FE + "fsdp_activation_checkpointing_keeps_only_"
-    "each_units_input" + _NO_KEY,
-    "fsdp:sync_module_states": f"{_ENGINE}{FC}fsdp_prefetch_offload_checkpointing_match{_NO_KEY}",
-    "fsdp:zero_stage": "refused by wrap() when > 0 (_check_other_parallelisms); no test",
-    "fsdp:pipeline_schedule": "refused by wrap() (_check_other_parallelisms); no test",
     # ---- Accelerate's fsdp_config spellings (read as the FSDP key they stand for)
     "accelerate:fsdp_offload_params": f"{_PARSED}{_ACCEL}; fsdp_cpu_offload has no effect "
     "test either",
-    "accelerate:fsdp_transformer_layer_cls_to_wrap": f"{_PARSED}{_ACCEL}; "
-    "fsdp_transformer_layer_cls has no effect test either",
-    "accelerate:fsdp_backward_prefetch_policy": "no test (not even parsing)",
-    "accelerate:fsdp_sync_module_states": f"{_PARSED}{_ACCEL}; sync_module_states has no "
-    "effect test either",
-    "accelerate:fsdp_activation_checkpointing": f"{_PARSED}{_ACCEL}; gradient_checkpointing "
-    "has no effect test either",
-    "accelerate:fsdp_reshard_after_forward": "read as fsdp_sharding_strategy; no test "
-    "(not even parsing)",
     # ---- DeepSpeed JSON keys
-    "deepspeed:train_micro_batch_size_per_gpu": "only the batch-size arithmetic and refusals "
-    "are tested; no test checks deepspeed.initialize's loader batch from it",
-    "deepspeed:prescale_gradients": f"{ZC}zero_prescale_and_predivide_match_single_process "
-    "checks unchanged results, which also hold if it is ignored",
-    "deepspeed:gradient_predivide_factor": f"{ZC}zero_prescale_and_predivide_match_single_"
-    "process checks unchanged results (true if ignored); only <= 0 is refused",
-    "deepspeed:zero_optimization.overlap_comm": f"{_ENGINE}{CZ}ZeroLibTorch."
-    f"Stage2WithoutOverlapCommWaitsForEachReduction{_NO_KEY}",
-    "deepspeed:zero_optimization.reduce_bucket_size": "only the resolved option is tested "
-    f"({TDS}test_bucket_sizes_auto_follow_the_models_hidden_size); no test counts buckets",
-    "deepspeed:zero_optimization.stage3_prefetch_bucket_size": "turns stage 3's forward "
-    "prefetch on when > 0 (ZeroEngine._shard); no test",
     "deepspeed:zero_optimization.cpu_offload": _PARSED + TDS + "test_real_configs_load_and_"
     "name_what_they_ignore (the native flag); offload has no effect test",
     "deepspeed:zero_optimization.cpu_offload_param": "no test; offload has no effect test",
@@ -361,16 +368,4 @@ GAPS: dict[str, str] = {
     "load_and_name_what_they_ignore (the native flag)",
     "deepspeed:zero_optimization.offload_param.pin_memory": "page-locks stage 3's offloaded "
     "shards only for GPU parameters (FSDP unit pin_memory); no GPU test has run it",
-    "deepspeed:fp16.loss_scale_window": f"{ZC}zero_fp16_overflow_skips_everywhere sets 100 but "
-    "runs too few steps to see the scale grow",
-    "deepspeed:optimizer.params.bias_correction": "refused when false (config._optimizer), "
-    "but no test",
-    "deepspeed:scheduler.params.warmup_max_lr": f"{_SCHEDULED} sets it equal to the "
-    "optimizer's lr, its default; no test tells them apart",
-    "deepspeed:scheduler.params.warmup_min_ratio": "_C.WarmupSchedule is tested with it "
-    f"({TDS}test_schedules_equal_deepspeeds_own), not the key from a config",
-    "deepspeed:scheduler.params.cos_min_ratio": "_C.WarmupSchedule is tested with it "
-    f"({TDS}test_schedules_equal_deepspeeds_own), not the key from a config",
-    "deepspeed:scheduler.params.last_batch_iteration": "no test sets it (the schedule tests "
-    "start at its default, -1)",
 }

@@ -179,6 +179,8 @@ def test_accelerate_choices_with_no_counterpart_are_named():
         ({"pipeline_parallel_size": 2}, "pipeline_parallel_size=2"),
         ({"use_zero": True}, "for ZeRO: shardwise.zero.initialize"),
         ({"num_microbatches": 4}, "num_microbatches has no effect"),
+        ({"zero_stage": 2}, "zero_stage: shardwise.wrap does FSDP; for ZeRO"),
+        ({"pipeline_schedule": "1f1b"}, "pipeline_schedule has no effect"),
     ],
 )
 def test_wrap_refuses_keys_it_would_silently_drop(config, words):

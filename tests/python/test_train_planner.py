@@ -296,3 +296,22 @@ def test_config_plan_moves_the_dtypes_the_run_communicates_in():
     off = "distributed.fsdp.fsdp_mixed_precision=false"
     assert comm("zero3", *fsdp, off) == math.ceil(r * (2 * 4 * phi + 4 * phi))
     assert comm("zero3", "distributed.strategy=zero") == math.ceil(r * (2 * 2 * phi + 2 * phi))
+
+
+def test_processes_per_node_decide_each_ranks_share_of_the_host(capsys):
+    """distributed.num_nodes and num_processes_per_node, as the trainer's memory check reads
+    them: two ranks on one host (the default for world 2) each plan with half this host's
+    memory; on two nodes of one process (either key says so) each plans with all of it."""
+    from pathlib import Path
+
+    config = str(Path(__file__).resolve().parents[2] / "examples" / "configs" / "ddp.yaml")
+
+    def memory(*overrides: str) -> int:
+        argv = ["--config", config, "distributed.world_size=2", *overrides, "--json"]
+        assert main(argv) == 0
+        return json.loads(capsys.readouterr().out)["device_memory_bytes"]
+
+    shared = memory()
+    assert memory("distributed.num_nodes=2") == 2 * shared
+    assert memory("distributed.num_processes_per_node=1") == 2 * shared
+    assert memory("distributed.num_processes_per_node=2") == shared

@@ -198,3 +198,30 @@ def test_bad_data_paths_are_refused_at_validation(tmp_path):
         load_config(None, [f"data.val_path={tmp_path}"], env={})
     with pytest.raises(ValueError, match="data.dtype"):
         load_config(None, ["data.dtype=float16"], env={})
+
+
+def test_data_format_dtype_and_text_field_keys_decide_the_tokens(tmp_path):
+    """The data keys as a config gives them, read by the trainer's own ``train_val_tokens``:
+    data.dtype=uint8 reads a .bin file's bytes where the default (uint16) reads half as many
+    ids; data.format=text reads the same file as UTF-8 text (byte tokens); data.text_field
+    picks the column of a jsonl dataset. Each key set to its other value changes the tokens."""
+    ids = np.arange(1000, 1400, dtype=np.uint16)
+    ids.tofile(tmp_path / "tokens.bin")
+    with open(tmp_path / "d.jsonl", "w") as f:
+        f.writelines(json.dumps({"text": "alpha", "title": "omega"}) + "\n" for _ in range(20))
+    tok = data_mod.ByteTokenizer()
+
+    def tokens(*overrides: str) -> torch.Tensor:
+        cfg = load_config(None, ["data.val_fraction=0.1", *overrides], env={})
+        train, val = sources.train_val_tokens(cfg.data, tok)
+        return sources.token_ids(torch.cat([train, val]))
+
+    path = f"data.path={tmp_path / 'tokens.bin'}"
+    assert tokens(path).tolist() == ids.tolist()
+    as_bytes = ids.view(np.uint8).astype(np.int64).tolist()
+    assert tokens(path, "data.dtype=uint8").tolist() == as_bytes
+    assert tokens(path, "data.format=text").numel() > 400  # decoded text, not 400 uint16 ids
+    assert tokens(path, "data.format=text").tolist() != ids.tolist()
+    jsonl = f"data.path={tmp_path / 'd.jsonl'}"
+    assert tok.decode(tokens(jsonl)).startswith("alpha\n\nalpha")
+    assert tok.decode(tokens(jsonl, "data.text_field=title")).startswith("omega\n\nomega")
