@@ -366,3 +366,47 @@ def test_pipeline_schedule_and_virtual_stages_are_what_runs(schedule, virtual_st
     for rank in (0, 1):
         compute = [a for a in planned.actions(rank) if not a.startswith(("SEND", "RECV"))]
         assert ran_actions(out, rank) == compute, (rank, str(planned))
+
+
+def test_pipeline_parallel_size_cuts_the_model_into_that_many_stages():
+    """distributed.pipeline_parallel_size=2 with strategy pipeline on ddp.yaml (no mesh to say
+    it): rank 1 runs stage 1 of a two-rank schedule; left at its default (1) both ranks would
+    run the whole model as one stage (F0.x on rank 1)."""
+    from shardwise import pipeline as pp
+
+    out, _, _ = run(
+        "keys2_pp_size",
+        2,
+        "ddp.yaml",
+        *PAIR,
+        *PROFILE,
+        "training.gradient_accumulation_steps=1",
+        "distributed.strategy=pipeline",
+        "distributed.pipeline_parallel_size=2",
+        "distributed.pipeline.num_microbatches=4",
+    )
+    planned = pp.make_schedule("1f1b", 2, 4, 1)
+    for rank in (0, 1):
+        compute = [a for a in planned.actions(rank) if not a.startswith(("SEND", "RECV"))]
+        assert ran_actions(out, rank) == compute, rank
+
+
+def test_training_device_cuda_is_refused_without_a_gpu(tmp_path):
+    """training.device=cuda on this machine (no GPU): exit 2 naming the key and the fix before
+    any work; left unread, the run would train on the CPU as if asked to."""
+    import subprocess
+    import sys
+
+    import torch
+    from train_runs import CONFIGS
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU: training.device=cuda trains there")
+    proc = subprocess.run(
+        [sys.executable, "-m", "shardwise.train", "--config", str(CONFIGS / "ddp.yaml"),
+         "training.device=cuda", f"training.checkpoint.dir={tmp_path}"],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "training.device: cuda" in proc.stderr and "set training.device: cpu" in proc.stderr
+    assert not (tmp_path / "metrics.jsonl").exists()

@@ -274,6 +274,13 @@ EFFECTS: dict[str, tuple[str, ...]] = {
     ),
     "train:distributed.num_nodes": (_SHARE,),
     "train:distributed.num_processes_per_node": (_SHARE,),
+    "train:distributed.enabled": (
+        "tests/python/test_train_cli.py::test_the_enabled_key_or_a_larger_world_asks_the_same_as_the_flag",
+    ),
+    "train:distributed.pipeline_parallel_size": (
+        TK + "test_pipeline_parallel_size_cuts_the_model_into_that_many_stages",
+    ),
+    "train:training.device": (TK + "test_training_device_cuda_is_refused_without_a_gpu",),
     "fsdp:zero_stage": (_WRAP_REFUSES,),
     "fsdp:pipeline_schedule": (_WRAP_REFUSES,),
 }
@@ -335,37 +342,32 @@ _PARSED = "only parsing is tested: "
 _ENGINE = "the engine argument's effect is tested ("
 _NO_KEY = ") but no test sets this key"
 _ROUND = "only its resolution into the config is tested: "
+_GPU_ONLY = "runs on a GPU only, not yet run there: tests/gpu/test_offload_cuda.py::"
 
 GAPS: dict[str, str] = {
     # ---- shardwise-train
     "train:data.corpus": "one allowed value (pydoc), nothing to switch; no test",
-    "train:training.device": _ROUND + TDV + "test_auto_is_the_gpu_when_there_is_one_with_"
-    "nccl_for_cuda_tensors; GPU runs set cuda, which auto also picks there",
-    "train:distributed.enabled": "only validated (enabled=false with a world > 1 is refused); "
-    "--distributed, not the key, runs check_launch",
     "train:distributed.local_rank": f"{_BY_HAND} sets it, but on CPU nothing reads it "
     "(it picks the GPU); no GPU test sets it",
-    "train:distributed.pipeline_parallel_size": _ROUND + TR + "test_the_distributed_layout_is_"
-    "accepted_with_derived_values; no run sets it",
     "train:distributed.pipeline.split": "runs with split=time only check they train and match "
     "(as split=parameters would); no test observes the cut",
-    # ---- FSDP config keys
-    "fsdp:fsdp_cpu_offload": f"{_PARSED}{_ACCEL}; the engine's cpu_offload only in parity "
-    f"({FC}fsdp_prefetch_offload_checkpointing_match), which holds without it",
-    # ---- Accelerate's fsdp_config spellings (read as the FSDP key they stand for)
-    "accelerate:fsdp_offload_params": f"{_PARSED}{_ACCEL}; fsdp_cpu_offload has no effect "
-    "test either",
-    # ---- DeepSpeed JSON keys
-    "deepspeed:zero_optimization.cpu_offload": _PARSED + TDS + "test_real_configs_load_and_"
-    "name_what_they_ignore (the native flag); offload has no effect test",
-    "deepspeed:zero_optimization.cpu_offload_param": "no test; offload has no effect test",
-    "deepspeed:zero_optimization.cpu_offload_params": "no test; offload has no effect test",
-    "deepspeed:zero_optimization.offload_optimizer.device": f"{_SGD} checks parity with it, "
-    "which holds without it; no test checks where the state lives",
-    "deepspeed:zero_optimization.offload_optimizer.pin_memory": "page-locks the offloaded "
-    "state only for GPU parameters (ZeroOptimizer.pinned()); no GPU test has run it",
-    "deepspeed:zero_optimization.offload_param.device": _PARSED + TDS + "test_real_configs_"
-    "load_and_name_what_they_ignore (the native flag)",
-    "deepspeed:zero_optimization.offload_param.pin_memory": "page-locks stage 3's offloaded "
-    "shards only for GPU parameters (FSDP unit pin_memory); no GPU test has run it",
+    # ---- offload (FSDP, Accelerate, DeepSpeed) moves memory only off a GPU: on a CPU-only machine every tensor is in CPU memory
+    # already; their tests are written and wait for a GPU session (make test-gpu)
+    **{
+        key: _GPU_ONLY + "test_fsdp_offload_keys_keep_the_shards_in_cpu_memory"
+        for key in ("fsdp:fsdp_cpu_offload", "accelerate:fsdp_offload_params")
+    },
+    **{
+        f"deepspeed:zero_optimization.{key}": _GPU_ONLY
+        + "test_zero_offload_keys_keep_the_state_in_cpu_memory"
+        for key in (
+            "cpu_offload",
+            "cpu_offload_param",
+            "cpu_offload_params",
+            "offload_optimizer.device",
+            "offload_optimizer.pin_memory",
+            "offload_param.device",
+            "offload_param.pin_memory",
+        )
+    },
 }

@@ -36,7 +36,19 @@ def test_a_missing_launch_variable_exits_before_any_work(capsys, monkeypatch):
     for var in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"):
         monkeypatch.delenv(var, raising=False)  # an earlier in-process run may have set them
     assert cli.main(["--distributed", "training.max_steps=1", "training.warmup_steps=0"]) == 2
-    assert "--distributed: this process does not know" in capsys.readouterr().err
+    assert "--distributed (distributed.enabled): this process does not" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("key", ["distributed.enabled=true", "distributed.world_size=2"])
+def test_the_enabled_key_or_a_larger_world_asks_the_same_as_the_flag(capsys, monkeypatch, key):
+    """distributed.enabled=true in the config (or a world of two, which implies it) is
+    --distributed: a process that does not know its place exits with code 2 naming what it
+    lacks, before any work (with the key ignored, one process would train alone, or a world of
+    two would wait at the rendezvous for a rank that never comes)."""
+    for var in ("MASTER_ADDR", "MASTER_PORT", "WORLD_SIZE", "RANK"):
+        monkeypatch.delenv(var, raising=False)
+    assert cli.main([key, "training.max_steps=1", "training.warmup_steps=0"]) == 2
+    assert "this process does not know MASTER_ADDR" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

@@ -80,13 +80,15 @@ LAUNCH = (
 
 
 def check_launch(cfg: TrainConfig, env=os.environ) -> None:
-    """``--distributed``: this process's place in the job must be known before it starts."""
+    """``--distributed`` (``distributed.enabled``, true for a world of several processes):
+    this process's place in the job must be known before it starts."""
     given = cfg.distributed._launch_given
     missing = [var for var, key in LAUNCH if var not in env and key not in given]
     if missing:
         keys = ", ".join(f"distributed.{k}" for v, k in LAUNCH if v in missing)
         raise ValueError(
-            f"--distributed: this process does not know {', '.join(missing)}; export them "
+            f"--distributed (distributed.enabled): this process does not know "
+            f"{', '.join(missing)}; export them "
             f"(a multi-node job launched by hand), set {keys} in the config, or launch with "
             "torchrun"
         )
@@ -97,7 +99,7 @@ def main(argv: list[str] | None = None) -> int:
     overrides = [*args.overrides, *(["distributed.enabled=true"] if args.distributed else [])]
     try:
         cfg = load_config(args.config, overrides)
-        if args.distributed:
+        if cfg.distributed.enabled:  # --distributed, the key, or a world of several processes
             check_launch(cfg)
     except (ValueError, FileNotFoundError) as e:
         print(f"shardwise-train: {e}", file=sys.stderr)
