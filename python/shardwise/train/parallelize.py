@@ -44,9 +44,8 @@ class StrategyOptions:
     # the forward's autocast (DDP, pipeline; FSDP unless its own mixed precision), ZeRO's
     # parameter dtype; fp16 with dynamic loss scaling
     precision: str = "bf16"
-    ddp_comm_hook: str = (
-        "no"  # no | fp16 | bf16: DDP's all-reduce dtype (distributed.ddp_comm_hook)
-    )
+    # no | fp16 | bf16: DDP's all-reduce dtype (distributed.ddp_comm_hook)
+    ddp_comm_hook: str = "no"
     initial_loss_scale: float = 2.0**16
     checkpointing: bool = False
     fsdp: dict = field(default_factory=dict)  # the FSDP config keys
@@ -188,15 +187,27 @@ class Parallel:
     engine: object = None  # zero.ZeroEngine
     head_copy: int | None = None  # id of the last stage's copy of a tied embedding
     autocast: str = "no"  # the forward's autocast: no, bf16 or fp16
-    # FSDP's fsdp_state_dict_type: the trainer exports the full model (full_state_dict) or each
-    # rank's pieces without gathering (sharded_state_dict, local_state_dict)
-    state_dict_type: str = "full_state_dict"
     is_last: bool = True  # holds the last pipeline stage (where the loss is)
     loss_scale: Callable[[], float] = lambda: 1.0  # fp16: set by the step to its scaler's
 
     @property
     def forward(self) -> nn.Module:
         return self.stages[0]
+
+    @property
+    def state_dict_type(self) -> str:
+        """What the trainer exports, asked of the FSDP-wrapped stages (all wrapped from one
+        config): FSDP's fsdp_state_dict_type, the full model (full_state_dict) or each rank's
+        pieces without gathering (sharded_state_dict, local_state_dict); full_state_dict
+        without FSDP."""
+        from ..fsdp import FullyShardedDataParallel
+
+        kinds = {
+            s.state_dict_type
+            for s in self.stages.values()
+            if isinstance(s, FullyShardedDataParallel)
+        }
+        return kinds.pop() if len(kinds) == 1 else "full_state_dict"
 
     @functools.cached_property
     def split(self) -> set[int]:
@@ -410,7 +421,6 @@ def data_parallel(par: Parallel) -> None:
             k: (n, a, c, par.tp_runs(n, named[n])) for k, (n, a, c) in _fsdp_slots(wrapped).items()
         }
         par.autocast = "no" if cfg.fsdp_mixed_precision else o.precision
-        par.state_dict_type = wrapped.state_dict_type
     else:
         wrapped = model
         if par.axes.data_size > 1:
@@ -467,7 +477,6 @@ def _pipeline_data_parallel(par: Parallel) -> None:
             if keys.get("fsdp_mixed_precision"):
                 stage.precision = "no"  # FSDP casts; no autocast on top
             stage = wrap(stage, keys, process_group=axes.data_group, one_unit=True)
-            par.state_dict_type = stage.state_dict_type
             for k, (n, a, c) in _fsdp_slots(stage).items():
                 par.owned[k] = (to_global[n.removeprefix("body.")], a, c, runs[n])
         else:
