@@ -351,8 +351,9 @@ GAPS: dict[str, str] = {
     "(it picks the GPU); no GPU test sets it",
     "train:distributed.pipeline.split": "runs with split=time only check they train and match "
     "(as split=parameters would); no test observes the cut",
-    # ---- offload (FSDP, Accelerate, DeepSpeed) moves memory only off a GPU: on a CPU-only machine every tensor is in CPU memory
-    # already; their tests are written and wait for a GPU session (make test-gpu)
+    # ---- offload (FSDP, Accelerate, DeepSpeed) moves memory only off a GPU: on a CPU-only
+    # machine every tensor is in CPU memory already; their tests are written and wait for a
+    # GPU session (make test-gpu)
     **{
         key: _GPU_ONLY + "test_fsdp_offload_keys_keep_the_shards_in_cpu_memory"
         for key in ("fsdp:fsdp_cpu_offload", "accelerate:fsdp_offload_params")
