@@ -268,6 +268,40 @@ def _through_a_checkpoint(model, rank, world):
         shutil.rmtree(directory)
 
 
+def fully_shard_state_dict_round_trips_through_torch_distributed_checkpoint(rank, world, gloo):
+    """FSDP2's checkpoint recipe, unchanged: dcp.save(model.state_dict()) of a sharded model, then
+    dcp.load into a model sharded from another seed and load_state_dict: its loss and state
+    equal the saved model's. The tensors are whole (each rank's state dict gathers them; DCP
+    writes them once), where torch's fully_shard hands DCP DTensor shards. Catches a state dict
+    DCP cannot plan, and a load that leaves the fresh model's own values anywhere."""
+    import shutil
+
+    import torch.distributed.checkpoint as dcp
+
+    model, blocks, make = _mlp_stack()
+    _shard(shardwise.fully_shard, model, blocks, None, MixedPrecisionPolicy(), "MLPStack")
+    with torch.no_grad():
+        for p in model.parameters():
+            p.mul_(1.5)  # each rank scales its pieces: not the seed's values any more
+    path = f"/tmp/shardwise-fully-shard-dcp-{os.environ['MASTER_PORT']}"
+    dcp.save(model.state_dict(), checkpoint_id=path)
+    torch.manual_seed(1)
+    fresh, fresh_blocks, _ = _mlp_stack()
+    for p in fresh.parameters():
+        torch.nn.init.normal_(p)
+    _shard(shardwise.fully_shard, fresh, fresh_blocks, None, MixedPrecisionPolicy(), "MLPStack")
+    assert _max_diff(fresh.state_dict(), model.state_dict()) > 0
+    state = fresh.state_dict()
+    dcp.load(state, checkpoint_id=path)
+    fresh.load_state_dict(state)
+    assert _max_diff(fresh.state_dict(), model.state_dict()) == 0
+    x = make(0)
+    assert torch.equal(fresh(x), model(x))
+    dist.barrier()
+    if rank == 0:
+        shutil.rmtree(path)
+
+
 def fully_shard_bad_input_is_refused_before_any_work(rank, world, gloo):
     """Wrong inputs name the argument and the fix, and leave the model untouched: a module
     sharded twice, a mesh that is not a DeviceMesh, FSDP1's MixedPrecision for mp_policy, an
