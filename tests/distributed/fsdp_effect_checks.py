@@ -58,6 +58,14 @@ def _step(model, log: list) -> dict:
     return _seen(log, start)
 
 
+def _wrapped(log: list, seed: int = 0, **keys):
+    """Three probed blocks through shardwise.wrap with these FSDP (or Accelerate) config keys,
+    each block a unit unless the keys say otherwise."""
+    torch.manual_seed(seed)
+    body = nn.Sequential(*[_Block(str(i), log) for i in range(3)])
+    return shardwise.wrap(body, {"fsdp_transformer_layer_cls": ["_Block"], **keys})
+
+
 def fsdp_prefetch_gathers_the_next_unit_before_the_current_one_computes(rank, world, gloo):
     """forward_prefetch: once the order is recorded, unit 1's all-gather is issued by the time
     unit 0 computes (2 gathers, not 1); backward_pre: unit 1's backward all-gather is issued by
@@ -84,24 +92,18 @@ def fsdp_the_configs_prefetch_and_wrap_keys_run_as_the_arguments(rank, world, gl
     the whole model is one unit, gathered once before block 0). Catches the keys parsed and
     the wrapping or prefetch left at their defaults."""
 
-    def wrapped(log, **keys):
-        torch.manual_seed(0)
-        body = nn.Sequential(*[_Block(str(i), log) for i in range(3)])
-        cls = {"fsdp_transformer_layer_cls": ["_Block"]}
-        return shardwise.wrap(body, {"use_fsdp": True, **cls, **keys})
-
     log: list = []
-    plain = wrapped(log, fsdp_backward_prefetch="NO_PREFETCH")
+    plain = _wrapped(log, fsdp_backward_prefetch="NO_PREFETCH")
     _step(plain, log)
     plain_seen = _step(plain, log)
-    fetched = wrapped(log, fsdp_forward_prefetch=True, fsdp_backward_prefetch="backward_pre")
+    fetched = _wrapped(log, fsdp_forward_prefetch=True, fsdp_backward_prefetch="backward_pre")
     _step(fetched, log)
     fetched_seen = _step(fetched, log)
     assert plain_seen[("0", "forward")] == 1, plain_seen
     assert fetched_seen[("0", "forward")] == 2, fetched_seen
     assert plain_seen[("2", "backward")] - plain_seen[("2", "forward")] == 1, plain_seen
     assert fetched_seen[("2", "backward")] - fetched_seen[("2", "forward")] == 2, fetched_seen
-    whole = wrapped(log, fsdp_auto_wrap_policy="no_wrap")
+    whole = _wrapped(log, fsdp_auto_wrap_policy="no_wrap")
     _step(whole, log)
     whole_seen = _step(whole, log)
     assert whole_seen[("0", "forward")] == whole_seen[("2", "forward")] == 1, whole_seen
@@ -162,14 +164,6 @@ def fsdp_activation_checkpointing_keeps_only_each_units_input(rank, world, gloo)
         grads[checkpointed] = [p.grad.clone() for p in model.parameters()]
     assert saved == {False: _OUTSIDE + 3 * _PLAIN, True: _OUTSIDE + 3 * _CHECKPOINTED}
     assert all(torch.equal(a, b) for a, b in zip(grads[False], grads[True], strict=True))
-
-
-def _wrapped(log: list, seed: int = 0, **keys):
-    """Three probed blocks through shardwise.wrap with these FSDP (or Accelerate) config keys,
-    each block a unit unless the keys say otherwise."""
-    torch.manual_seed(seed)
-    body = nn.Sequential(*[_Block(str(i), log) for i in range(3)])
-    return shardwise.wrap(body, {"fsdp_transformer_layer_cls": ["_Block"], **keys})
 
 
 def fsdp_the_configs_checkpointing_and_strategy_keys_run(rank, world, gloo):

@@ -171,8 +171,9 @@ def test_checkpoint_keep_last_keeps_that_many():
     assert kept == ["step-00000003", "step-00000004"], kept
 
 
-def trace(out) -> list[dict]:
-    (path,) = (out / "profile").glob("rank0-step*.json")
+def trace(out, rank: int = 0) -> list[dict]:
+    """The events of rank ``rank``'s Chrome trace of the run."""
+    (path,) = (out / "profile").glob(f"rank{rank}-step*.json")
     return json.loads(path.read_text())["traceEvents"]
 
 
@@ -340,9 +341,7 @@ def pipe(name: str, *overrides: str):
 
 def ran_actions(out, rank: int) -> list[str]:
     """The compute actions of the profiled step in the order rank ``rank`` ran them."""
-    (path,) = (out / "profile").glob(f"rank{rank}-step*.json")
-    events = json.loads(path.read_text())["traceEvents"]
-    ranges = [e for e in events if e.get("name", "").startswith("pipeline:")]
+    ranges = [e for e in trace(out, rank) if e.get("name", "").startswith("pipeline:")]
     return [e["name"].removeprefix("pipeline:") for e in sorted(ranges, key=lambda e: e["ts"])]
 
 

@@ -39,6 +39,17 @@ def train(model, steps=STEPS):
     return losses
 
 
+def train_engine(engine, steps=STEPS):
+    """A ZeRO engine stepped on the reference's batches (its own optimizer); the losses."""
+    losses = []
+    for inputs, targets in batches(steps):
+        loss = loss_of(engine, inputs, targets)
+        engine.backward(loss)
+        engine.step()
+        losses.append(loss.item())
+    return losses
+
+
 @pytest.mark.parametrize("prefetch", ["backward_pre", "backward_post"])
 def test_fsdp_on_cuda_matches_plain_torch(group, prefetch):
     ref_losses, ref_model = reference()
@@ -70,12 +81,7 @@ def test_fsdp_bf16_on_cuda_matches_the_bf16_reference(group):
 def test_zero_on_cuda_matches_plain_torch(group, stage):
     ref_losses, ref_model = reference()
     engine = shardwise.zero.initialize(make_model().to(CUDA), zero_checks.zero_config(stage, 1))
-    losses = []
-    for inputs, targets in batches():
-        loss = loss_of(engine, inputs, targets)
-        engine.backward(loss)
-        engine.step()
-        losses.append(loss.item())
+    losses = train_engine(engine)
     assert_close_rel(losses, ref_losses, 1e-5, f"stage {stage} losses")
     ours = engine.module.state_dict()
     for name, tensor in ref_model.state_dict().items():

@@ -10,8 +10,8 @@ import shardwise
 import shardwise.zero
 import torch
 import zero_checks
-from fsdp_checks import assert_close_rel, loss_of, make_model
-from test_engines_cuda import CUDA, batches, reference, train
+from fsdp_checks import assert_close_rel, make_model
+from test_engines_cuda import CUDA, reference, train, train_engine
 
 
 def _devices(tensors) -> set[str]:
@@ -57,12 +57,7 @@ def test_zero_offload_keys_keep_the_state_in_cpu_memory(group, zero, where, pinn
     config = zero_checks.zero_config(zero["stage"], 1)
     config["zero_optimization"].update(zero)
     engine = shardwise.zero.initialize(make_model().to(CUDA), config)
-    losses = []
-    for inputs, targets in batches():
-        loss = loss_of(engine, inputs, targets)
-        engine.backward(loss)
-        engine.step()
-        losses.append(loss.item())
+    losses = train_engine(engine)
     torch.cuda.synchronize()
     assert_close_rel(losses, ref_losses, 1e-5, f"losses with {zero}")
     memory = "cpu" if len(zero) > 1 else "cuda"
