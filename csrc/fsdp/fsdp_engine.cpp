@@ -113,6 +113,7 @@ void FsdpEngine::set_backward_prefetch(int index, std::vector<int> targets) {
 void FsdpEngine::prefetch(int unit) {
   // In backward, a unit already reduced needs no parameters again this iteration.
   if (unit < 0 || unit >= num_units() || (in_backward_ && post_backward_done_[unit])) return;
+  if (!in_backward_) units_[unit]->drop_post_forward_shard();  // a forward gathers it all anew
   units_[unit]->unshard_async();
 }
 
@@ -125,6 +126,7 @@ void FsdpEngine::pre_forward(int index) {
   }
   if (index == root_) current_order_.clear();
   current_order_.push_back(index);
+  u.drop_post_forward_shard();  // left by a forward whose backward never ran: maybe stale
   u.unshard();
   u.declare_compute("forward");
   for (int target : forward_targets_[index]) prefetch(target);
@@ -144,7 +146,7 @@ void FsdpEngine::post_forward(int index, const std::vector<at::Tensor>& outputs)
     }
     return;
   }
-  if (u.options().reshard_after_forward) u.reshard();
+  if (u.options().reshard_after_forward) u.reshard_post_forward();
   std::weak_ptr<FsdpEngine> weak = weak_from_this();
   for (const at::Tensor& output : outputs) {
     if (!output.defined() || !output.requires_grad()) continue;
@@ -226,6 +228,7 @@ void FsdpEngine::finalize_backward() {
   }
   for (auto& u : units_) {
     u->discard_gather();  // a prefetch that was not used: its data predates the optimizer step
+    u->drop_post_forward_shard();  // kept for a backward that did not need this unit
     if (u->options().reshard_after_backward) u->reshard();
   }
   std::fill(pre_backward_done_.begin(), pre_backward_done_.end(), false);

@@ -70,19 +70,24 @@ void bind_unit(py::module& m) {
                        std::optional<Group> shard_group, std::optional<Group> replicate_group,
                        std::optional<std::string> param_dtype,
                        std::optional<std::string> reduce_dtype, bool reshard_after_forward,
-                       bool offload_to_cpu, bool pin_memory) {
+                       bool offload_to_cpu, bool pin_memory,
+                       std::optional<Group> post_forward_group) {
              UnitOptions options =
                  unit_options(name, shard_group, replicate_group, param_dtype, reduce_dtype,
                               reshard_after_forward, offload_to_cpu);
              options.pin_memory = pin_memory;
+             if (post_forward_group) options.post_forward_group = *post_forward_group;
              const at::Device device = params.empty() ? at::Device(at::kCPU) : params[0].device();
              options.lanes = shared_lanes(device);
              return std::make_shared<FsdpUnit>(std::move(params), options);
            }),
            py::arg("params"), py::arg("name"), py::arg("shard_group"), py::arg("replicate_group"),
            py::arg("param_dtype"), py::arg("reduce_dtype"), py::arg("reshard_after_forward"),
-           py::arg("offload_to_cpu"), py::arg("pin_memory"))
+           py::arg("offload_to_cpu"), py::arg("pin_memory"),
+           py::arg("post_forward_group") = py::none())
       .def_property_readonly("name", &FsdpUnit::name)
+      .def("holds_post_forward_shard", &FsdpUnit::holds_post_forward_shard)
+      .def("sharded_param_bytes", &FsdpUnit::sharded_param_bytes)
       .def("unshard_async", &FsdpUnit::unshard_async, Release())
       .def("unshard", &FsdpUnit::unshard, Release())
       .def("reshard", &FsdpUnit::reshard, Release())

@@ -4,6 +4,7 @@
 #include <c10/util/Exception.h>
 
 #include <algorithm>
+#include <utility>
 
 #include "fsdp/storage.h"
 #include "sharding/shard_ops.h"
@@ -86,6 +87,7 @@ FsdpUnit::FsdpUnit(std::vector<at::Tensor> params, UnitOptions options)
   }
   has_grad_.assign(params_.size(), false);
   unsynced_grads_.resize(params_.size());
+  check_post_forward_group();
   resize_storage(full_, 0);
   lanes_ = options_.lanes ? options_.lanes : make_lanes(device_);
   lanes_->allocated(shard_, Lane::kCompute, "sharded parameters");
@@ -93,6 +95,25 @@ FsdpUnit::FsdpUnit(std::vector<at::Tensor> params, UnitOptions options)
 }
 
 FsdpUnit::~FsdpUnit() = default;
+
+// FSDP2's reading of an int reshard_after_forward N: a factor of the shard group's size; N = 1
+// keeps the gathered parameters, N = the size reshards as usual. The group is N consecutive ranks
+// of the shard group, so position j of it is shard rank j (mod N).
+void FsdpUnit::check_post_forward_group() {
+  const auto& group = options_.post_forward_group;
+  if (!group) return;
+  const int n = group->getSize();
+  TORCH_CHECK_VALUE(n >= 1 && n <= shard_size_ && shard_size_ % n == 0, "FSDP unit '",
+                    options_.name, "': the post-forward group (reshard_after_forward) has ", n,
+                    " ranks, which does not divide the shard group's ", shard_size_,
+                    "; pass a factor of ", shard_size_);
+  TORCH_CHECK_VALUE(group->getRank() == shard_rank_ % n, "FSDP unit '", options_.name,
+                    "': this rank is shard rank ", shard_rank_, " but rank ", group->getRank(),
+                    " of its post-forward group; make the group of ", n,
+                    " consecutive ranks of the shard group, in their order");
+  if (n == 1) options_.reshard_after_forward = false;
+  if (n == 1 || n == shard_size_) options_.post_forward_group.reset();
+}
 
 at::Tensor FsdpUnit::to_compute_device(const at::Tensor& tensor) const {
   return tensor.device() == device_ ? tensor : tensor.to(device_, /*non_blocking=*/true);
@@ -109,6 +130,17 @@ void FsdpUnit::unshard_async() {
   Lanes& lanes = *lanes_;
   lanes.wait(Lane::kAllGather, lanes.record(Lane::kCompute));
   LaneGuard on_gather_lane = lanes.use(Lane::kAllGather);
+  if (post_forward_shard_.defined()) {  // backward after an int reshard_after_forward
+    gathered_ = at::empty({layout_.total_numel()}, post_forward_shard_.options());
+    lanes.allocated(gathered_, Lane::kAllGather, "all-gather output");
+    gather_input_ = std::exchange(post_forward_shard_, at::Tensor());
+    lanes.keep_alive(gather_input_, Lane::kAllGather);  // written on compute
+    gather_work_ = options_.post_forward_group->_allgather_base(gathered_, gather_input_);
+    lanes.accessed(Lane::kAllGather, "post-forward all-gather", {gather_input_}, {gathered_});
+    gather_event_ = lanes.record(Lane::kAllGather);
+    pending_gather_ = true;
+    return;
+  }
   at::Tensor input = to_compute_device(
       shardwise::all_gather_copy_in(shard_views_, numels_, shard_size_, shard_rank_, param_dtype_));
   lanes.allocated(input, Lane::kAllGather, "all-gather input");
@@ -157,12 +189,49 @@ void FsdpUnit::drop_gather_buffers() {
 }
 
 void FsdpUnit::reshard() {
+  drop_post_forward_shard();
   if (!unsharded_) return;
   for (size_t i = 0; i < params_.size(); ++i) params_[i].set_data(shard_views_[i]);
   restore_gradients();
   lanes_->freed(full_);  // used on compute only: its next user, on compute, comes after
   resize_storage(full_, 0);
   unsharded_ = false;
+}
+
+// The blocks the rank at position j of the post-forward group contributes to its all-gather:
+// block r holds rank r's shard (the flat layout's rule), cut from the full parameters.
+at::Tensor FsdpUnit::post_forward_shard() const {
+  const int n = options_.post_forward_group->getSize();
+  const int blocks = shard_size_ / n;
+  const int first = (shard_rank_ % n) * blocks;
+  std::vector<at::Tensor> shards;
+  for (int r = first; r < first + blocks; ++r) {
+    std::vector<at::Tensor> pieces;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const int64_t start = std::min(layout_.start(i, r), numels_[i]);
+      pieces.push_back(full_views_[i].narrow(0, start, layout_.valid(i, r)));
+    }
+    shards.push_back(shardwise::all_gather_copy_in(pieces, numels_, shard_size_, r, param_dtype_));
+  }
+  return at::cat(shards);
+}
+
+void FsdpUnit::reshard_post_forward() {
+  if (unsharded_ && options_.post_forward_group) {
+    at::Tensor kept = post_forward_shard();
+    lanes_->allocated(kept, Lane::kCompute, "post-forward shard");
+    lanes_->accessed(Lane::kCompute, "post-forward copy", {full_}, {kept});
+    reshard();
+    post_forward_shard_ = std::move(kept);
+    return;
+  }
+  reshard();
+}
+
+void FsdpUnit::drop_post_forward_shard() {
+  if (!post_forward_shard_.defined()) return;
+  lanes_->freed(post_forward_shard_);  // used on compute only
+  post_forward_shard_ = at::Tensor();
 }
 
 void FsdpUnit::discard_gather() {
@@ -360,6 +429,7 @@ std::vector<at::Tensor> FsdpUnit::full_parameters() {
 }
 
 void FsdpUnit::load_full_parameters(const std::vector<at::Tensor>& full) {
+  drop_post_forward_shard();  // would be stale
   TORCH_CHECK_VALUE(!unsharded_, "FSDP unit '", options_.name,
                     "': load parameters between steps, not while the unit is unsharded");
   TORCH_CHECK_VALUE(full.size() == params_.size(), "FSDP unit '", options_.name, "': got ",
@@ -374,7 +444,8 @@ void FsdpUnit::load_full_parameters(const std::vector<at::Tensor>& full) {
 }
 
 int64_t FsdpUnit::sharded_param_bytes() const {
-  return static_cast<int64_t>(shard_.storage().nbytes() + full_.storage().nbytes());
+  const size_t kept = post_forward_shard_.defined() ? post_forward_shard_.storage().nbytes() : 0;
+  return static_cast<int64_t>(shard_.storage().nbytes() + full_.storage().nbytes() + kept);
 }
 
 int64_t FsdpUnit::sharded_grad_bytes() const {

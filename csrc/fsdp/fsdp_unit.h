@@ -47,6 +47,12 @@ struct UnitOptions {
   // low-precision gradients. Without a param_dtype it changes nothing.
   bool keep_low_precision_grads = false;
   bool reshard_after_forward = true;
+  // FSDP2's int reshard_after_forward: after forward, keep the share of the full parameters that
+  // this rank holds in a smaller group (N consecutive ranks of the shard group, N dividing its
+  // size), so backward all-gathers over N ranks, not the whole shard group. Null: reshard to the
+  // shard group. A group of the shard group's size is that; a group of one keeps everything
+  // (reshard_after_forward = false), as FSDP2 reads 1.
+  c10::intrusive_ptr<c10d::ProcessGroup> post_forward_group;
   bool reshard_after_backward = true;  // false: stay gathered until the next forward (FSDP2)
   bool requires_gradient_sync = true;  // false: backward accumulates unsharded (no_sync)
   bool offload_to_cpu = false;         // shards and gradient shards live in CPU memory
@@ -74,7 +80,12 @@ class FsdpUnit {
   const std::string& name() const { return options_.name; }
   const UnitOptions& options() const { return options_; }
   // FSDP2's per-module setters (take effect from the next forward or backward).
-  void set_reshard_after_forward(bool value) { options_.reshard_after_forward = value; }
+  // As FSDP2's setter: a bool, so true reshards to the whole shard group (drops the post-forward
+  // group) and false keeps the gathered parameters.
+  void set_reshard_after_forward(bool value) {
+    options_.reshard_after_forward = value;
+    options_.post_forward_group.reset();
+  }
   void set_reshard_after_backward(bool value) { options_.reshard_after_backward = value; }
   void set_requires_gradient_sync(bool value) { options_.requires_gradient_sync = value; }
   const sharding::FlatLayout& layout() const { return layout_; }
@@ -89,7 +100,13 @@ class FsdpUnit {
 
   void unshard_async();  // starts the all-gather (nothing if unsharded or already started)
   void unshard();        // finishes it: every parameter is full, in param_dtype
-  void reshard();        // back to shards; frees the full buffer
+  void reshard();        // back to shards; frees the full buffer (and any post-forward shard)
+  // After forward: reshard(), keeping first this rank's post-forward shard when the options name
+  // a post-forward group; the next unshard all-gathers it over that group.
+  void reshard_post_forward();
+  // Drops a post-forward shard nobody gathered (its data would be stale after an optimizer step).
+  void drop_post_forward_shard();
+  bool holds_post_forward_shard() const { return post_forward_shard_.defined(); }
   // Waits for a started all-gather nobody used and drops it (its data would be stale after an
   // optimizer step).
   void discard_gather();
@@ -125,6 +142,8 @@ class FsdpUnit {
   at::Tensor reduce_buffer(at::Tensor* scratch) const;
   void start_reduce_scatter(std::vector<std::optional<at::Tensor>> grads, at::Tensor* scratch);
   void drop_gather_buffers();
+  void check_post_forward_group();
+  at::Tensor post_forward_shard() const;
 
   UnitOptions options_;
   std::shared_ptr<Lanes> lanes_;
@@ -146,6 +165,9 @@ class FsdpUnit {
   std::vector<at::Tensor> shard_views_;
   std::vector<at::Tensor> grad_views_;  // gradient shards, one tensor per parameter
   std::vector<bool> has_grad_;
+  // Blocks j*W/N .. (j+1)*W/N - 1 of the all-gather's output (block r: rank r's shard in
+  // param_dtype), for the rank at position j of a post-forward group of N out of W ranks.
+  at::Tensor post_forward_shard_;
   at::Tensor full_;  // flat unsharded buffer in param_dtype (storage freed while sharded)
   std::vector<at::Tensor> full_views_;
   std::vector<at::Tensor> unsynced_grads_;  // accumulated full gradients (no_sync)

@@ -43,9 +43,12 @@ struct FullyShardOptions {
   std::optional<at::ScalarType> reduce_dtype;
   bool keep_low_precision_grads = false;  // gradient shards in param_dtype (UnitOptions)
   bool reshard_after_forward = true;  // false: SHARD_GRAD_OP (keep units gathered until backward)
-  bool sync_module_states = true;     // broadcast rank 0's parameters (each unit's before
-                                      // sharding it) and buffers
-  EngineOptions engine;               // prefetching; engine.world_group checks forward order
+  // FSDP2's int reshard_after_forward: N consecutive ranks of shard_group, this rank's (e.g. one
+  // node's); backward all-gathers over them (UnitOptions::post_forward_group). Null: none.
+  c10::intrusive_ptr<c10d::ProcessGroup> post_forward_group;
+  bool sync_module_states = true;  // broadcast rank 0's parameters (each unit's before
+                                   // sharding it) and buffers
+  EngineOptions engine;            // prefetching; engine.world_group checks forward order
 };
 
 // One wrapped module: forward(x) = pre_forward, the module's forward(x), post_forward. Its unit

@@ -88,17 +88,17 @@ def _inputs(model, make, name, step):
     return make(step)
 
 
-def _shard(api, model, blocks, mesh, policy, name):
-    """FSDP2's recipe: each block, then the root; torch's BatchNorm rule by hand (an fp32 unit
-    whose output goes back to bf16) where the model has one."""
+def _shard(api, model, blocks, mesh, policy, name, reshard=None):
+    """FSDP2's recipe: each block (reshard_after_forward=`reshard`), then the root; torch's
+    BatchNorm rule by hand (an fp32 unit whose output goes back to bf16) where the model has one."""
     for block in blocks:
         if isinstance(block, nn.BatchNorm1d):
             fp32 = (
                 MixedPrecisionPolicy(output_dtype=torch.bfloat16) if policy.param_dtype else policy
             )
-            api(block, mesh=mesh, mp_policy=fp32)
+            api(block, mesh=mesh, mp_policy=fp32, reshard_after_forward=reshard)
         else:
-            api(block, mesh=mesh, mp_policy=policy)
+            api(block, mesh=mesh, mp_policy=policy, reshard_after_forward=reshard)
     return api(model, mesh=mesh, mp_policy=policy)
 
 
@@ -121,11 +121,11 @@ def _full_grads(model) -> dict[str, torch.Tensor]:
     return out
 
 
-def _run(name, api, mesh, policy):
+def _run(name, api, mesh, policy, reshard=None):
     """Losses, the full gradients of step 1 and the final full state under SGD."""
     model, blocks, make = MODELS[name]()
     if api is not None:
-        model = _shard(api, model, blocks, mesh, policy, name)
+        model = _shard(api, model, blocks, mesh, policy, name, reshard)
     opt = torch.optim.SGD(model.parameters(), lr=0.05)
     losses, grads = [], None
     for step in range(STEPS):
@@ -162,10 +162,16 @@ def fully_shard_matches_torchs_fully_shard_on_its_test_models(rank, world, gloo)
     for name in MODELS:
         ref = _run(name, fully_shard, torch_mesh, policy)
         ours = _run(name, shardwise.fully_shard, None, policy)
-        for a, b in zip(ours[0], ref[0], strict=True):
-            assert abs(a - b) <= 1e-6 * max(1.0, abs(b)), f"{name} losses {ours[0]} vs {ref[0]}"
-        assert _max_diff(ours[1], ref[1]) <= 1e-6, f"{name} gradients {_max_diff(ours[1], ref[1])}"
-        assert _max_diff(ours[2], ref[2]) <= 1e-6, f"{name} state {_max_diff(ours[2], ref[2])}"
+        _assert_matches(ours, ref, name)
+
+
+def _assert_matches(ours, ref, name):
+    """Losses within 1e-6 of their size, the first step's gradients and the final state within
+    1e-6."""
+    for a, b in zip(ours[0], ref[0], strict=True):
+        assert abs(a - b) <= 1e-6 * max(1.0, abs(b)), f"{name} losses {ours[0]} vs {ref[0]}"
+    assert _max_diff(ours[1], ref[1]) <= 1e-6, f"{name} gradients {_max_diff(ours[1], ref[1])}"
+    assert _max_diff(ours[2], ref[2]) <= 1e-6, f"{name} state {_max_diff(ours[2], ref[2])}"
 
 
 def _errors(run, exact) -> tuple[float, float, float]:
@@ -305,7 +311,8 @@ def fully_shard_state_dict_round_trips_through_torch_distributed_checkpoint(rank
 def fully_shard_bad_input_is_refused_before_any_work(rank, world, gloo):
     """Wrong inputs name the argument and the fix, and leave the model untouched: a module
     sharded twice, a mesh that is not a DeviceMesh, FSDP1's MixedPrecision for mp_policy, an
-    offload policy of the wrong type, an int reshard_after_forward, a shard_placement_fn."""
+    offload policy of the wrong type, a reshard_after_forward that is no factor of the world or
+    no int, a shard_placement_fn."""
     from torch.distributed.fsdp import MixedPrecision
 
     model, _, _ = _mlp_stack()
@@ -318,7 +325,8 @@ def fully_shard_bad_input_is_refused_before_any_work(rank, world, gloo):
             "MixedPrecisionPolicy",
         ),
         ({"offload_policy": True}, TypeError, "CPUOffloadPolicy"),
-        ({"reshard_after_forward": 2}, ValueError, "True, False or None"),
+        ({"reshard_after_forward": 3}, ValueError, "factor of the shard group's size"),
+        ({"reshard_after_forward": "2"}, ValueError, "True, False, None, or an int"),
         ({"shard_placement_fn": lambda p: None}, ValueError, "drop the argument"),
     ]
     for kwargs, kind, match in bad:
@@ -405,6 +413,53 @@ def fully_shard_methods_change_what_runs(rank, world, gloo):
         model(x0)
         seen[-1] -= start
     assert seen == [1, 2], seen  # block 0's (the root holds no parameter); and block 1's
+
+
+def fully_shard_int_reshard_after_forward_matches_torchs(rank, world, gloo):
+    """FSDP2's int reshard_after_forward N: after forward a block keeps its share of a group of N
+    consecutive ranks; backward all-gathers over those N. At world 4 with N = 2, on torch's test
+    models: losses, gradients and state equal torch's fully_shard(reshard_after_forward=2) over
+    gloo within 1e-6; between forward and backward a block holds 1 + W/N shards' bytes; backward's
+    all-gathers advance the N-group's sequence once per block and the world's by the
+    reduce-scatters only. At world 2, N = 2 is True and N = 1 is False, with FSDP2's warning.
+    Catches the wrong blocks kept (wrong gradients), backward gathering over the whole group
+    again, and the int accepted and read as True."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    x = torch.randn(4, 16)
+    if world == 2:
+        model, _ = _sharded_stack()
+        for n, keeps in ((2, False), (1, True)):
+            block = shardwise.fully_shard(nn.Linear(16, 16), reshard_after_forward=n)
+            root = shardwise.fully_shard(nn.Sequential(block, nn.ReLU()))
+            root(x)
+            assert (block.weight.shape == (16, 16)) == keeps, n
+        with pytest.warns(UserWarning, match="reshard_after_forward=1"):
+            shardwise.fully_shard(nn.Linear(4, 4), reshard_after_forward=1)
+        return
+    torch_mesh = DeviceMesh.from_group(gloo, "cpu")
+    for name in ("MLPStack", "Transformer"):
+        ref = _run(name, fully_shard, torch_mesh, MixedPrecisionPolicy(), reshard=2)
+        ours = _run(name, shardwise.fully_shard, None, MixedPrecisionPolicy(), reshard=2)
+        _assert_matches(ours, ref, name)
+
+    model, blocks, make = _mlp_stack()
+    _shard(shardwise.fully_shard, model, blocks, None, MixedPrecisionPolicy(), "", reshard=2)
+    units = [shardwise.fsdp.fsdp2._state_of(b) for b in blocks]
+    sharded = [u.unit.sharded_param_bytes() for u in units]
+    small, whole = units[0].post_forward_group, dist.group.WORLD
+    assert dist.get_world_size(small) == 2 and rank in dist.get_process_group_ranks(small)
+    model(make(0)).pow(2).mean().backward()  # the first backward also checks the order
+    loss = model(make(1)).pow(2).mean()
+    assert all(u.unit.holds_post_forward_shard() for u in units)
+    assert [u.unit.sharded_param_bytes() for u in units] == [b * (1 + world // 2) for b in sharded]
+    before = small._get_sequence_number_for_group(), whole._get_sequence_number_for_group()
+    loss.backward()
+    after = small._get_sequence_number_for_group(), whole._get_sequence_number_for_group()
+    moved = (after[0] - before[0], after[1] - before[1])
+    assert moved == (len(blocks), len(blocks)), moved
+    assert [u.unit.sharded_param_bytes() for u in units] == sharded
 
 
 def fully_shard_offloads_to_cpu_with_torchs_policy(rank, world, gloo):

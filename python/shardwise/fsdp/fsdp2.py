@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import warnings
 
 import torch
 import torch.distributed as dist
@@ -51,6 +52,7 @@ class _State:
         self.policy = policy
         self.auto_reshard = auto_reshard
         self.shard_group, self.replicate_group = groups
+        self.post_forward_group = None  # int reshard_after_forward: the group backward gathers over
         self.engine = None
         self.index = -1
         self.forward_prefetch: list[_State] = []
@@ -65,7 +67,7 @@ def fully_shard(
     module,
     *,
     mesh=None,
-    reshard_after_forward: bool | None = None,
+    reshard_after_forward: bool | int | None = None,
     shard_placement_fn=None,
     mp_policy: MixedPrecisionPolicy = _NO_MIXED_PRECISION,
     offload_policy: OffloadPolicy = _NO_OFFLOAD,
@@ -76,6 +78,7 @@ def fully_shard(
     modules = _check_modules(module)
     _check_arguments(reshard_after_forward, shard_placement_fn, mp_policy, offload_policy)
     groups = _groups(mesh)
+    reshard, post_forward_group = _resharding(reshard_after_forward, mesh, groups[0])
     ignored = {id(p) for p in ignored_params or ()}
     params = _managed_params(modules, ignored)
     unit = _C.FsdpUnit(
@@ -85,11 +88,13 @@ def fully_shard(
         groups[1],
         _dtype_name(mp_policy.param_dtype),
         _dtype_name(mp_policy.reduce_dtype or mp_policy.param_dtype),
-        True if reshard_after_forward is None else reshard_after_forward,
+        reshard,
         isinstance(offload_policy, CPUOffloadPolicy),
         isinstance(offload_policy, CPUOffloadPolicy) and offload_policy.pin_memory,
+        post_forward_group,
     )
     state = _State(modules, params, unit, mp_policy, reshard_after_forward is None, groups)
+    state.post_forward_group = post_forward_group
     for m in modules:
         m.__dict__[_STATE] = state
         m.register_forward_pre_hook(_pre_forward, prepend=True, with_kwargs=True)
@@ -130,10 +135,10 @@ def _check_modules(module) -> list[nn.Module]:
 
 
 def _check_arguments(reshard_after_forward, shard_placement_fn, mp_policy, offload_policy):
-    if reshard_after_forward is not None and not isinstance(reshard_after_forward, bool):
+    if reshard_after_forward is not None and not isinstance(reshard_after_forward, int):
         raise ValueError(
-            f"fully_shard: reshard_after_forward={reshard_after_forward!r}: resharding to a "
-            "smaller world after forward is not supported; pass True, False or None"
+            f"fully_shard: reshard_after_forward={reshard_after_forward!r}: pass True, False, "
+            "None, or an int (the group size to reshard to after forward)"
         )
     if shard_placement_fn is not None:
         raise ValueError(
@@ -177,6 +182,39 @@ def _groups(mesh):
     if mesh.ndim == 1:
         return mesh.get_group(0), None
     return mesh.get_group(1), mesh.get_group(0)
+
+
+_POST_FORWARD_GROUPS: dict[tuple[int, ...], dist.ProcessGroup] = {}
+
+
+def _resharding(reshard_after_forward, mesh, shard_group):
+    """(reshard after forward?, the post-forward group or None): FSDP2's reading of an int N,
+    a factor of the shard group's size: the shard dim's ranks in groups of N consecutive ones
+    (``mesh.mesh.view(-1, N)``); N = 1 is False and N = the size is True. Each group is made
+    once, by its own ranks only (``use_local_synchronization``)."""
+    if reshard_after_forward is None or isinstance(reshard_after_forward, bool):
+        return reshard_after_forward is not False, None
+    n, size = reshard_after_forward, dist.get_world_size(shard_group)
+    if n < 1 or n > size or size % n:
+        raise ValueError(
+            f"fully_shard: reshard_after_forward={n}: an int must be a factor of the shard "
+            f"group's size {size} (e.g. the GPUs per node); or pass True or False"
+        )
+    if n == 1:
+        warnings.warn(
+            "fully_shard: reshard_after_forward=1 (int) reshards to one rank, i.e. keeps the "
+            "parameters after forward, as reshard_after_forward=False does",
+            stacklevel=3,
+        )
+        return False, None
+    if n == size:
+        return True, None
+    ranks = mesh.mesh if mesh is not None else torch.arange(dist.get_world_size())
+    me = dist.get_rank()
+    row = next(tuple(r) for r in ranks.reshape(-1, n).tolist() if me in r)
+    if row not in _POST_FORWARD_GROUPS:
+        _POST_FORWARD_GROUPS[row] = dist.new_group(list(row), use_local_synchronization=True)
+    return True, _POST_FORWARD_GROUPS[row]
 
 
 def _managed_params(modules: list[nn.Module], ignored: set[int]) -> list[nn.Parameter]:
@@ -313,9 +351,16 @@ class FSDPModule:
             state.unit.set_requires_gradient_sync(bool(requires_gradient_sync))
 
     def set_reshard_after_forward(self, reshard_after_forward: bool, recurse=True) -> None:
-        """Whether forward frees the gathered parameters (the root's default is False)."""
+        """Whether forward frees the gathered parameters (the root's default is False); as in
+        FSDP2 a bool, True resharding to the whole shard group (an int given to fully_shard is
+        dropped)."""
+        if not isinstance(reshard_after_forward, bool):
+            raise ValueError(
+                f"set_reshard_after_forward: {reshard_after_forward!r} must be a bool (FSDP2's "
+                "setter); pass an int group size to fully_shard instead"
+            )
         for state in self._fully_shard_states(recurse):
-            state.unit.set_reshard_after_forward(bool(reshard_after_forward))
+            state.unit.set_reshard_after_forward(reshard_after_forward)
             state.auto_reshard = False
 
     def set_reshard_after_backward(self, reshard_after_backward: bool, *, recurse=True) -> None:

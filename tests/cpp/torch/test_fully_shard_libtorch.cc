@@ -250,3 +250,63 @@ TEST(FullyShardLibTorch, PerModuleCallsMatchTheAutoWrappedModel) {
         }
       });
 }
+
+// FSDP2's int reshard_after_forward through FullyShardOptions::post_forward_group: at world 4,
+// blocks that keep their share of a group of 2 after forward train bit for bit as blocks that
+// reshard fully, hold that share between forward and backward, and all-gather over the group of
+// 2 in backward (its sequence advances once per block). Catches the wrong blocks kept, backward
+// gathering over the whole shard group again, and a share kept across an optimizer step.
+TEST(FullyShardLibTorch, ResharingToAGroupOfTwoAfterForwardTrainsAsResharingFully) {
+  constexpr int kWorld4 = 4;
+  torch::manual_seed(0);
+  const Data data;
+  auto initial = copy_of_parameters(TinyLM());
+  on_threads_with_store(kWorld4, [&](int rank, const c10::intrusive_ptr<c10d::Store>& store) {
+    auto world = make_thread_group(store, rank, kWorld4, "world");
+    auto pair = make_thread_group(store, rank % 2, 2, "pair" + std::to_string(rank / 2));
+    auto make = [&](c10::intrusive_ptr<c10d::ProcessGroup> post_forward) {
+      TinyLM model = model_on_rank(rank, initial);
+      torch::nn::Sequential blocks;
+      auto options = options_for(world);
+      options.post_forward_group = std::move(post_forward);
+      for (const auto& block : *model->blocks) {
+        blocks->push_back(shardwise::fsdp::fully_shard(block, options, "block"));
+      }
+      model->blocks = model->replace_module("blocks", blocks);
+      return std::make_pair(model,
+                            std::make_unique<shardwise::fsdp::FullyShardedDataParallel<TinyLM>>(
+                                model, options_for(world)));
+    };
+    auto [plain_model, plain] = make(nullptr);
+    auto [paired_model, paired] = make(pair);
+    auto unit = [&](int i) {
+      return paired_model->blocks->ptr<shardwise::fsdp::FullyShardedModuleImpl>(i)->unit();
+    };
+    torch::optim::SGD opt_a(plain->parameters(), torch::optim::SGDOptions(0.1));
+    torch::optim::SGD opt_b(paired->parameters(), torch::optim::SGDOptions(0.1));
+    auto batch = torch::indexing::Slice(rank, rank + 1);
+    for (int step = 0; step < kSteps; ++step) {
+      auto tokens = data.tokens[step].index({batch});
+      auto targets = data.targets[step].index({batch});
+      auto loss_a = lm_loss(plain->forward(tokens), targets);
+      auto loss_b = lm_loss(paired->forward(tokens), targets);
+      EXPECT_EQ(loss_a.item<double>(), loss_b.item<double>()) << "step " << step;
+      for (int i = 0; i < 3; ++i) EXPECT_TRUE(unit(i)->holds_post_forward_shard()) << i;
+      const uint64_t before = pair->getBackend(c10::DeviceType::CPU)->getSequenceNumberForGroup();
+      loss_a.backward();
+      loss_b.backward();
+      EXPECT_EQ(pair->getBackend(c10::DeviceType::CPU)->getSequenceNumberForGroup() - before, 3u)
+          << "step " << step;
+      for (int i = 0; i < 3; ++i) EXPECT_FALSE(unit(i)->holds_post_forward_shard()) << i;
+      opt_a.step();
+      opt_b.step();
+      opt_a.zero_grad();
+      opt_b.zero_grad();
+    }
+    auto full_a = plain->full_state_dict();
+    auto full_b = paired->full_state_dict();
+    for (const auto& item : full_a) {
+      EXPECT_TRUE(torch::equal(item.value(), full_b[item.key()])) << item.key();
+    }
+  });
+}
