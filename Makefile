@@ -33,7 +33,7 @@ endif
 .PHONY: demo demo-cpp test test-cpp test-python test-cpu-torch test-torch-oldest test-package test-package-slow build venv \
 	cpu-venv oldest-venv \
 	test-conformance test-conformance-world8 test-conformance-ci test-sanitize test-sanitize-core fuzz fuzz-build fuzz-ci soak \
-	system-deps bench test-gpu gpu-diagnose gpu-wheels \
+	system-deps bench test-gpu gpu-diagnose gpu-wheels train-fsdp \
 	format lint clean
 
 test: build lint test-cpp test-python test-cpu-torch test-torch-oldest test-package test-conformance-ci test-sanitize-core fuzz-ci ## build, then run every test suite
@@ -43,6 +43,12 @@ demo: build ## 2-process CPU training of the bundled GPT (FSDP, bf16), ~2 minute
 	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --standalone --nproc_per_node=2 -m shardwise.train \
 		--config examples/configs/demo.yaml
 	$(VENV)/bin/shardwise-plot outputs/demo
+
+# The FSDP guide's launch line on whatever this machine has: one process per GPU, else one per
+# CPU core (torchrun's --nproc_per_node=auto); ARGS adds flags or overrides (training.max_steps=5).
+train-fsdp: build ## FSDP training of the small GPT on every GPU here, else every CPU core: outputs/fsdp/
+	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --standalone --nproc_per_node=auto -m shardwise.train \
+		--config examples/configs/fsdp.yaml --use-fsdp $(ARGS)
 
 TRAIN_GPT_BUILD := build/train_gpt
 demo-cpp: build ## the C++ GPT trainer (examples/cpp/train_gpt) against the installed package, 2 processes

@@ -23,10 +23,11 @@ BASE = [
 ]
 
 
-def command(nproc: int, config: str, out: Path, *overrides: str) -> list[str]:
+def command(nproc: int | str, config: str, out: Path, *overrides: str) -> list[str]:
+    """One process (nproc 1) or torchrun's ``--nproc_per_node=nproc`` (a number or "auto")."""
     launcher = (
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
-        if nproc > 1
+        if nproc != 1
         else [sys.executable]
     )
     return [
@@ -41,7 +42,7 @@ def command(nproc: int, config: str, out: Path, *overrides: str) -> list[str]:
     ]
 
 
-def train(nproc: int, config: str, out: Path, *overrides: str, timeout: int = 240):
+def train(nproc: int | str, config: str, out: Path, *overrides: str, timeout: int = 240):
     """Runs to the end: (the metrics records of rank 0's metrics.jsonl, the output)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     proc = subprocess.run(
@@ -78,7 +79,7 @@ def assert_continues(recs: list[dict], ref: list[dict], steps: list[int], rel: f
 
 
 @functools.cache
-def run(name: str, nproc: int, config: str, *overrides: str) -> tuple[Path, list[dict], str]:
+def run(name: str, nproc: int | str, config: str, *overrides: str) -> tuple[Path, list[dict], str]:
     base = Path(os.environ.get("SHARDWISE_TEST_TMP", "/tmp")) / f"shardwise-train-{os.getpid()}"
     out = base / name
     base.mkdir(parents=True, exist_ok=True)

@@ -72,3 +72,31 @@ def test_sync_points():
     assert sync_points(4, 2) == {1, 3}
     assert sync_points(4, 1) == {0, 1, 2, 3}
     assert sync_points(1, None) == {0}
+
+
+def test_the_fsdp_guides_boolean_keys_are_flags():
+    """``--use-fsdp`` (the FSDP guide's launch line) and every other boolean key written flat in
+    a config is a flag setting that key, with ``--no-`` for false; a dotted override given too
+    wins. Catches a flag parsed and not turned into its key."""
+    assert cli.BOOLEAN_FLAGS["use-fsdp"] == "distributed.use_fsdp"
+    for flag in ("fsdp-forward-prefetch", "fsdp-mixed-precision", "bf16", "gradient-checkpointing"):
+        assert flag in cli.BOOLEAN_FLAGS, sorted(cli.BOOLEAN_FLAGS)
+    args = cli.parse_args(["--use-fsdp", "training.max_steps=3", "--no-fsdp-forward-prefetch"])
+    assert args.overrides == [
+        "distributed.use_fsdp=true",
+        "distributed.fsdp_forward_prefetch=false",
+        "training.max_steps=3",
+    ]
+
+    def resolved(*argv):
+        args = cli.parse_args([*argv, "distributed.world_size=2"])
+        return load_config(args.config, args.overrides, env={}, cuda_devices=0)
+
+    assert resolved().distributed.strategy == "ddp"
+    assert resolved("--use-fsdp").distributed.strategy == "fsdp"
+    cfg = resolved("--use-fsdp", "--fsdp-forward-prefetch", "--gradient-checkpointing")
+    assert cfg.fsdp_config().fsdp_forward_prefetch and cfg.training.gradient_checkpointing
+    assert resolved("--bf16").mixed_precision == "bf16"
+    assert resolved("--bf16", "training.bf16=false").mixed_precision == "no"
+    with pytest.raises(SystemExit):
+        cli.parse_args(["--use_fsdp"])  # argparse names the unknown flag and exits 2

@@ -13,11 +13,14 @@ Before anything is built, the config is validated (``config.py``) and the memory
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import sys
 
+from ..fsdp.config import FSDPConfig
 from . import planner
 from .config import TrainConfig, load_config
+from .config_schema import FLAT_FSDP_KEYS, TrainingSection
 from .device import device_memory_bytes
 from .trainer import Trainer
 
@@ -68,7 +71,35 @@ def parse_args(argv):
         help="one process of a job launched by hand (MASTER_ADDR, MASTER_PORT, "
         "WORLD_SIZE and RANK in the environment or the distributed section)",
     )
-    return parser.parse_intermixed_args(argv)  # overrides may follow the flags
+    for flag, key in BOOLEAN_FLAGS.items():
+        parser.add_argument(
+            f"--{flag}",
+            action=argparse.BooleanOptionalAction,
+            dest=key,
+            default=None,
+            help=f"{key}=true (--no-{flag}: false)",
+        )
+    args = parser.parse_intermixed_args(argv)  # overrides may follow the flags
+    flags = [(key, getattr(args, key)) for key in BOOLEAN_FLAGS.values()]
+    args.overrides = [f"{k}={str(v).lower()}" for k, v in flags if v is not None] + args.overrides
+    return args
+
+
+def _boolean_flags() -> dict[str, str]:
+    """``--use-fsdp`` and the other boolean keys a config may set flat (the FSDP keys written
+    under ``distributed:``, the training section's), as flags: the flag's name is the key's with
+    dashes, and it sets that key (given overrides win)."""
+    fsdp = {f.name for f in dataclasses.fields(FSDPConfig) if f.type in (bool, "bool")}
+    keys = [f"distributed.{k}" for k in FLAT_FSDP_KEYS if k in fsdp]
+    keys += [
+        f"training.{name}"
+        for name, info in TrainingSection.model_fields.items()
+        if info.annotation in (bool, bool | None)
+    ]
+    return {key.split(".")[-1].replace("_", "-"): key for key in keys}
+
+
+BOOLEAN_FLAGS = _boolean_flags()
 
 
 LAUNCH = (

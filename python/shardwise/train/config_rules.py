@@ -220,11 +220,6 @@ def _check_tensor_parallel(cfg: TrainConfig) -> None:
                 f"{key}: the data axis is named 'dp' but distributed.strategy=fsdp; name it "
                 f"'fsdp' (e.g. [[{data}, {tp}], ['fsdp', 'tp']]) or use strategy ddp"
             )
-        if data == 1:
-            raise ValueError(
-                f"{key}: FSDP over a data axis of size 1 shards nothing; use strategy ddp with "
-                f"tp={tp}, or launch more processes for an fsdp axis > 1"
-            )
         sharding = cfg.fsdp_config().fsdp_sharding_strategy
         if sharding not in ("full_shard", "shard_grad_op"):
             raise ValueError(

@@ -141,8 +141,10 @@ def mesh_axes(strategy: str, options: StrategyOptions, world: int) -> Axes:
         return Axes(kind, dist.group.WORLD, mesh=mesh)
     mesh = Mesh.from_layout(layout.layout(kind))
     data_group = mesh.group(kind)
-    if data_group is None and strategy == "pipeline":
-        data_group = _one_rank_group(world)  # stages FSDP-wrapped over their one replica
+    if data_group is None and strategy in ("pipeline", "fsdp"):
+        # FSDP over one rank (an fsdp axis of size 1, pipeline stages' one replica) shards
+        # nothing, as torch's FSDP at world 1; None would mean the whole world
+        data_group = _one_rank_group(world)
     return Axes(
         kind,
         data_group,
