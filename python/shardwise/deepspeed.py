@@ -7,17 +7,24 @@
     for batch in loader:
         loss = engine(batch); engine.backward(loss); engine.step()
 
+Also DeepSpeed's ``add_config_arguments`` (``--deepspeed``, ``--deepspeed_config``) and
+``init_distributed`` (the shardwise backend unless ``dist_backend`` names another); the
+``deepspeed --num_gpus N script.py ...`` launch is ``shardwise-deepspeed --num_gpus N script.py
+...`` (``deepspeed_launcher.py``).
+
 ``initialize`` takes DeepSpeed's arguments and returns its 4-tuple: the engine
-(``shardwise.zero.ZeroEngine``), its optimizer (the C++ ZeRO optimizer), a DataLoader over
-``training_data`` (``train_micro_batch_size_per_gpu`` per rank, a DistributedSampler over the
-data-parallel ranks, as DeepSpeed builds) or None, and the scheduler of the config's
-``scheduler`` section or None. The optimizer and the scheduler come from the config: an
-``optimizer`` or ``lr_scheduler`` object passed in is refused (shardwise steps its own fused
-optimizer), and so are arguments it has no use for that would change training (``mpu``).
+(``shardwise.zero.ZeroEngine``), its optimizer (the C++ ZeRO optimizer), a loader over
+``training_data`` that behaves as DeepSpeed's (``DeepSpeedDataLoader`` below) or None, and the
+scheduler of the config's ``scheduler`` section or None. The optimizer and the scheduler come
+from the config: an ``optimizer`` or ``lr_scheduler`` object passed in is refused (shardwise
+steps its own fused optimizer), and so are arguments it has no use for that would change
+training (``mpu``).
 """
 
 from __future__ import annotations
 
+import argparse
+import datetime
 import os
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -60,14 +67,65 @@ def _check_parameters(model: nn.Module, model_parameters) -> None:
         )
 
 
+def add_config_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    """DeepSpeed's: adds the "DeepSpeed" argument group (``--deepspeed``, ``--deepspeed_config``
+    and the deprecated ``--deepscale``, ``--deepscale_config``); returns the parser."""
+    group = parser.add_argument_group("DeepSpeed", "DeepSpeed configurations")
+    group.add_argument(
+        "--deepspeed",
+        default=False,
+        action="store_true",
+        help="Enable DeepSpeed (helper flag for user code, no impact on DeepSpeed backend)",
+    )
+    group.add_argument(
+        "--deepspeed_config", default=None, type=str, help="DeepSpeed json configuration file."
+    )
+    group.add_argument("--deepscale", default=False, action="store_true", help=argparse.SUPPRESS)
+    group.add_argument("--deepscale_config", default=None, type=str, help=argparse.SUPPRESS)
+    return parser
+
+
+def init_distributed(
+    dist_backend: str | None = None,
+    auto_mpi_discovery: bool = True,
+    distributed_port: int = 29500,
+    verbose: bool = True,
+    timeout: datetime.timedelta | None = None,
+    init_method: str | None = None,
+    dist_init_required: bool | None = None,
+    config=None,
+    rank: int = -1,
+    world_size: int = -1,
+) -> None:
+    """DeepSpeed's ``deepspeed.init_distributed``: starts torch.distributed (the shardwise
+    backend unless ``dist_backend`` names one) from a launcher's variables, from ``rank`` and
+    ``world_size``, or as one process on ``distributed_port``; nothing when it runs already or
+    ``dist_init_required`` is False. MPI discovery is not done (launch with torchrun or
+    ``shardwise-deepspeed``)."""
+    if dist.is_initialized() or dist_init_required is False:
+        return
+    if rank < 0 and "RANK" not in os.environ:  # one process without a launcher, as DeepSpeed
+        os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
+        os.environ.setdefault("MASTER_PORT", str(distributed_port))
+        rank, world_size = 0, 1
+    os.environ.setdefault("LOCAL_RANK", "0")
+    import shardwise  # noqa: F401  (registers the backend)
+
+    dist.init_process_group(
+        dist_backend or "shardwise",
+        init_method=init_method,
+        timeout=timeout,
+        rank=rank,
+        world_size=world_size,
+    )
+
+
 def _init_distributed(dist_init_required: bool | None) -> None:
     if dist.is_initialized() or dist_init_required is False:
         return
     if "RANK" not in os.environ and "WORLD_SIZE" not in os.environ:
-        return  # one process, as DeepSpeed runs without a launcher
-    import shardwise  # noqa: F401  (registers the backend)
-
-    dist.init_process_group("shardwise")
+        return  # one process without a launcher: no process group is needed
+    init_distributed()
 
 
 def initialize(
@@ -96,16 +154,44 @@ def initialize(
             raise ConfigError(f"initialize: {name} objects are not supported; {why}")
     _check_parameters(model, model_parameters)
     _init_distributed(dist_init_required)
+    if args is not None and hasattr(args, "local_rank"):  # DeepSpeed aligns it with LOCAL_RANK
+        args.local_rank = int(os.environ.get("LOCAL_RANK", 0))
     engine = ZeroEngine(model, _config_of(args, config, config_params))
     loader = None
     if training_data is not None:
-        sampler = None
-        if dist.is_initialized() and dist.get_world_size() > 1:
-            sampler = torch.utils.data.DistributedSampler(training_data)
-        loader = torch.utils.data.DataLoader(
-            training_data,
-            batch_size=engine.config["train_micro_batch_size_per_gpu"],
-            sampler=sampler,
-            collate_fn=collate_fn,
+        loader = DeepSpeedDataLoader(
+            training_data, engine.config["train_micro_batch_size_per_gpu"], collate_fn
         )
     return engine, engine.optimizer, loader, engine.lr_scheduler
+
+
+class DeepSpeedDataLoader:
+    """DeepSpeed's training loader: a DistributedSampler over the data-parallel ranks (shuffled
+    with seed 0, one rank included), ``train_micro_batch_size_per_gpu`` per batch, the last
+    short batch kept; ``iter(loader)`` starts the epoch over and returns the loader itself, as
+    DeepSpeed's does, so a loop over it after ``next(iter(loader))`` starts from the first
+    batch again. ``data_sampler`` is the sampler (``loader.data_sampler.set_epoch(e)``)."""
+
+    def __init__(self, dataset, batch_size: int, collate_fn=None):
+        world = dist.get_world_size() if dist.is_initialized() else 1
+        rank = dist.get_rank() if dist.is_initialized() else 0
+        self.data_sampler = torch.utils.data.DistributedSampler(
+            dataset, num_replicas=world, rank=rank
+        )
+        self.batch_size = batch_size
+        self.dataloader = torch.utils.data.DataLoader(
+            dataset, batch_size=batch_size, sampler=self.data_sampler, collate_fn=collate_fn
+        )
+        self._batches = None
+
+    def __iter__(self):
+        self._batches = iter(self.dataloader)
+        return self
+
+    def __next__(self):
+        if self._batches is None:
+            raise TypeError("DeepSpeedDataLoader: call iter(loader) before next()")
+        return next(self._batches)
+
+    def __len__(self) -> int:
+        return len(self.dataloader)

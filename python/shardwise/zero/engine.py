@@ -4,6 +4,7 @@ micro-steps, and saves/loads the optimizer's world-size-independent pieces."""
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from pathlib import Path
 
@@ -14,6 +15,7 @@ from torch import nn
 from .. import _C
 from ..fsdp import FullyShardedDataParallel, auto_wrap
 from . import config as zero_config
+from . import ds_checkpoint
 from .deepspeed_keys import auto_from_hidden_size
 
 
@@ -52,6 +54,7 @@ class ZeroEngine(nn.Module):
             else torch.float32
         )
         self.micro_steps = 0
+        self._applied = False
         if self.stage == 3:
             self.module = self._shard(model, group)
         else:
@@ -116,9 +119,10 @@ class ZeroEngine(nn.Module):
     def step(self) -> bool:
         """At the accumulation boundary: reduce, unscale, clip and step (False: an fp16 overflow
         skipped it on every rank). Between boundaries: nothing."""
+        self._applied = False
         if not self.is_gradient_accumulation_boundary():
             return False
-        stepped = self.optimizer.step()
+        stepped = self._applied = self.optimizer.step()
         if stepped and self.lr_scheduler is not None:  # DeepSpeed: not after a skipped step
             self.lr_scheduler.step()
         return stepped
@@ -170,14 +174,15 @@ class ZeroEngine(nn.Module):
             "scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler else None,
         }
 
-    def load_optimizer_states(self, states: list[dict]) -> None:
-        """Loads the states every rank of a run saved (any world size)."""
+    def load_optimizer_states(self, states: list[dict], scheduler: bool = True) -> None:
+        """Loads the states every rank of a run saved (any world size); the scheduler's too
+        unless ``scheduler`` is False."""
         pieces = [piece for state in states for piece in state["pieces"]]
         self.optimizer.load_state_pieces(pieces, int(states[0]["step"]))
         if states[0]["scaler"] is not None:
             self.optimizer.set_scaler_state(states[0]["scaler"])
         self.micro_steps = int(states[0]["micro_steps"])
-        if self.lr_scheduler is not None and states[0].get("scheduler") is not None:
+        if scheduler and self.lr_scheduler is not None and states[0].get("scheduler") is not None:
             self.lr_scheduler.load_state_dict(states[0]["scheduler"])
 
     def save_optimizer_checkpoint(self, directory: str | Path) -> None:
@@ -192,12 +197,71 @@ class ZeroEngine(nn.Module):
         state = self.optimizer_state()
         atomic_write(directory / f"zero_rank{rank}.pt", lambda f: torch.save(state, f))
 
-    def load_optimizer_checkpoint(self, directory: str | Path) -> None:
+    def load_optimizer_checkpoint(self, directory: str | Path, scheduler: bool = True) -> None:
         """Loads the pieces every saving rank wrote (any number of them)."""
         files = sorted(Path(directory).glob("zero_rank*.pt"))
         if not files:
             raise FileNotFoundError(f"no zero_rank*.pt files in {directory}")
-        self.load_optimizer_states([torch.load(f, weights_only=True) for f in files])
+        self.load_optimizer_states([torch.load(f, weights_only=True) for f in files], scheduler)
+
+    # --- DeepSpeed's engine surface (deepspeed.runtime.engine.DeepSpeedEngine) --------------
+
+    @property
+    def local_rank(self) -> int:
+        """This process's rank on its node (the launcher's LOCAL_RANK), as DeepSpeed reads it."""
+        return int(os.environ.get("LOCAL_RANK", 0))
+
+    @property
+    def global_rank(self) -> int:
+        return dist.get_rank() if dist.is_initialized() else 0
+
+    @property
+    def world_size(self) -> int:
+        return dist.get_world_size() if dist.is_initialized() else 1
+
+    def train_batch_size(self) -> int:
+        return self.config["train_batch_size"]
+
+    def train_micro_batch_size_per_gpu(self) -> int:
+        return self.config["train_micro_batch_size_per_gpu"]
+
+    def gradient_accumulation_steps(self) -> int:
+        return self.accumulation
+
+    def zero_optimization_stage(self) -> int:
+        return self.stage
+
+    def fp16_enabled(self) -> bool:
+        return self.dtype == torch.float16
+
+    def bf16_enabled(self) -> bool:
+        return self.dtype == torch.bfloat16
+
+    def was_step_applied(self) -> bool:
+        """Whether the last ``step()`` updated the parameters (False between accumulation
+        boundaries and after an fp16 overflow)."""
+        return self._applied
+
+    def get_global_grad_norm(self) -> float | None:
+        """The gradient norm of the last applied step (before clipping); None before one, and
+        None without ``gradient_clipping`` (only clipping computes it here, where DeepSpeed
+        computes it every step)."""
+        clipping = self.config["native"].get("gradient_clipping", 0) > 0
+        return self.optimizer.last_grad_norm() if self.global_steps > 0 and clipping else None
+
+    def save_checkpoint(self, save_dir, tag=None, client_state=None, save_latest=True) -> bool:
+        """DeepSpeed's: every rank calls it; ``save_dir/<tag>/`` and ``save_dir/latest``
+        (``ds_checkpoint.py``)."""
+        ds_checkpoint.save_checkpoint(self, save_dir, tag, client_state, save_latest)
+        return True
+
+    def load_checkpoint(self, load_dir, tag=None, load_module_strict=True,
+                        load_optimizer_states=True, load_lr_scheduler_states=True,
+                        load_module_only=False):  # fmt: skip
+        """DeepSpeed's: (the path loaded, client_state), or (None, None) without ``latest``."""
+        return ds_checkpoint.load_checkpoint(self, load_dir, tag, load_module_strict,
+                                             load_optimizer_states, load_lr_scheduler_states,
+                                             load_module_only)  # fmt: skip
 
 
 class WarmupScheduler:
