@@ -1,8 +1,9 @@
 """Your own model under ``shardwise-train`` (issue 17): Hugging Face GPT-2 and Llama built from
-their configs (small sizes, random init, nothing downloaded) and a factory's plain torch module,
-each trained by 2 processes under FSDP (with its activation checkpointing of the model's own
-layers) and ZeRO-3, GPT-2 and Llama (and Qwen2 under tp) also under their tensor-parallel plans,
-cut into pipeline stages, and both at once on 4 processes, against 1 process on the same global
+their configs (small sizes, random init, nothing downloaded), the named families Gemma 3 and
+Llama 3 (``model=NAME``, shrunk) and a factory's plain torch module, each trained by 2
+processes under FSDP (with its activation checkpointing of the model's own layers) and ZeRO-3,
+GPT-2 and Llama (and Qwen2 and Llama 3 under tp) also under their tensor-parallel plans, cut
+into pipeline stages, and both at once on 4 processes, against 1 process on the same global
 batches: the losses agree to 1e-5 (fp32). The export is a folder ``from_pretrained`` loads,
 whose loss on the validation batches is the run's last eval loss."""
 
@@ -33,7 +34,22 @@ FACTORY = (
     "model.seq_len=64",
 )
 QWEN2 = ("model.hf_config=qwen2", LLAMA[1])  # q/k/v biases, split with their heads
-MODELS = {"gpt2": GPT2, "llama": LLAMA, "factory": FACTORY, "qwen2": QWEN2}
+SMALL = (
+    "hidden_size: 64, intermediate_size: 128, num_attention_heads: 4, num_key_value_heads: 2, "
+    "head_dim: 16, vocab_size: 256, max_position_embeddings: 64"
+)
+# the named families (model=NAME), shrunk: Gemma 3's sliding-window layers (a window of 8 in
+# sequences of 32; layer 6 of 6 full attention), query-key norms, scaled and tied embeddings
+GEMMA3 = (
+    "model=gemma3_1b",
+    f"model.hf_overrides={{{SMALL}, num_hidden_layers: 6, sliding_window: 8, "
+    "query_pre_attn_scalar: 16}",
+)
+LLAMA3 = ("model=llama3_1b", f"model.hf_overrides={{{SMALL}, num_hidden_layers: 2}}")
+MODELS = {
+    "gpt2": GPT2, "llama": LLAMA, "factory": FACTORY, "qwen2": QWEN2, "gemma3": GEMMA3,
+    "llama3": LLAMA3,
+}  # fmt: skip
 LAYOUTS = {
     # name: (processes, config, overrides); one process reads the same global batches
     "one": (1, "fsdp.yaml", ("training.micro_batch_size=8",)),
@@ -88,6 +104,8 @@ CASES = [
     *((m, lay) for m in ("gpt2", "llama", "factory") for lay in ("fsdp", "zero3")),
     *((m, lay) for m in ("gpt2", "llama") for lay in ("tp", "pipeline", "pp_tp")),
     ("qwen2", "tp"),
+    *(("gemma3", lay) for lay in ("fsdp", "zero3")),
+    ("llama3", "tp"),
 ]
 
 

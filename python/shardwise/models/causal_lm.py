@@ -30,6 +30,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from .families import FAMILIES, published
 from .gpt import GPTConfig
 
 PREFIX = "inner."
@@ -118,14 +119,18 @@ def _transformers():
 
 
 def hf_config(spec: str, overrides: Mapping | None = None):
-    """A transformers config: a model type it knows (``gpt2``, ``llama``, ...) with its
-    defaults, or a ``config.json`` (or the folder holding one); ``overrides`` replace fields,
-    each checked to be one of the config's (with "did you mean")."""
+    """A transformers config: a model family (``gemma3_1b``, ``llama3_8b``, ...:
+    ``families.py``), a model type it knows (``gpt2``, ``llama``, ...) with its defaults, or a
+    ``config.json`` (or the folder holding one); ``overrides`` replace fields, each checked to be
+    one of the config's (with "did you mean"), and the config is built with them (a field
+    derived from others at construction, such as a head size, follows them)."""
     transformers = _transformers()
     path = Path(spec).expanduser()
     if path.is_dir():
         path = path / "config.json"
-    if path.suffix == ".json" or path.exists():
+    if spec in FAMILIES:  # a released model's shape (models/families.py)
+        spec, given = published(spec)
+    elif path.suffix == ".json" or path.exists():
         try:
             values = json.loads(path.read_text())
         except (OSError, json.JSONDecodeError) as error:
@@ -138,21 +143,22 @@ def hf_config(spec: str, overrides: Mapping | None = None):
     try:
         config = transformers.AutoConfig.for_model(spec, **given)
     except ValueError:
-        known = sorted(transformers.CONFIG_MAPPING.keys())
+        known = sorted([*transformers.CONFIG_MAPPING.keys(), *FAMILIES])
         close = difflib.get_close_matches(spec, known, n=3)
         raise ValueError(
             f"model.hf_config: {spec!r} is neither a config.json nor a model type transformers "
             f"knows" + (f"; did you mean {', '.join(close)}?" if close else " (gpt2, llama, ...)")
         ) from None
     fields = config.to_dict().keys() | set(getattr(config, "attribute_map", {}))
-    for key, value in (overrides or {}).items():
+    for key in overrides or {}:
         if key not in fields:
             close = difflib.get_close_matches(key, sorted(fields), n=1)
             hint = f"; did you mean {close[0]}?" if close else ""
             raise ValueError(
                 f"model.hf_overrides.{key}: not a field of {type(config).__name__}{hint}"
             )
-        setattr(config, key, value)
+    if overrides:  # built again with them, so fields derived at construction follow
+        config = transformers.AutoConfig.for_model(spec, **{**given, **overrides})
     return config
 
 

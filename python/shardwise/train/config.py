@@ -33,6 +33,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 from pydantic import ValidationError
 
+from ..models.families import FAMILIES
 from . import model_source, sources
 from .config_rules import (
     _check_sub_blocks,
@@ -73,8 +74,9 @@ def load_config(
 ) -> TrainConfig:
     """The validated config from a YAML file (or none) and dotted overrides such as
     ``training.micro_batch_size=8`` or ``model.mesh_shape=[[2,1],["fsdp","tp"]]``. A bare
-    ``model=NAME`` selects a preset. Raises ValueError naming the key, the value and the fix.
-    ``env`` and ``cuda_devices`` describe the machine (default: this one; see ``validate``)."""
+    ``model=NAME`` selects a preset or a model family. Raises ValueError naming the key, the
+    value and the fix. ``env`` and ``cuda_devices`` describe the machine (default: this one;
+    see ``validate``)."""
     overrides = [_preset_shorthand(o) for o in overrides]
     try:
         base = OmegaConf.load(path) if path else OmegaConf.create({})
@@ -104,8 +106,12 @@ def load_config(
 
 
 def _preset_shorthand(item: str) -> str:
+    """``model=NAME``: a bundled GPT preset (``model.preset``) or a named model family
+    (``model.hf_config``, ``models/families.py``)."""
     key, sep, value = item.partition("=")
-    return f"model.preset={value}" if sep and key.strip() == "model" and "[" not in value else item
+    if not sep or key.strip() != "model" or "[" in value:
+        return item
+    return f"model.hf_config={value}" if value.strip() in FAMILIES else f"model.preset={value}"
 
 
 def validate(

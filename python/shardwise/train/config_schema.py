@@ -27,6 +27,7 @@ from pydantic import (
 from .. import _C
 from ..fsdp.config import FSDPConfig
 from ..mesh import mesh_spec
+from ..models.families import FAMILIES
 from ..models.gpt import PRESETS, GPTConfig
 from ..zero.config import load as load_zero
 from ..zero.deepspeed_keys import auto_from_hidden_size
@@ -69,7 +70,12 @@ class ModelSection(_Section):
     @classmethod
     def _known_preset(cls, value: str) -> str:
         if value not in PRESETS:
-            raise ValueError(f"unknown preset; valid presets: {', '.join(PRESETS)}")
+            close = difflib.get_close_matches(value, [*PRESETS, *FAMILIES], n=1)
+            raise ValueError(
+                f"unknown preset; valid presets: {', '.join(PRESETS)}; model families "
+                f"(model=NAME, or model.hf_config): {', '.join(FAMILIES)}"
+                + (f"; did you mean {close[0]}?" if close else "")
+            )
         return value
 
     def gpt(self) -> GPTConfig:

@@ -10,6 +10,7 @@ from pathlib import Path
 from ..models.causal_lm import ModelBuilder
 
 GPT_ONLY = ("dim", "layers", "heads", "mlp_ratio", "dropout", "vocab_size")
+DEFAULT_SEQ_LEN = 2048
 
 
 def resolve(cfg) -> None:
@@ -43,7 +44,9 @@ def resolve(cfg) -> None:
         tuple(sorted((m.factory_args or {}).items())),
     )  # fmt: skip
     limit = builder.max_positions()  # also reads and checks the Hugging Face config
-    seq = cfg.data.seq_len or m.seq_len or limit
+    # default: the model's context, at most DEFAULT_SEQ_LEN (a released model's 32k-128k
+    # context is not what a run without data.seq_len means)
+    seq = cfg.data.seq_len or m.seq_len or (limit and min(limit, DEFAULT_SEQ_LEN))
     if seq is None:
         raise ValueError(
             "model.seq_len: give the sequence length the factory's model trains on "
