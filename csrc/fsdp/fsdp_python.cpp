@@ -87,6 +87,11 @@ void bind_unit(py::module& m) {
            py::arg("post_forward_group") = py::none())
       .def_property_readonly("name", &FsdpUnit::name)
       .def("holds_post_forward_shard", &FsdpUnit::holds_post_forward_shard)
+      .def("post_forward_group",
+           [](const FsdpUnit& u) -> std::optional<Group> {
+             const Group& group = u.options().post_forward_group;
+             return group ? std::optional<Group>(group) : std::nullopt;
+           })
       .def("sharded_param_bytes", &FsdpUnit::sharded_param_bytes)
       .def("unshard_async", &FsdpUnit::unshard_async, Release())
       .def("unshard", &FsdpUnit::unshard, Release())

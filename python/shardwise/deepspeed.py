@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import datetime
 import os
+import warnings
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 
@@ -100,8 +101,24 @@ def init_distributed(
     """DeepSpeed's ``deepspeed.init_distributed``: starts torch.distributed (the shardwise
     backend unless ``dist_backend`` names one) from a launcher's variables, from ``rank`` and
     ``world_size``, or as one process on ``distributed_port``; nothing when it runs already or
-    ``dist_init_required`` is False. MPI discovery is not done (launch with torchrun or
-    ``shardwise-deepspeed``)."""
+    ``dist_init_required`` is False. No-ops, named in a warning when they would act in
+    DeepSpeed: ``auto_mpi_discovery`` (launch with torchrun or ``shardwise-deepspeed``; MPI's
+    variables are not read) and ``config`` (DeepSpeed's communication logging); ``verbose``
+    only changes DeepSpeed's log lines."""
+    ignored = [
+        name
+        for name, acts in (
+            ("auto_mpi_discovery", auto_mpi_discovery and "OMPI_COMM_WORLD_RANK" in os.environ),
+            ("config", config is not None),
+        )
+        if acts
+    ]
+    if ignored:
+        warnings.warn(
+            f"init_distributed: {', '.join(ignored)} change nothing under shardwise (no MPI "
+            "discovery, no communication logger); launch with torchrun or shardwise-deepspeed",
+            stacklevel=2,
+        )
     if dist.is_initialized() or dist_init_required is False:
         return
     if rank < 0 and "RANK" not in os.environ:  # one process without a launcher, as DeepSpeed

@@ -32,8 +32,8 @@ def parse_args(argv: list[str]) -> argparse.Namespace:
     parser.add_argument("--num_gpus", "--num_accelerators", type=int, default=-1)
     parser.add_argument("--num_nodes", type=int, default=1)
     parser.add_argument("--node_rank", type=int, default=0)
-    parser.add_argument("--master_addr", default="127.0.0.1")
-    parser.add_argument("--master_port", type=int, default=29500)
+    parser.add_argument("--master_addr", default=None, help="default 127.0.0.1")
+    parser.add_argument("--master_port", type=int, default=None, help="default 29500")
     parser.add_argument("--no_local_rank", action="store_true")
     parser.add_argument("user_script")
     parser.add_argument("user_args", nargs=argparse.REMAINDER)
@@ -61,15 +61,14 @@ def _script_index(argv: list[str]) -> int:
 def torchrun_command(args: argparse.Namespace) -> list[str]:
     nproc = "auto" if args.num_gpus == -1 else str(args.num_gpus)
     command = [sys.executable, "-m", "torch.distributed.run", f"--nproc_per_node={nproc}"]
-    if args.num_nodes == 1:
-        command += ["--standalone"] if args.master_port == 29500 else [
-            f"--master_addr={args.master_addr}", f"--master_port={args.master_port}"]  # fmt: skip
+    if args.num_nodes == 1 and args.master_addr is None and args.master_port is None:
+        command.append("--standalone")  # a free port on this host
     else:
         command += [
             f"--nnodes={args.num_nodes}",
             f"--node_rank={args.node_rank}",
-            f"--master_addr={args.master_addr}",
-            f"--master_port={args.master_port}",
+            f"--master_addr={args.master_addr or '127.0.0.1'}",
+            f"--master_port={args.master_port or 29500}",
         ]
     return [*command, "-m", "shardwise.deepspeed_launcher", args.user_script, *args.user_args]
 

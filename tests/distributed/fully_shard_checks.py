@@ -448,7 +448,7 @@ def fully_shard_int_reshard_after_forward_matches_torchs(rank, world, gloo):
     _shard(shardwise.fully_shard, model, blocks, None, MixedPrecisionPolicy(), "", reshard=2)
     units = [shardwise.fsdp.fsdp2._state_of(b) for b in blocks]
     sharded = [u.unit.sharded_param_bytes() for u in units]
-    small, whole = units[0].post_forward_group, dist.group.WORLD
+    small, whole = units[0].unit.post_forward_group(), dist.group.WORLD
     assert dist.get_world_size(small) == 2 and rank in dist.get_process_group_ranks(small)
     model(make(0)).pow(2).mean().backward()  # the first backward also checks the order
     loss = model(make(1)).pow(2).mean()

@@ -140,6 +140,9 @@ def test_the_launcher_maps_deepspeeds_line_to_torchrun(tmp_path):
     assert "--nproc_per_node=auto" in command
     for flag in ("--nnodes=2", "--node_rank=1", "--master_addr=10.0.0.1", "--master_port=29500"):
         assert flag in command
+    one_host = deepspeed_launcher.parse_args(["--master_port", "29611", str(script)])
+    command = deepspeed_launcher.torchrun_command(one_host)
+    assert "--master_port=29611" in command and "--standalone" not in command
     with pytest.raises(SystemExit):
         deepspeed_launcher.parse_args(["--hostfile", "hosts", str(script)])
     with pytest.raises(SystemExit):

@@ -52,7 +52,6 @@ class _State:
         self.policy = policy
         self.auto_reshard = auto_reshard
         self.shard_group, self.replicate_group = groups
-        self.post_forward_group = None  # int reshard_after_forward: the group backward gathers over
         self.engine = None
         self.index = -1
         self.forward_prefetch: list[_State] = []
@@ -94,7 +93,6 @@ def fully_shard(
         post_forward_group,
     )
     state = _State(modules, params, unit, mp_policy, reshard_after_forward is None, groups)
-    state.post_forward_group = post_forward_group
     for m in modules:
         m.__dict__[_STATE] = state
         m.register_forward_pre_hook(_pre_forward, prepend=True, with_kwargs=True)
