@@ -122,6 +122,7 @@ set(SHARDWISE_TORCH_SOURCES
   csrc/distributed/device_mesh.cpp
   csrc/distributed/broadcast_module.cpp
   csrc/distributed/average_gradients.cpp
+  csrc/data/batch_order.cpp
   csrc/data/token_stream.cpp
   csrc/data/token_file.cpp
   csrc/checkpoint/safetensors.cpp
@@ -173,4 +174,5 @@ set(SHARDWISE_TORCH_TEST_SOURCES
   tests/cpp/torch/test_run_stats_libtorch.cc
   tests/cpp/torch/test_torch_optim_adapters_libtorch.cc
   tests/cpp/torch/test_work_libtorch.cc
+  tests/cpp/torch/test_batch_order_libtorch.cc
 )

@@ -221,6 +221,23 @@ PYBIND11_MODULE(_C, m) {
         .def_property_readonly("epoch", &TokenStream::epoch)
         .def_property_readonly("index", &TokenStream::index)
         .def_property_readonly("batches_per_epoch", &TokenStream::batches_per_epoch);
+    using shardwise::data::BatchOrder;
+    py::class_<BatchOrder>(m, "BatchOrder",
+                           "Which items each data rank reads, batch after batch "
+                           "(data/batch_order.h): the sampling rule of the training data.")
+        .def(py::init([](int64_t num_items, int64_t micro_batch, int data_rank, int data_world,
+                         int64_t seed, bool shuffle) {
+               return BatchOrder(num_items, {micro_batch, data_rank, data_world, seed, shuffle});
+             }),
+             py::arg("num_items"), py::arg("micro_batch"), py::arg("data_rank"),
+             py::arg("data_world"), py::arg("seed"), py::arg("shuffle"))
+        .def("next", &BatchOrder::next)
+        .def("batch_items", &BatchOrder::batch_items)
+        .def("order", &BatchOrder::order)
+        .def("load_state", &BatchOrder::load_state)
+        .def_property_readonly("epoch", &BatchOrder::epoch)
+        .def_property_readonly("index", &BatchOrder::index)
+        .def_property_readonly("batches_per_epoch", &BatchOrder::batches_per_epoch);
     m.def(
         "read_token_file",
         [](const std::string& path, const std::string& dtype) {

@@ -5,11 +5,8 @@
 // file from data/token_file_tensor.h, memory-mapped). Split: the last `val_fraction` of the
 // tokens is the validation set (round(n * val_fraction), at least 1, Python's rounding).
 // Stream: the tokens are cut into non-overlapping windows of seq_len + 1 tokens starting at
-// 0, seq_len, 2 * seq_len, ...; every epoch the window numbers are permuted by torch's CPU
-// generator seeded with (seed * 1000003 + epoch) mod 2^63; global batch b of an epoch is slice
-// [b * micro_batch * data_world, (b + 1) * micro_batch * data_world) of that order, and data rank
-// r reads its positions r, r + data_world, ... Windows that do not fill a global batch are
-// dropped, so every rank has `batches_per_epoch` batches.
+// 0, seq_len, 2 * seq_len, ...; the windows are the items of a BatchOrder (data/batch_order.h:
+// shuffled per epoch, each global batch split among the data ranks, the remainder dropped).
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -17,6 +14,8 @@
 #include <cstdint>
 #include <string>
 #include <utility>
+
+#include "data/batch_order.h"
 
 namespace shardwise::data {
 
@@ -52,21 +51,19 @@ class TokenStream {
   // The window numbers this rank reads for batch `index` of `epoch`.
   at::Tensor batch_windows(int64_t epoch, int64_t index);
 
-  int64_t batches_per_epoch() const { return batches_per_epoch_; }
-  int64_t epoch() const { return epoch_; }
-  int64_t index() const { return index_; }
+  int64_t batches_per_epoch() const { return windows_.batches_per_epoch(); }
+  int64_t epoch() const { return windows_.epoch(); }
+  int64_t index() const { return windows_.index(); }
   // Restores a position (the next batch to produce); throws when it is out of range.
-  void load_state(int64_t epoch, int64_t index);
+  void load_state(int64_t epoch, int64_t index) { windows_.load_state(epoch, index); }
 
  private:
+  // (inputs, targets) of the windows numbered `windows`.
+  std::pair<at::Tensor, at::Tensor> read_windows(const at::Tensor& windows) const;
+
   at::Tensor tokens_;
   TokenStreamOptions options_;
-  int64_t num_windows_ = 0;
-  int64_t batches_per_epoch_ = 0;
-  int64_t epoch_ = 0;
-  int64_t index_ = 0;
-  int64_t order_epoch_ = -1;
-  at::Tensor order_;
+  BatchOrder windows_;
 };
 
 }  // namespace shardwise::data

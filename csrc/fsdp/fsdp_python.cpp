@@ -58,6 +58,13 @@ std::vector<std::tuple<int64_t, int64_t, int64_t>> slices_of(const FsdpUnit& uni
   for (const OwnedSlice& s : unit.owned_slices()) slices.emplace_back(s.start, s.valid, s.numel);
   return slices;
 }
+
+// The full shape of each of the unit's parameters, in params() order.
+std::vector<std::vector<int64_t>> shapes_of(const FsdpUnit& unit) {
+  std::vector<std::vector<int64_t>> shapes;
+  for (int64_t i = 0; i < unit.layout().num_params(); ++i) shapes.push_back(unit.shape(i));
+  return shapes;
+}
 // Methods that may wait for a collective release the GIL: a backend's worker thread may need it
 // (gloo's Work destructor drops Python objects), and other Python threads should run meanwhile.
 using Release = py::call_guard<py::gil_scoped_release>;
@@ -107,12 +114,7 @@ void bind_unit(py::module& m) {
       .def("shard_views", &FsdpUnit::shard_views)
       .def("grad_shard_views", &FsdpUnit::grad_shard_views)
       .def("owned_slices", &slices_of)
-      .def("shapes",
-           [](const FsdpUnit& u) {
-             std::vector<std::vector<int64_t>> shapes;
-             for (int64_t i = 0; i < u.layout().num_params(); ++i) shapes.push_back(u.shape(i));
-             return shapes;
-           })
+      .def("shapes", &shapes_of)
       .def("shard_rank", &FsdpUnit::shard_rank)
       .def("shard_size", &FsdpUnit::shard_size)
       .def("pinned", [](const FsdpUnit& u) {
@@ -181,6 +183,7 @@ void bind_fsdp(py::module& m) {
       .def("shard_views", [](FsdpEngine& e, int u) { return e.unit(u).shard_views(); })
       .def("grad_shard_views", [](FsdpEngine& e, int u) { return e.unit(u).grad_shard_views(); })
       .def("owned_slices", [](FsdpEngine& e, int u) { return slices_of(e.unit(u)); })
+      .def("shapes", [](FsdpEngine& e, int u) { return shapes_of(e.unit(u)); })
       .def("shard_rank", [](FsdpEngine& e, int u) { return e.unit(u).shard_rank(); })
       .def("shard_size", [](FsdpEngine& e, int u) { return e.unit(u).shard_size(); })
       .def("param_bytes", [](FsdpEngine& e, int u) { return e.unit(u).sharded_param_bytes(); })

@@ -48,7 +48,18 @@ def set_cpu_isa(name: str | None) -> None:
     _C.set_cpu_isa(name)
 
 
+def __getattr__(name: str):
+    """``shardwise.Trainer`` and ``shardwise.DistributedConfig`` (training from Python), imported
+    on first use: the training stack (pydantic, OmegaConf, the planner) loads only for them."""
+    if name in ("Trainer", "DistributedConfig"):
+        from .train import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'shardwise' has no attribute {name!r}")
+
+
 __all__ = [
+    "DistributedConfig",
     "FSDPConfig",
     "FSDPModule",
     "FullyShardedDataParallel",
@@ -61,5 +72,6 @@ __all__ = [
     "fully_shard",
     "multi_cast_",
     "set_cpu_isa",
+    "Trainer",
     "wrap",
 ]

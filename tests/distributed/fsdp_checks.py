@@ -11,6 +11,7 @@ import torch.distributed as dist
 import torch.nn.functional as F
 from fsdp_effect_checks import EFFECT_CHECKS
 from fsdp_fidelity_checks import CHECKS as FIDELITY_CHECKS
+from fsdp_optim_state_checks import CHECKS as OPTIM_STATE_CHECKS
 from fully_shard_checks import FULLY_SHARD_CHECKS
 from torch import nn
 
@@ -592,4 +593,4 @@ def fsdp_forward_order_mismatch_is_reported(rank, world, gloo):
 # torch FSDP fidelity (MixedPrecision on torch's own test model, config keys that take effect):
 # fsdp_fidelity_checks.py, run in these worlds
 CHECKS = [f for n, f in sorted(globals().items()) if n.startswith("fsdp_")]
-CHECKS += FIDELITY_CHECKS + EFFECT_CHECKS + FULLY_SHARD_CHECKS
+CHECKS += FIDELITY_CHECKS + EFFECT_CHECKS + FULLY_SHARD_CHECKS + OPTIM_STATE_CHECKS

@@ -175,7 +175,7 @@ def test_the_collective_timeout_reaches_the_run():
         with pytest.MonkeyPatch.context() as patch:
             patch.setattr(trainer, "init_distributed", init_distributed)
             with pytest.raises(Stop):
-                trainer.Trainer(load(*overrides))
+                trainer.TrainingRun(load(*overrides))
         assert seen.pop("timeout_s") == expected
 
 

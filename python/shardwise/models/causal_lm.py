@@ -227,10 +227,14 @@ def build_factory(spec: str, args: Mapping | None = None) -> nn.Module:
 
 
 def shape_of(builder: Callable[[], nn.Module], seq_len: int, vocab_size: int) -> ModelShape:
-    """The ModelShape of what ``builder`` makes, built on the meta device (no memory): its
-    parameters counted once each (tied ones once), its width from the first embedding."""
+    """The ModelShape of what ``builder`` makes, built on the meta device (no memory)."""
     with torch.device("meta"):
-        model = CausalLM(builder())
+        return shape_of_model(CausalLM(builder()), seq_len, vocab_size)
+
+
+def shape_of_model(model: CausalLM, seq_len: int, vocab_size: int) -> ModelShape:
+    """The ModelShape of ``model``: its parameters counted once each (tied ones once), its width
+    from the first embedding."""
     config = model.config
     blocks = find_blocks(model.inner)
     embeddings = [m for m in model.modules() if isinstance(m, nn.Embedding)]
@@ -278,6 +282,45 @@ class ModelBuilder:
 
     def shape(self, seq_len: int, vocab_size: int) -> ModelShape:
         return shape_of(lambda: self(weights=False).inner, seq_len, vocab_size)
+
+    def max_positions(self) -> int | None:
+        config = self.config()
+        return getattr(config, "max_position_embeddings", None) if config is not None else None
+
+
+class ModuleBuilder:
+    """A model built by the caller (``shardwise.Trainer(model, ...)``) behind the builder's
+    interface. Every rank starts from rank 0's weights, as DDP's constructor makes it: the
+    parameters and buffers are broadcast when the run takes the model (the caller need not seed
+    its ranks alike). The transforms then work on this very module (FSDP, ZeRO and tensor
+    parallelism rewrite it in place, as torch's do)."""
+
+    def __init__(self, module: nn.Module):
+        self.module = module
+
+    def config(self):
+        """A Hugging Face model's config (its tp plan, pipeline split and export); None else."""
+        return self.module.config if _is_hf(self.module) else None
+
+    def __call__(self, weights: bool = True) -> CausalLM:
+        import torch.distributed as dist
+
+        if dist.is_initialized() and dist.get_world_size() > 1:
+            with torch.no_grad():
+                for tensor in [*self.module.parameters(), *self.module.buffers()]:
+                    dist.broadcast(tensor.data, src=0)
+        return CausalLM(self.module)
+
+    def vocab_size(self, default: int) -> int:
+        """The vocabulary: a Hugging Face config's, else the first embedding's rows."""
+        config = self.config()
+        if config is not None and getattr(config, "vocab_size", None):
+            return config.vocab_size
+        embeddings = [m for m in self.module.modules() if isinstance(m, nn.Embedding)]
+        return embeddings[0].num_embeddings if embeddings else default
+
+    def shape(self, seq_len: int, vocab_size: int) -> ModelShape:
+        return shape_of_model(CausalLM(self.module), seq_len, self.vocab_size(vocab_size))
 
     def max_positions(self) -> int | None:
         config = self.config()

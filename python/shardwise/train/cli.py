@@ -7,7 +7,8 @@ corpus with DDP, FSDP, ZeRO or a pipeline, as a YAML config plus dotted override
 Before anything is built, the config is validated (``config.py``) and the memory planner
 (``planner.py``) estimates the bytes per rank; a run it says will not fit is refused unless
 ``--ignore-memory-check``. Runs resume from the newest intact checkpoint in
-``training.checkpoint.dir`` unless ``--no-resume``.
+``training.checkpoint.dir`` unless ``--no-resume``. The command is a caller of
+``shardwise.Trainer`` (``api.py``): it parses the command line into a config and trains it.
 """
 
 from __future__ import annotations
@@ -18,43 +19,9 @@ import os
 import sys
 
 from ..fsdp.config import FSDPConfig
-from . import planner
+from .api import MemoryCheckError, Trainer
 from .config import TrainConfig, load_config
 from .config_schema import FLAT_FSDP_KEYS, TrainingSection
-from .device import device_memory_bytes
-from .trainer import Trainer
-
-
-def memory_check(cfg: TrainConfig, device_bytes: int) -> tuple[bool, str]:
-    """(fits, the planner's lines for this run's strategy) per rank (``plan_for_config``, the
-    same plan ``shardwise-plan --config`` prints)."""
-    tp = cfg.distributed.tensor_parallel_size
-    plan = planner.plan_for_config(cfg, device_bytes)
-    name = _plan_row(cfg)
-    row = plan.row(name)
-    gib = 1024**3
-    text = (
-        (f"tensor parallel {tp}: " if tp > 1 else "")
-        + f"memory per rank ({row.label}): parameters {row.parameters / gib:.3f} GiB, gradients "
-        f"{row.gradients / gib:.3f} GiB, optimizer {row.optimizer_state / gib:.3f} GiB, "
-        f"activations {row.activations / gib:.3f} GiB; total × {plan.overhead} = "
-        f"{row.required / gib:.3f} GiB of {device_bytes / gib:.1f} GiB"
-        f"; planner recommends {plan.recommendation.strategy}: {plan.recommendation.reason}"
-    )
-    return row.fits, text
-
-
-def _plan_row(cfg: TrainConfig) -> str:
-    strategy = cfg.distributed.strategy
-    if strategy == "pipeline":
-        return "pipeline"
-    if strategy == "zero":
-        stage = cfg.zero_config()["zero_optimization"]["stage"]
-        return {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}[stage]
-    if strategy == "fsdp":
-        sharding = cfg.fsdp_config().fsdp_sharding_strategy
-        return {"shard_grad_op": "fsdp_shard_grad_op", "no_shard": "ddp"}.get(sharding, "zero3")
-    return "ddp"
 
 
 def parse_args(argv):
@@ -135,13 +102,14 @@ def main(argv: list[str] | None = None) -> int:
     except (ValueError, FileNotFoundError) as e:
         print(f"shardwise-train: {e}", file=sys.stderr)
         return 2
-    local = cfg.distributed.num_processes_per_node or cfg.distributed.world_size
-    fits, note = memory_check(cfg, device_memory_bytes(local, cfg.training.device))
-    if not fits and not args.ignore_memory_check:
-        print(f"shardwise-train: refusing a run that will not fit: {note}", file=sys.stderr)
+    trainer = Trainer(config=cfg, resume=not args.no_resume,
+                      check_memory=not args.ignore_memory_check)  # fmt: skip
+    try:
+        trainer.train()
+    except MemoryCheckError as refused:
+        print(f"shardwise-train: refusing a run that will not fit: {refused.note}", file=sys.stderr)
         print("(pass --ignore-memory-check to run anyway)", file=sys.stderr)
         return 3
-    Trainer(cfg, resume=not args.no_resume, memory_note=note).run()
     return 0
 
 

@@ -115,27 +115,51 @@ def _preset_shorthand(item: str) -> str:
 
 
 def validate(
-    data: Mapping, env: Mapping[str, str] | None = None, cuda_devices: int | None = None
+    data: Mapping,
+    env: Mapping[str, str] | None = None,
+    cuda_devices: int | None = None,
+    model=None,
 ) -> TrainConfig:
     """The TrainConfig of a plain mapping; resolves the defaults that come from ``env``
     (torchrun's WORLD_SIZE, RANK, LOCAL_RANK, LOCAL_WORLD_SIZE, MASTER_ADDR, MASTER_PORT) and
-    from the machine's ``cuda_devices`` (default: ``torch.cuda.device_count()``)."""
-    env = os.environ if env is None else env
-    if not isinstance(data, Mapping):
-        raise ValueError(f"the config must be a mapping of sections, got {type(data).__name__}")
-    data, lifted = _lift_flat_fsdp_keys(data)
-    try:
-        cfg = TrainConfig.model_validate(data)
-    except ValidationError as error:
-        raise ValueError(_explain(error.errors()[0])) from None
-    model_source.resolve(cfg)  # a Hugging Face or factory model: its builder and shape
+    from the machine's ``cuda_devices`` (default: ``torch.cuda.device_count()``). ``model``: an
+    ``nn.Module`` the caller built, which the run trains instead of the model section's."""
+    cfg, lifted = _parse(data)
+    model_source.resolve(cfg, model)  # a Hugging Face, factory or given model: builder, shape
     sources.check_section(cfg)  # may set model.vocab_size from the tokenizer
     _resolve_precision(cfg)
-    _resolve_layout(cfg, env)
-    _resolve_device(cfg, cuda_devices)
-    _resolve_strategy(cfg)
+    _resolve_distributed(cfg, env, cuda_devices)
     model_source.check_strategy(cfg)
     _check_tensor_parallel(cfg)
     _check_sub_blocks(cfg, lifted)
     _check_training(cfg)
     return cfg
+
+
+def validate_distributed(
+    fields: Mapping, env: Mapping[str, str] | None = None, cuda_devices: int | None = None
+) -> DistributedSection:
+    """The ``distributed`` section alone, checked by the rules that concern it alone (the
+    layout, the device and backend, the strategy and its sub-blocks) and resolved as in a whole
+    config: what ``shardwise.DistributedConfig`` runs on construction. The rules that need the
+    model or the batch (tp sizes, the batch split) run when a Trainer has them."""
+    cfg, lifted = _parse({"distributed": dict(fields)})
+    _resolve_distributed(cfg, env, cuda_devices)
+    _check_sub_blocks(cfg, lifted)
+    return cfg.distributed
+
+
+def _parse(data: Mapping) -> tuple[TrainConfig, list[str]]:
+    if not isinstance(data, Mapping):
+        raise ValueError(f"the config must be a mapping of sections, got {type(data).__name__}")
+    data, lifted = _lift_flat_fsdp_keys(data)
+    try:
+        return TrainConfig.model_validate(data), lifted
+    except ValidationError as error:
+        raise ValueError(_explain(error.errors()[0])) from None
+
+
+def _resolve_distributed(cfg, env, cuda_devices) -> None:
+    _resolve_layout(cfg, os.environ if env is None else env)
+    _resolve_device(cfg, cuda_devices)
+    _resolve_strategy(cfg)

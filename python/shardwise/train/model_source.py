@@ -7,16 +7,19 @@ from __future__ import annotations
 
 from pathlib import Path
 
-from ..models.causal_lm import ModelBuilder
+from ..models.causal_lm import ModelBuilder, ModuleBuilder
 
 GPT_ONLY = ("dim", "layers", "heads", "mlp_ratio", "dropout", "vocab_size")
 DEFAULT_SEQ_LEN = 2048
 
 
-def resolve(cfg) -> None:
-    """Sets ``cfg.model``'s builder and shape when it names a model other than the GPT."""
+def resolve(cfg, module=None) -> None:
+    """Sets ``cfg.model``'s builder and shape when it names a model other than the GPT, or when
+    ``module`` (a model the caller built: ``shardwise.Trainer(model, ...)``) is given."""
     m = cfg.model
     hf = m.hf_config is not None or m.pretrained is not None
+    if module is not None:
+        return _resolve_module(cfg, module, hf)
     if not hf and m.factory is None:
         if m.hf_overrides:
             raise ValueError("model.hf_overrides needs model.hf_config (or model.pretrained)")
@@ -61,6 +64,29 @@ def resolve(cfg) -> None:
     m._shape = builder.shape(seq, 256)
 
 
+def _resolve_module(cfg, module, hf: bool) -> None:
+    m = cfg.model
+    named = [k for k in ("hf_config", "pretrained", "factory") if getattr(m, k) is not None]
+    given = named + [k for k in (*GPT_ONLY, "hf_overrides", "factory_args") if getattr(m, k)]
+    if given:
+        raise ValueError(
+            f"model.{given[0]} configures a model, but the Trainer was given one (model=); "
+            "drop the model section's keys, or the model argument"
+        )
+    builder = ModuleBuilder(module)
+    seq = cfg.data.seq_len or m.seq_len
+    if seq is None:
+        raise ValueError("data.seq_len: give the sequence length the model trains on")
+    limit = builder.max_positions()
+    if limit is not None and seq > limit:
+        raise ValueError(
+            f"the sequence length {seq} exceeds the model's max_position_embeddings={limit}; "
+            "give shorter items (or a lower data.seq_len)"
+        )
+    m._builder = builder
+    m._shape = builder.shape(seq, 256)
+
+
 def check_strategy(cfg) -> None:
     """Tensor parallelism and the pipeline split need a model whose structure shardwise knows:
     the bundled GPT, or a Hugging Face model of a family with a plan (``hf_plans``, for tp) and
@@ -76,7 +102,8 @@ def check_strategy(cfg) -> None:
     config = m._builder.config()
     if config is None:
         raise ValueError(
-            f"{what} with model.factory is not supported: shardwise cuts only models whose "
+            f"{what} with model.factory (or a model passed to the Trainer that is not a Hugging "
+            "Face model) is not supported: shardwise cuts only models whose "
             "structure it knows (the bundled GPT; Hugging Face gpt2 and llama models); use "
             "ddp, fsdp or zero for this model"
         )

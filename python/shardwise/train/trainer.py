@@ -1,6 +1,6 @@
-"""The training loop of ``shardwise-train``.
+"""The training loop of ``shardwise-train`` and ``shardwise.Trainer`` (``api.py``).
 
-``Trainer(cfg).run()`` (a validated ``TrainConfig``): set up the process group, apply the
+``TrainingRun(cfg).run()`` (a validated ``TrainConfig``): set up the process group, apply the
 parallelism transforms to identically initialized models and make the one train step over them
 (``step.build``), resume from the newest intact checkpoint, then per step: draw the
 gradient-accumulation micro-batches of this data rank, step with the scheduled learning rate,
@@ -29,8 +29,8 @@ from ..models.causal_lm import export_names
 from ..models.gpt import GPT, GPTConfig
 from . import checkpoint as ckpt
 from . import data as data_mod
+from . import datasets, metrics, sources
 from . import device as device_mod
-from . import metrics, sources
 from . import step as step_mod
 from .parallelize import StrategyOptions
 
@@ -66,12 +66,21 @@ def init_distributed(
     return dist.get_rank(), dist.get_world_size()
 
 
-class Trainer:
+class TrainingRun:
     """One run of a validated ``TrainConfig`` (``load_config``): the loop reads its sections
     and the values it resolves (``run_gpt_config``, ``scaled_learning_rate``, ``layout``...)
-    from the config itself; the transforms get theirs from ``StrategyOptions.from_config``."""
+    from the config itself; the transforms get theirs from ``StrategyOptions.from_config``.
+    The data is the config's ``data`` section, or ``train_dataset`` (and ``eval_dataset``, no
+    eval without one) in memory (``datasets.py``)."""
 
-    def __init__(self, cfg: TrainConfig, resume: bool = True, memory_note: str = ""):
+    def __init__(
+        self,
+        cfg: TrainConfig,
+        resume: bool = True,
+        memory_note: str = "",
+        train_dataset=None,
+        eval_dataset=None,
+    ):
         self.cfg, self.resume_requested, self.memory_note = cfg, resume, memory_note
         t, d = cfg.training, cfg.distributed
         self.gpt = cfg.run_gpt_config()
@@ -87,13 +96,26 @@ class Trainer:
         rows = t.micro_batch_size
         if d.strategy == "pipeline":  # the pipeline cuts its batch into microbatches
             rows *= d.pipeline.num_microbatches
-        self.tokenizer, train_tokens, val_tokens = load_data(cfg.data, self.gpt)
-        self.stream = data_mod.TokenStream(
-            train_tokens, self.gpt.seq_len, rows, self.data_rank, self.data_world, cfg.data_seed
-        )
-        self.val_stream = validation_stream(
-            val_tokens, self.gpt.seq_len, rows, self.data_rank, self.data_world
-        )
+        if train_dataset is None:
+            self.tokenizer, train_tokens, val_tokens = load_data(cfg.data, self.gpt)
+            self.stream = data_mod.TokenStream(
+                train_tokens, self.gpt.seq_len, rows, self.data_rank, self.data_world,
+                cfg.data_seed,
+            )  # fmt: skip
+            self.val_stream = validation_stream(
+                val_tokens, self.gpt.seq_len, rows, self.data_rank, self.data_world
+            )
+        else:
+            self.tokenizer = None
+            place = (rows, self.data_rank, self.data_world)
+            self.stream = datasets.stream(
+                train_dataset, *place, cfg.data_seed, name="train_dataset"
+            )
+            self.val_stream = None
+            if eval_dataset is not None:
+                self.val_stream = datasets.stream(
+                    eval_dataset, *place, 0, shuffle=False, name="eval_dataset"
+                )
         self.stream_rows = rows
         self.step = 0
         self._slow, self._slow_streak = None, 0
@@ -205,7 +227,8 @@ class Trainer:
                 last = self._one_step(flops_token, peak)
                 profiler.step()
                 every = cfg.eval_every
-                if (every and self.step % every == 0) or self.step == t.max_steps:
+                due = (every and self.step % every == 0) or self.step == t.max_steps
+                if due and self.val_stream is not None:
                     last["val_loss"] = self.evaluate()
                 if self.step % t.log_every == 0 or self.step == t.max_steps:
                     self.sinks.write(last)

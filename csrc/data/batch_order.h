@@ -1,0 +1,59 @@
+// Which items each data rank reads, batch after batch: the one sampling rule of the training
+// data, for the token windows of a corpus (data/token_stream.h) and for the items of a map-style
+// dataset (Python's shardwise.Trainer), so both split a global batch the same way.
+//
+// Items 0 .. num_items - 1. Every epoch they are permuted by torch's CPU generator seeded with
+// (seed * 1000003 + epoch) mod 2^63 (shuffle false: kept in order). Global batch b of an epoch
+// is slice [b * micro_batch * data_world, (b + 1) * micro_batch * data_world) of that order, and
+// data rank r reads its positions r, r + data_world, ...: the ranks read disjoint items whose
+// union is the global batch, whatever data_world is. Items that do not fill a global batch are
+// dropped, so every rank has `batches_per_epoch` batches and collectives stay in lockstep.
+#pragma once
+
+#include <ATen/core/Tensor.h>
+
+#include <cstdint>
+
+namespace shardwise::data {
+
+struct BatchOrderOptions {
+  int64_t micro_batch = 0;
+  int data_rank = 0;
+  int data_world = 1;
+  int64_t seed = 0;
+  bool shuffle = true;
+};
+
+class BatchOrder {
+ public:
+  // Throws std::invalid_argument naming the option when a size is not positive, data_rank is
+  // outside [0, data_world), or the items do not fill one global batch.
+  BatchOrder(int64_t num_items, BatchOrderOptions options);
+
+  // Whole global batches of micro_batch * data_world in num_items (0 when none fits).
+  static int64_t whole_batches(int64_t num_items, int64_t micro_batch, int data_world);
+
+  // The items of `epoch` in global order (the same on every rank).
+  at::Tensor order(int64_t epoch) const;
+  // The items this rank reads for batch `index` of `epoch` (int64, micro_batch of them).
+  at::Tensor batch_items(int64_t epoch, int64_t index);
+  // The items of the batch at the position, which then moves to the next batch.
+  at::Tensor next();
+
+  int64_t batches_per_epoch() const { return batches_per_epoch_; }
+  int64_t epoch() const { return epoch_; }
+  int64_t index() const { return index_; }
+  // Restores a position (the next batch to read); throws when it is out of range.
+  void load_state(int64_t epoch, int64_t index);
+
+ private:
+  int64_t num_items_ = 0;
+  BatchOrderOptions options_;
+  int64_t batches_per_epoch_ = 0;
+  int64_t epoch_ = 0;
+  int64_t index_ = 0;
+  int64_t order_epoch_ = -1;
+  at::Tensor order_;
+};
+
+}  // namespace shardwise::data

@@ -1,0 +1,130 @@
+"""The optimizer state of a FullyShardedDataParallel model, whole: what torch FSDP's
+``FSDP.optim_state_dict`` / ``optim_state_dict_to_load`` give a checkpoint written by one rank.
+
+The optimizer steps the sharded parameters, so each state tensor shaped like one (Adam's
+``exp_avg``, ``exp_avg_sq``) holds this rank's slice. ``full_optim_state_dict`` gathers each
+into the parameter's full shape with the unit's own all-gather (the state is put into the shard
+views, gathered as the parameters are, and the parameters put back), so the flat layout's rule
+is not written again here; scalars (``step``) and the param groups are kept as they are.
+``load_full_optim_state_dict`` is the inverse: each rank keeps its slice (no communication).
+Both are collective over the model's ranks and keep torch's ``state_dict`` shape (state by
+parameter index, ``param_groups``).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.distributed as dist
+
+
+def _positions(fsdp, optimizer) -> dict[int, tuple[int, int]]:
+    """Optimizer parameter index -> (unit, position in the unit) for the model's shards."""
+    where = {
+        id(p): (unit, i)
+        for unit, params in enumerate(fsdp._unit_params)
+        for i, p in enumerate(params)
+    }
+    ordered = [p for group in optimizer.param_groups for p in group["params"]]
+    return {index: where[id(p)] for index, p in enumerate(ordered) if id(p) in where}
+
+
+def _sharded_keys(optimizer, positions, group) -> dict[int, list[str]]:
+    """Per unit, the state keys whose tensors are shaped like the shards, agreed by every rank
+    of the model (each gathers the same keys, in one order, or the gathers would not pair)."""
+    keys: dict[int, set] = {}
+    ordered = [p for group in optimizer.param_groups for p in group["params"]]
+    for index, (unit, _) in positions.items():
+        shard = ordered[index]
+        for key, value in optimizer.state.get(shard, {}).items():
+            if torch.is_tensor(value) and value.shape == shard.shape and value.dim() > 0:
+                keys.setdefault(unit, set()).add(key)
+    everyone: list = [None] * dist.get_world_size(group)
+    dist.all_gather_object(everyone, keys, group=group)
+    agreed: dict[int, set] = {}
+    for theirs in everyone:
+        for unit, unit_keys in theirs.items():
+            agreed.setdefault(unit, set()).update(unit_keys)
+    return {unit: sorted(k) for unit, k in sorted(agreed.items())}
+
+
+def _with_views(fsdp, unit: int, tensors: list[torch.Tensor], action):
+    """Runs ``action()`` with the unit's shard views holding ``tensors``; the parameters'
+    own values are back afterwards."""
+    views = fsdp._engine.shard_views(unit)
+    saved = [v.detach().clone() for v in views]
+    try:
+        with torch.no_grad():
+            for view, tensor in zip(views, tensors, strict=True):
+                view.copy_(tensor.reshape(view.shape))
+        return action()
+    finally:
+        with torch.no_grad():
+            for view, value in zip(views, saved, strict=True):
+                view.copy_(value)
+
+
+def full_optim_state_dict(fsdp, optimizer: torch.optim.Optimizer) -> dict:
+    """``optimizer.state_dict()`` with every sharded state tensor whole (on every rank)."""
+    out = type(optimizer).state_dict(optimizer)  # the class's: callers may patch the object's
+    # torch's state_dict shares each parameter's state mapping with the optimizer: copy them
+    out["state"] = {index: dict(entry) for index, entry in out["state"].items()}
+    positions = _positions(fsdp, optimizer)
+    keys = _sharded_keys(optimizer, positions, fsdp._world)
+    for unit, unit_keys in keys.items():
+        members = {i: pos for i, (u, pos) in positions.items() if u == unit}
+        for key in unit_keys:
+            tensors = [
+                optimizer.state[p][key]
+                if key in optimizer.state.get(p, {})
+                else torch.zeros_like(p)
+                for p in fsdp._unit_params[unit]
+            ]
+            full = _with_views(fsdp, unit, tensors, lambda u=unit: fsdp._engine.full_parameters(u))
+            for index, pos in members.items():
+                if key in out["state"].get(index, {}):
+                    out["state"][index][key] = full[pos].detach().clone()
+    return out
+
+
+def load_full_optim_state_dict(fsdp, optimizer: torch.optim.Optimizer, state: dict) -> None:
+    """Loads a ``full_optim_state_dict`` (from any world size): each rank keeps its slices."""
+    positions = _positions(fsdp, optimizer)
+    params = [p for group in optimizer.param_groups for p in group["params"]]
+    local = {"param_groups": state["param_groups"], "state": {}}
+    by_unit: dict[int, dict[int, int]] = {}
+    for index, (unit, pos) in positions.items():
+        by_unit.setdefault(unit, {})[pos] = index
+    for index, entry in state["state"].items():
+        local["state"][index] = dict(entry)
+    for unit, members in by_unit.items():
+        unit_params = fsdp._unit_params[unit]
+        keys = {
+            key
+            for index in members.values()
+            for key, value in state["state"].get(index, {}).items()
+            if torch.is_tensor(value) and value.dim() > 0
+        }
+        shapes = fsdp._engine.shapes(unit)
+        for key in sorted(keys):
+            full = [
+                state["state"].get(members.get(i), {}).get(key, torch.zeros(shapes[i]))
+                for i in range(len(unit_params))
+            ]
+            pieces = _load_pieces(fsdp, unit, full)
+            for pos, index in members.items():
+                if key in local["state"].get(index, {}):
+                    local["state"][index][key] = pieces[pos].reshape(params[index].shape).clone()
+    type(optimizer).load_state_dict(optimizer, local)
+
+
+def _load_pieces(fsdp, unit: int, full: list[torch.Tensor]) -> list[torch.Tensor]:
+    """This rank's slice of each of ``full`` (the unit's load rule), read off the shard views."""
+    views = fsdp._engine.shard_views(unit)
+    saved = [v.detach().clone() for v in views]
+    try:
+        fsdp._engine.load_full_parameters(unit, full)
+        return [v.detach().clone() for v in views]
+    finally:
+        with torch.no_grad():
+            for view, value in zip(views, saved, strict=True):
+                view.copy_(value)

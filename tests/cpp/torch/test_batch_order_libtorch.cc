@@ -1,0 +1,92 @@
+// data/batch_order.h: the one sampling rule of the training data (corpus windows and dataset
+// items), swept over worlds, micro-batches and item counts.
+#include <ATen/ATen.h>
+#include <gtest/gtest.h>
+
+#include <set>
+#include <stdexcept>
+#include <vector>
+
+#include "data/batch_order.h"
+#include "data/token_stream.h"
+
+namespace {
+
+using shardwise::data::BatchOrder;
+using shardwise::data::BatchOrderOptions;
+
+std::vector<BatchOrder> ranks_of(int64_t items, int64_t micro, int world, int64_t seed) {
+  std::vector<BatchOrder> ranks;
+  for (int r = 0; r < world; ++r)
+    ranks.emplace_back(items, BatchOrderOptions{micro, r, world, seed});
+  return ranks;
+}
+
+// Catches ranks that overlap or miss items of a global batch, and a split that depends on the
+// world size (the global batch must be the same slice of the epoch's order at every world).
+TEST(BatchOrder, TheRanksSplitEachGlobalBatchOfTheSameOrder) {
+  for (int world : {1, 2, 3, 4}) {
+    for (int64_t micro : {1, 2, 5}) {
+      for (int64_t items : {world * micro, 17 * world * micro + 3}) {
+        auto ranks = ranks_of(items, micro, world, 7);
+        const at::Tensor order = ranks[0].order(1);
+        ASSERT_EQ(ranks[0].batches_per_epoch(), items / (micro * world));
+        for (int64_t b = 0; b < ranks[0].batches_per_epoch(); ++b) {
+          std::multiset<int64_t> read;
+          for (auto& rank : ranks) {
+            const at::Tensor mine = rank.batch_items(1, b);
+            ASSERT_EQ(mine.numel(), micro);
+            for (int64_t i = 0; i < micro; ++i) read.insert(mine[i].item<int64_t>());
+          }
+          std::multiset<int64_t> expected;
+          for (int64_t i = 0; i < micro * world; ++i)
+            expected.insert(order[b * micro * world + i].item<int64_t>());
+          EXPECT_EQ(read, expected) << "world " << world << " micro " << micro << " batch " << b;
+        }
+      }
+    }
+  }
+}
+
+// Catches an order that is not reproducible from (seed, epoch) or that repeats across epochs.
+TEST(BatchOrder, TheOrderIsAPermutationSeededBySeedAndEpoch) {
+  BatchOrder a(50, {5, 0, 2, 3});
+  BatchOrder b(50, {5, 1, 2, 3});
+  EXPECT_TRUE(at::equal(a.order(4), b.order(4)));
+  EXPECT_FALSE(at::equal(a.order(4), a.order(5)));
+  EXPECT_TRUE(at::equal(std::get<0>(at::sort(a.order(4))), at::arange(50, at::kLong)));
+  BatchOrder in_order(50, {5, 0, 2, 3, /*shuffle=*/false});
+  EXPECT_TRUE(at::equal(in_order.order(9), at::arange(50, at::kLong)));
+}
+
+// Catches a position that does not wrap into the next epoch or does not restore.
+TEST(BatchOrder, NextAdvancesAndWrapsAndLoadStateRestores) {
+  BatchOrder order(12, {2, 1, 2, 0});
+  ASSERT_EQ(order.batches_per_epoch(), 3);
+  std::vector<at::Tensor> seen;
+  for (int i = 0; i < 4; ++i) seen.push_back(order.next());
+  EXPECT_EQ(order.epoch(), 1);
+  EXPECT_EQ(order.index(), 1);
+  EXPECT_TRUE(at::equal(seen[3], order.batch_items(1, 0)));
+  order.load_state(0, 2);
+  EXPECT_TRUE(at::equal(order.next(), seen[2]));
+  EXPECT_THROW(order.load_state(0, 3), std::invalid_argument);
+}
+
+// Catches bad options accepted, and a TokenStream that reads other windows than its order.
+TEST(BatchOrder, RefusesBadOptionsAndDrivesTheTokenStream) {
+  EXPECT_THROW(BatchOrder(10, {0, 0, 1}), std::invalid_argument);
+  EXPECT_THROW(BatchOrder(10, {1, 2, 2}), std::invalid_argument);
+  EXPECT_THROW(BatchOrder(3, {2, 0, 2}), std::invalid_argument);
+  const at::Tensor tokens = at::arange(401, at::kLong);
+  shardwise::data::TokenStream stream(tokens, {10, 2, 1, 2, 5});
+  BatchOrder windows(40, {2, 1, 2, 5});
+  for (int i = 0; i < 25; ++i) {
+    const auto [inputs, targets] = stream.next();
+    const at::Tensor starts = windows.next() * 10;
+    EXPECT_TRUE(at::equal(inputs.select(1, 0), starts));
+    EXPECT_TRUE(at::equal(targets.select(1, 9), starts + 10));
+  }
+}
+
+}  // namespace

@@ -1,0 +1,69 @@
+"""shardwise.fsdp.optim_state: the optimizer state of a FullyShardedDataParallel model whole
+(what Accelerate's save_state writes from rank 0), and loaded back as slices."""
+
+from __future__ import annotations
+
+import shardwise
+import torch
+import torch.distributed as dist
+from shardwise.fsdp import optim_state
+
+STEPS = 3
+
+
+def _trained(rank, world):
+    from fsdp_checks import global_batch, local, loss_of, make_model, optimizer_for
+
+    model = shardwise.FullyShardedDataParallel(make_model(), wrap=[f"layers.{i}" for i in range(3)])
+    opt = optimizer_for(model)
+    reference = make_model()
+    ref_opt = optimizer_for(reference)
+    for step in range(STEPS):
+        loss_of(model, *local(global_batch(step, world), rank)).backward()
+        opt.step()
+        opt.zero_grad()
+        loss_of(reference, *global_batch(step, world)).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    return model, opt, ref_opt
+
+
+def fsdp_full_optimizer_state_is_the_single_process_state(rank, world, gloo):
+    """Catches a slice gathered from the wrong rank or offset, a state left in the shard's
+    shape, the optimizer's live state overwritten by the gathered copy (torch's state_dict
+    shares it), and a load that hands a rank another rank's slice: the whole state equals one
+    process's AdamW state after the same steps, and loads into a model over another world size
+    (one rank) and back into one over this world exactly."""
+    from fsdp_checks import make_model, optimizer_for
+
+    model, opt, ref_opt = _trained(rank, world)
+    live = {i: s["exp_avg"].clone() for i, s in opt.state_dict()["state"].items()}
+    full = optim_state.full_optim_state_dict(model, opt)
+    expected = ref_opt.state_dict()["state"]
+    assert sorted(full["state"]) == sorted(expected)
+    for index, state in expected.items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            ours = full["state"][index][key]
+            assert ours.shape == state[key].shape, (index, key, ours.shape, state[key].shape)
+            scale = state[key].abs().max().item() or 1.0
+            assert (ours - state[key]).abs().max().item() <= 1e-5 * scale, (index, key)
+        assert float(full["state"][index]["step"]) == STEPS
+    for index, before in live.items():  # the optimizer's own state is still this rank's slices
+        assert torch.equal(opt.state_dict()["state"][index]["exp_avg"], before), index
+    alone = [dist.new_group([r]) for r in range(world)][rank]  # every rank creates every group
+    solo = shardwise.FullyShardedDataParallel(make_model(seed=7), process_group=alone)
+    solo_opt = optimizer_for(solo)
+    optim_state.load_full_optim_state_dict(solo, solo_opt, full)
+    again = shardwise.FullyShardedDataParallel(
+        make_model(seed=9), wrap=[f"layers.{i}" for i in range(3)]
+    )
+    again_opt = optimizer_for(again)
+    optim_state.load_full_optim_state_dict(again, again_opt, full)
+    for other in ((solo, solo_opt), (again, again_opt)):
+        whole = optim_state.full_optim_state_dict(*other)
+        for index, state in full["state"].items():
+            for key in ("exp_avg", "exp_avg_sq"):
+                assert torch.equal(whole["state"][index][key], state[key]), (index, key)
+
+
+CHECKS = [fsdp_full_optimizer_state_is_the_single_process_state]
