@@ -151,6 +151,11 @@ class Accelerator(accelerate.Accelerator):
             forward = autocast(model.forward.__func__)
             model.forward = MethodType(convert_outputs_to_fp32(forward), model)
         plugin = self.state.fsdp_plugin
+        if plugin.ignored_modules is not None:
+            raise ValueError(
+                "fsdp_config's ignored_modules is not supported by shardwise's FSDP; drop it "
+                "(every parameter is sharded) or freeze those modules' parameters instead"
+            )
         plugin.set_auto_wrap_policy(model)
         state_dict_type = getattr(plugin.state_dict_type, "name", plugin.state_dict_type)
         wrapped = FullyShardedDataParallel(
