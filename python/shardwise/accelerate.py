@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import warnings
 from types import MethodType
 
 import torch
@@ -157,7 +158,14 @@ class Accelerator(accelerate.Accelerator):
                 "(every parameter is sharded) or freeze those modules' parameters instead"
             )
         plugin.set_auto_wrap_policy(model)
-        state_dict_type = getattr(plugin.state_dict_type, "name", plugin.state_dict_type)
+        state_dict_type = STATE_DICT_TYPES[getattr(plugin.state_dict_type, "name", None)]
+        if state_dict_type != "full_state_dict":
+            warnings.warn(
+                f"fsdp_state_dict_type {state_dict_type}: the model's state_dict() gives it, but "
+                "save_state, save_model and get_state_dict write the full state dict (shardwise "
+                "gathers the shards for Accelerate's files)",
+                stacklevel=2,
+            )
         wrapped = FullyShardedDataParallel(
             model.to(self.device),
             sharding_strategy=plugin.sharding_strategy or plugin.reshard_after_forward,
@@ -170,7 +178,7 @@ class Accelerator(accelerate.Accelerator):
             use_orig_params=plugin.use_orig_params,
             limit_all_gathers=plugin.limit_all_gathers,
             activation_checkpointing=plugin.activation_checkpointing,
-            state_dict_type=STATE_DICT_TYPES.get(str(state_dict_type), "full_state_dict"),
+            state_dict_type=state_dict_type,
         )
         wrapped._is_accelerate_prepared = True
         self._models.append(wrapped)

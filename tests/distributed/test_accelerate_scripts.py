@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from train_runs import with_import_changed
 
 pytest.importorskip("accelerate")
 
@@ -44,11 +45,12 @@ fsdp_config:
 
 def _ours(tmp_path: Path) -> Path:
     """The script with its import changed, and nothing else."""
-    text = (SCRIPTS / "accelerate_textbook.py").read_text()
-    assert text.count(IMPORT) == 1
-    path = tmp_path / "accelerate_textbook.py"
-    path.write_text(text.replace(IMPORT, "from shardwise.accelerate import Accelerator\n"))
-    return path
+    return with_import_changed(
+        SCRIPTS / "accelerate_textbook.py",
+        IMPORT,
+        "from shardwise.accelerate import Accelerator\n",
+        tmp_path,
+    )
 
 
 def _run(command: list[str], out: Path, reference: bool = False, **env_vars) -> dict:

@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from train_runs import with_import_changed
 
 pytest.importorskip("deepspeed")
 
@@ -32,11 +33,12 @@ def _config(tmp_path: Path, stage: int) -> Path:
 
 def _ours(tmp_path: Path) -> Path:
     """The script with its import changed, and nothing else."""
-    text = (SCRIPTS / "deepspeed_textbook.py").read_text()
-    assert text.count(IMPORT) == 1
-    path = tmp_path / "deepspeed_textbook.py"
-    path.write_text(text.replace(IMPORT, "import shardwise.deepspeed as deepspeed\n"))
-    return path
+    return with_import_changed(
+        SCRIPTS / "deepspeed_textbook.py",
+        IMPORT,
+        "import shardwise.deepspeed as deepspeed\n",
+        tmp_path,
+    )
 
 
 def _run(command: list[str], out: Path, **env) -> dict:

@@ -126,6 +126,20 @@ def test_labels_are_shifted_as_a_hugging_face_causal_lm_shifts_them():
     assert targets.tolist() == [-100, 7]
 
 
+class Items(torch.utils.data.IterableDataset):
+    """An iterable dataset over ``rows``, in their order."""
+
+    def __init__(self, rows):
+        self.rows = rows
+
+    def __iter__(self):
+        return iter(self.rows)
+
+
+def _dataset(rows, iterable: bool):
+    return Items(rows) if iterable else rows
+
+
 def _global(streams, steps):
     """Per step, the rows of every rank's batch in rank order."""
     return [torch.cat([next(s)[0] for s in streams]) for _ in range(steps)]
@@ -135,12 +149,8 @@ def _global(streams, steps):
 def test_two_data_ranks_read_the_one_rank_global_batches(iterable):
     rows = [torch.full((5,), i) for i in range(24)]
 
-    class Items(torch.utils.data.IterableDataset):
-        def __iter__(self):
-            return iter(rows)
-
     def streams(world):
-        dataset = Items() if iterable else rows
+        dataset = _dataset(rows, iterable)
         return [datasets.stream(dataset, 4 // world, r, world, seed=3) for r in range(world)]
 
     one, two = _global(streams(1), 9), _global(streams(2), 9)
@@ -154,13 +164,7 @@ def test_two_data_ranks_read_the_one_rank_global_batches(iterable):
 
 @pytest.mark.parametrize("iterable", [False, True])
 def test_a_stream_resumes_at_its_saved_position(iterable):
-    rows = [torch.full((3,), i) for i in range(10)]
-
-    class Items(torch.utils.data.IterableDataset):
-        def __iter__(self):
-            return iter(rows)
-
-    dataset = Items() if iterable else rows
+    dataset = _dataset([torch.full((3,), i) for i in range(10)], iterable)
     first = datasets.stream(dataset, 2, 1, 2, seed=5)
     for _ in range(3):
         next(first)

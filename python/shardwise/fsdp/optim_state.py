@@ -13,8 +13,15 @@ parameter index, ``param_groups``).
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 import torch.distributed as dist
+
+
+def _params(optimizer) -> list:
+    """The optimizer's parameters in ``state_dict``'s index order."""
+    return [p for group in optimizer.param_groups for p in group["params"]]
 
 
 def _positions(fsdp, optimizer) -> dict[int, tuple[int, int]]:
@@ -24,17 +31,16 @@ def _positions(fsdp, optimizer) -> dict[int, tuple[int, int]]:
         for unit, params in enumerate(fsdp._unit_params)
         for i, p in enumerate(params)
     }
-    ordered = [p for group in optimizer.param_groups for p in group["params"]]
-    return {index: where[id(p)] for index, p in enumerate(ordered) if id(p) in where}
+    return {i: where[id(p)] for i, p in enumerate(_params(optimizer)) if id(p) in where}
 
 
 def _sharded_keys(optimizer, positions, group) -> dict[int, list[str]]:
     """Per unit, the state keys whose tensors are shaped like the shards, agreed by every rank
     of the model (each gathers the same keys, in one order, or the gathers would not pair)."""
     keys: dict[int, set] = {}
-    ordered = [p for group in optimizer.param_groups for p in group["params"]]
+    params = _params(optimizer)
     for index, (unit, _) in positions.items():
-        shard = ordered[index]
+        shard = params[index]
         for key, value in optimizer.state.get(shard, {}).items():
             if torch.is_tensor(value) and value.shape == shard.shape and value.dim() > 0:
                 keys.setdefault(unit, set()).add(key)
@@ -47,20 +53,34 @@ def _sharded_keys(optimizer, positions, group) -> dict[int, list[str]]:
     return {unit: sorted(k) for unit, k in sorted(agreed.items())}
 
 
-def _with_views(fsdp, unit: int, tensors: list[torch.Tensor], action):
-    """Runs ``action()`` with the unit's shard views holding ``tensors``; the parameters'
-    own values are back afterwards."""
+@contextlib.contextmanager
+def _borrowed_views(fsdp, unit: int):
+    """The unit's shard views, lent for other tensors: the parameters' own values are put back
+    on leaving."""
     views = fsdp._engine.shard_views(unit)
     saved = [v.detach().clone() for v in views]
     try:
-        with torch.no_grad():
-            for view, tensor in zip(views, tensors, strict=True):
-                view.copy_(tensor.reshape(view.shape))
-        return action()
+        yield views
     finally:
         with torch.no_grad():
             for view, value in zip(views, saved, strict=True):
                 view.copy_(value)
+
+
+def _gathered(fsdp, unit: int, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+    """``tensors`` (one shard-shaped tensor per parameter of the unit) whole: gathered as the
+    parameters are (collective)."""
+    with _borrowed_views(fsdp, unit) as views, torch.no_grad():
+        for view, tensor in zip(views, tensors, strict=True):
+            view.copy_(tensor.reshape(view.shape))
+        return [t.detach().clone() for t in fsdp._engine.full_parameters(unit)]
+
+
+def _sliced(fsdp, unit: int, full: list[torch.Tensor]) -> list[torch.Tensor]:
+    """This rank's slice of each of ``full`` (the unit's load rule; no communication)."""
+    with _borrowed_views(fsdp, unit) as views:
+        fsdp._engine.load_full_parameters(unit, full)
+        return [v.detach().clone() for v in views]
 
 
 def full_optim_state_dict(fsdp, optimizer: torch.optim.Optimizer) -> dict:
@@ -69,35 +89,32 @@ def full_optim_state_dict(fsdp, optimizer: torch.optim.Optimizer) -> dict:
     # torch's state_dict shares each parameter's state mapping with the optimizer: copy them
     out["state"] = {index: dict(entry) for index, entry in out["state"].items()}
     positions = _positions(fsdp, optimizer)
-    keys = _sharded_keys(optimizer, positions, fsdp._world)
-    for unit, unit_keys in keys.items():
+    for unit, unit_keys in _sharded_keys(optimizer, positions, fsdp._world).items():
         members = {i: pos for i, (u, pos) in positions.items() if u == unit}
         for key in unit_keys:
+            state = optimizer.state
             tensors = [
-                optimizer.state[p][key]
-                if key in optimizer.state.get(p, {})
-                else torch.zeros_like(p)
+                state[p][key] if key in state.get(p, {}) else torch.zeros_like(p)
                 for p in fsdp._unit_params[unit]
             ]
-            full = _with_views(fsdp, unit, tensors, lambda u=unit: fsdp._engine.full_parameters(u))
+            full = _gathered(fsdp, unit, tensors)
             for index, pos in members.items():
                 if key in out["state"].get(index, {}):
-                    out["state"][index][key] = full[pos].detach().clone()
+                    out["state"][index][key] = full[pos]
     return out
 
 
 def load_full_optim_state_dict(fsdp, optimizer: torch.optim.Optimizer, state: dict) -> None:
     """Loads a ``full_optim_state_dict`` (from any world size): each rank keeps its slices."""
-    positions = _positions(fsdp, optimizer)
-    params = [p for group in optimizer.param_groups for p in group["params"]]
-    local = {"param_groups": state["param_groups"], "state": {}}
+    params = _params(optimizer)
+    local = {
+        "param_groups": state["param_groups"],
+        "state": {index: dict(entry) for index, entry in state["state"].items()},
+    }
     by_unit: dict[int, dict[int, int]] = {}
-    for index, (unit, pos) in positions.items():
+    for index, (unit, pos) in _positions(fsdp, optimizer).items():
         by_unit.setdefault(unit, {})[pos] = index
-    for index, entry in state["state"].items():
-        local["state"][index] = dict(entry)
     for unit, members in by_unit.items():
-        unit_params = fsdp._unit_params[unit]
         keys = {
             key
             for index in members.values()
@@ -107,24 +124,11 @@ def load_full_optim_state_dict(fsdp, optimizer: torch.optim.Optimizer, state: di
         shapes = fsdp._engine.shapes(unit)
         for key in sorted(keys):
             full = [
-                state["state"].get(members.get(i), {}).get(key, torch.zeros(shapes[i]))
-                for i in range(len(unit_params))
+                state["state"].get(members.get(i), {}).get(key, torch.zeros(shape))
+                for i, shape in enumerate(shapes)
             ]
-            pieces = _load_pieces(fsdp, unit, full)
+            pieces = _sliced(fsdp, unit, full)
             for pos, index in members.items():
                 if key in local["state"].get(index, {}):
-                    local["state"][index][key] = pieces[pos].reshape(params[index].shape).clone()
+                    local["state"][index][key] = pieces[pos].reshape(params[index].shape)
     type(optimizer).load_state_dict(optimizer, local)
-
-
-def _load_pieces(fsdp, unit: int, full: list[torch.Tensor]) -> list[torch.Tensor]:
-    """This rank's slice of each of ``full`` (the unit's load rule), read off the shard views."""
-    views = fsdp._engine.shard_views(unit)
-    saved = [v.detach().clone() for v in views]
-    try:
-        fsdp._engine.load_full_parameters(unit, full)
-        return [v.detach().clone() for v in views]
-    finally:
-        with torch.no_grad():
-            for view, value in zip(views, saved, strict=True):
-                view.copy_(value)

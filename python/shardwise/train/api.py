@@ -24,12 +24,11 @@ from __future__ import annotations
 from collections.abc import Mapping
 from pathlib import Path
 
-from omegaconf import OmegaConf
 from pydantic import BaseModel, PrivateAttr, ValidationError
 from torch import nn
 
 from . import datasets, planner
-from .config import TrainConfig, validate, validate_distributed
+from .config import TrainConfig, read_mapping, validate, validate_distributed
 from .config_schema import DistributedSection, _explain
 from .device import device_memory_bytes
 from .trainer import TrainingRun
@@ -173,13 +172,7 @@ def _base_mapping(config) -> dict:
     if isinstance(config, TrainConfig):
         return config.to_dict()
     if isinstance(config, str | Path):
-        try:
-            loaded = OmegaConf.to_container(OmegaConf.load(config), resolve=True)
-        except OSError as error:
-            raise ValueError(f"config: cannot read {config}: {error.strerror}") from None
-        if not isinstance(loaded, dict):
-            raise ValueError(f"config: {config} must hold a mapping of sections (model, data...)")
-        return loaded
+        return read_mapping(str(config))
     if isinstance(config, Mapping):
         return {k: dict(v) if isinstance(v, Mapping) else v for k, v in config.items()}
     raise TypeError(

@@ -77,6 +77,12 @@ def load_config(
     ``model=NAME`` selects a preset or a model family. Raises ValueError naming the key, the
     value and the fix. ``env`` and ``cuda_devices`` describe the machine (default: this one;
     see ``validate``)."""
+    return validate(read_mapping(path, overrides), env, cuda_devices)
+
+
+def read_mapping(path: str | None, overrides: Sequence[str] = ()) -> dict:
+    """The plain mapping of sections a YAML file (or none) and dotted overrides give, not yet
+    validated (``load_config`` validates it; ``shardwise.Trainer`` first adds its sections)."""
     overrides = [_preset_shorthand(o) for o in overrides]
     try:
         base = OmegaConf.load(path) if path else OmegaConf.create({})
@@ -99,10 +105,9 @@ def load_config(
             ) from error
         base = merged
     try:
-        data = OmegaConf.to_container(base, resolve=True)
+        return OmegaConf.to_container(base, resolve=True)
     except OmegaConfBaseException as error:
         raise ValueError(f"config interpolation failed: {error}") from error
-    return validate(data, env, cuda_devices)
 
 
 def _preset_shorthand(item: str) -> str:

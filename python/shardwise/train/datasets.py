@@ -218,7 +218,7 @@ class IterableStream:
 
     def batch(self, epoch: int, index: int):
         """Batch ``index`` of a pass (the same in every epoch: the dataset's own order)."""
-        while len(self._cache) <= index:
+        if len(self._cache) <= index:
             batches = self._global_batches()
             self._cache = [chunk for chunk, _ in zip(batches, range(index + 1), strict=False)]
             if len(self._cache) <= index:

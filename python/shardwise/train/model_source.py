@@ -19,7 +19,7 @@ def resolve(cfg, module=None) -> None:
     m = cfg.model
     hf = m.hf_config is not None or m.pretrained is not None
     if module is not None:
-        return _resolve_module(cfg, module, hf)
+        return _resolve_module(cfg, module)
     if not hf and m.factory is None:
         if m.hf_overrides:
             raise ValueError("model.hf_overrides needs model.hf_config (or model.pretrained)")
@@ -64,7 +64,7 @@ def resolve(cfg, module=None) -> None:
     m._shape = builder.shape(seq, 256)
 
 
-def _resolve_module(cfg, module, hf: bool) -> None:
+def _resolve_module(cfg, module) -> None:
     m = cfg.model
     named = [k for k in ("hf_config", "pretrained", "factory") if getattr(m, k) is not None]
     given = named + [k for k in (*GPT_ONLY, "hf_overrides", "factory_args") if getattr(m, k)]
