@@ -105,6 +105,10 @@ run_tests() {
   STEP_LIMIT=$((STEP_LIMIT * 2)) isolated_step gpu-tests tests/gpu
   step nccl-tests "${pytest[@]}" \
     tests/distributed/test_backend.py::test_cuda_tensors_go_through_nccl
+  # The FSDP guide's launch line: torchrun's auto starts one process per GPU here
+  step fsdp-guide-launch "$PY" -m torch.distributed.run --standalone --nproc_per_node=auto \
+    -m shardwise.train --config examples/configs/fsdp.yaml --use-fsdp training.max_steps=3 \
+    training.checkpoint.dir=build/fsdp-guide-launch
 }
 
 wanted() { [[ ,$BENCHES, == *,$1,* ]]; }

@@ -1,5 +1,6 @@
-"""shardwise.fsdp.optim_state: the optimizer state of a FullyShardedDataParallel model whole
-(what Accelerate's save_state writes from rank 0), and loaded back as slices."""
+"""shardwise.fsdp.optim_state: the optimizer state of a FullyShardedDataParallel model, or of a
+model fully_shard sharded, whole (what Accelerate's save_state writes from rank 0), and loaded
+back as slices."""
 
 from __future__ import annotations
 
@@ -66,4 +67,52 @@ def fsdp_full_optimizer_state_is_the_single_process_state(rank, world, gloo):
                 assert torch.equal(whole["state"][index][key], state[key]), (index, key)
 
 
-CHECKS = [fsdp_full_optimizer_state_is_the_single_process_state]
+def _fully_sharded(seed: int = 0):
+    from fsdp_checks import make_model
+
+    model = make_model(seed=seed)
+    for layer in model.layers:
+        shardwise.fully_shard(layer)
+    return shardwise.fully_shard(model)
+
+
+def fully_shard_full_optimizer_state_is_the_single_process_state(rank, world, gloo):
+    """Catches fully_shard's units named to optim_state in another order than the optimizer's
+    (a state gathered into the wrong parameter), or gathered over the wrong group: after the
+    same steps the whole AdamW state equals one process's, and it loads into a fresh
+    fully_shard model that gathers it back exactly."""
+    from fsdp_checks import global_batch, local, loss_of, make_model, optimizer_for
+
+    model = _fully_sharded()
+    opt = optimizer_for(model)
+    reference = make_model()
+    ref_opt = optimizer_for(reference)
+    for step in range(STEPS):
+        loss_of(model, *local(global_batch(step, world), rank)).backward()
+        opt.step()
+        opt.zero_grad()
+        loss_of(reference, *global_batch(step, world)).backward()
+        ref_opt.step()
+        ref_opt.zero_grad()
+    full = optim_state.full_optim_state_dict(model, opt)
+    for index, state in ref_opt.state_dict()["state"].items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            ours = full["state"][index][key]
+            assert ours.shape == state[key].shape, (index, key, ours.shape, state[key].shape)
+            scale = state[key].abs().max().item() or 1.0
+            assert (ours - state[key]).abs().max().item() <= 1e-5 * scale, (index, key)
+    again = _fully_sharded(seed=9)
+    again_opt = optimizer_for(again)
+    loss_of(again, *local(global_batch(0, world), rank)).backward()  # the root's engine starts
+    again_opt.zero_grad()
+    optim_state.load_full_optim_state_dict(again, again_opt, full)
+    whole = optim_state.full_optim_state_dict(again, again_opt)
+    for index, state in full["state"].items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            assert torch.equal(whole["state"][index][key], state[key]), (index, key)
+
+
+CHECKS = [
+    fsdp_full_optimizer_state_is_the_single_process_state,
+    fully_shard_full_optimizer_state_is_the_single_process_state,
+]

@@ -487,4 +487,29 @@ def fully_shard_offloads_to_cpu_with_torchs_policy(rank, world, gloo):
     assert losses[True] == losses[False]
 
 
+def fully_shard_clip_grad_norm_is_torchs_over_its_dtensors(rank, world, gloo):
+    """Catches a gradient norm taken over this rank's pieces only, or a clip that scales the
+    wrong gradients: after one backward of torch's Transformer, FSDPModule.clip_grad_norm_
+    returns the norm torch's clip_grad_norm_ computes over FSDP2's DTensors (within 1e-5 of
+    its size), and the clipped full gradients agree within 1e-6."""
+    from torch.distributed.device_mesh import DeviceMesh
+    from torch.distributed.fsdp import fully_shard
+
+    policy, max_norm, norms, grads = MixedPrecisionPolicy(), 0.05, {}, {}
+    for api, mesh in ((fully_shard, DeviceMesh.from_group(gloo, "cpu")),
+                      (shardwise.fully_shard, None)):  # fmt: skip
+        model, blocks, make = _transformer()
+        model = _shard(api, model, blocks, mesh, policy, "Transformer")
+        _loss(model, make(0), "Transformer").backward()
+        if api is fully_shard:
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), max_norm).full_tensor()
+        else:
+            norm = model.clip_grad_norm_(max_norm)
+        norms[api], grads[api] = float(norm), _full_grads(model)
+    ours, theirs = norms[shardwise.fully_shard], norms[fully_shard]
+    assert theirs > max_norm, theirs  # the clip acts
+    assert abs(ours - theirs) <= 1e-5 * theirs, (ours, theirs)
+    assert _max_diff(grads[shardwise.fully_shard], grads[fully_shard]) <= 1e-6
+
+
 FULLY_SHARD_CHECKS = [f for n, f in sorted(globals().items()) if n.startswith("fully_shard_")]

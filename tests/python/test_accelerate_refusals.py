@@ -1,5 +1,6 @@
 """shardwise.accelerate.Accelerator refuses what shardwise does not run, naming the key and the
-fix, before any training: DeepSpeed through Accelerate, FSDP version 2, FSDP's ignored_modules.
+fix, before any training: several DeepSpeed plugins, an optimizer whose parameter groups differ
+under DeepSpeed, FSDP's ignored_modules (version 1 and 2).
 Each case runs in a process of its own (Accelerate's state is a process-wide singleton), as one
 rank of a CPU job."""
 
@@ -22,15 +23,28 @@ from shardwise.accelerate import Accelerator
 {body}
 """
 CASES = {
-    "deepspeed": (
-        "Accelerator()",
-        {"ACCELERATE_USE_DEEPSPEED": "true"},
-        "import shardwise.deepspeed as deepspeed",
-    ),
-    "fsdp2": (
-        "Accelerator(fsdp_plugin=FullyShardedDataParallelPlugin(fsdp_version=2))",
+    "two_deepspeed_plugins": (
+        "from accelerate.utils import DeepSpeedPlugin\n"
+        "Accelerator(deepspeed_plugin={'a': DeepSpeedPlugin(), 'b': DeepSpeedPlugin()})",
         {},
-        "set fsdp_version: 1",
+        "takes one DeepSpeed plugin",
+    ),
+    "deepspeed_optimizer_groups": (
+        "model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))\n"
+        "optimizer = torch.optim.AdamW([{'params': model[0].parameters()},\n"
+        "    {'params': model[1].parameters(), 'weight_decay': 0.0}])\n"
+        "loader = torch.utils.data.DataLoader(torch.zeros(4, 2), batch_size=2)\n"
+        "Accelerator().prepare(model, optimizer, loader)",
+        {"ACCELERATE_USE_DEEPSPEED": "true", "ACCELERATE_DEEPSPEED_ZERO_STAGE": "2"},
+        "parameter groups differ in weight_decay",
+    ),
+    "fsdp2_ignored_modules": (
+        "model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))\n"
+        "optimizer = torch.optim.SGD(model.parameters(), lr=0.1)\n"
+        "plugin = FullyShardedDataParallelPlugin(fsdp_version=2, ignored_modules=[model[0]])\n"
+        "Accelerator(fsdp_plugin=plugin).prepare(model, optimizer)",
+        {},
+        "ignored_modules is not supported",
     ),
     "ignored_modules": (
         "model = torch.nn.Sequential(torch.nn.Linear(2, 2), torch.nn.Linear(2, 2))\n"
@@ -57,4 +71,5 @@ def test_what_shardwise_does_not_run_is_refused_with_the_fix(case):
     proc = subprocess.run([sys.executable, "-c", program], env=env, capture_output=True,
                           text=True, timeout=120)  # fmt: skip
     assert proc.returncode != 0, proc.stdout
-    assert "ValueError" in proc.stderr and message in proc.stderr, proc.stderr[-3000:]
+    error = "ValueError" in proc.stderr or "ConfigError" in proc.stderr  # a ValueError
+    assert error and message in proc.stderr, proc.stderr[-3000:]

@@ -336,7 +336,7 @@ def test_deepspeed_initialize_returns_its_four_tuple():
     assert optimizer is engine.optimizer and scheduler is engine.lr_scheduler
     assert [len(x) for x, _ in loader] == [5, 5]
     assert engine.get_lr() == [0.0]  # WarmupLR before its first step: warmup_min_lr
-    with pytest.raises(ConfigError, match="optimizer objects are not supported"):
+    with pytest.raises(ConfigError, match="config's optimizer section were both given"):
         shardwise.deepspeed.initialize(model=model, optimizer=object(), config=config)
     with pytest.raises(ConfigError, match="model_parameters must be the model's trainable"):
         shardwise.deepspeed.initialize(model=model, model_parameters=[model.weight], config=config)

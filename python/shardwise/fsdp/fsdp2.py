@@ -475,6 +475,24 @@ class FSDPModule:
             slots.append(Slot(name, 0, buffer.view(-1)))
         return slots
 
+    def clip_grad_norm_(self, max_norm: float, norm_type: float = 2.0) -> torch.Tensor:
+        """Clips the gradients of every unit under this root by their global norm, computed
+        across the shards (what ``torch.nn.utils.clip_grad_norm_`` computes over FSDP2's
+        DTensors); returns the norm before clipping. Call it on the root after backward;
+        ``ignored_params`` are not counted."""
+        state = _state_of(self)
+        if state is None or state.engine is None:
+            raise RuntimeError(
+                "clip_grad_norm_: call it on the fully_shard root after a forward and backward"
+            )
+        return torch.tensor(state.engine.clip_grad_norm_(float(max_norm), float(norm_type)))
+
+    def sharded_units(self) -> tuple:
+        """(the shard group, [(unit, its parameters)]) of every unit beneath this module, in
+        one order on every rank (``optim_state`` gathers the optimizer's state through them)."""
+        states = self._fully_shard_states(recurse=True)
+        return states[0].shard_group, [(state.unit, state.params) for state in states]
+
     def owned_slices(self) -> dict[str, tuple[int, int, int]]:
         """(start, valid, numel) of this rank's piece of every sharded parameter, by name: the
         elements [start, start + valid) of the flattened parameter of numel elements."""

@@ -137,7 +137,7 @@ class FullyShardedDataParallel(nn.Module):
         self._world = world
         shard_group, replicate_group = _groups(sharding_strategy, world, mesh)
         if sync_module_states:
-            _broadcast_from_rank0(module, world)
+            broadcast_from_rank0(module, world)
         self._names = _parameter_names(module)
         units = _plan_units(module, (wrap or []) + full_precision)
         self._engine = _C.FsdpEngine(forward_prefetch, backward_prefetch, world)
@@ -225,6 +225,14 @@ class FullyShardedDataParallel(nn.Module):
             yield
         finally:
             self._engine.reshard_all()
+
+    def sharded_units(self) -> tuple:
+        """(the process group, [(unit, its parameters)] in the engine's order): each unit
+        answers ``shard_views()``, ``full_parameters()``, ``load_full_parameters(full)`` and
+        ``shapes()``, as ``fully_shard``'s units do (``optim_state`` works on either)."""
+        return self._world, [
+            (_EngineUnit(self._engine, u), params) for u, params in enumerate(self._unit_params)
+        ]
 
     def memory_bytes(self) -> dict[str, int]:
         """Bytes held by this rank's parameter and gradient storages, counted from storages."""
@@ -489,7 +497,28 @@ def _local_world_size(size: int) -> int:
     return local if size % local == 0 else size
 
 
-def _broadcast_from_rank0(module: nn.Module, world) -> None:
+class _EngineUnit:
+    """One unit of the engine, with the unit's own calls (the engine's take its index)."""
+
+    def __init__(self, engine, index: int):
+        self._engine, self._index = engine, index
+
+    def shard_views(self) -> list[torch.Tensor]:
+        return self._engine.shard_views(self._index)
+
+    def full_parameters(self) -> list[torch.Tensor]:
+        return self._engine.full_parameters(self._index)
+
+    def load_full_parameters(self, full: list[torch.Tensor]) -> None:
+        self._engine.load_full_parameters(self._index, full)
+
+    def shapes(self) -> list:
+        return self._engine.shapes(self._index)
+
+
+def broadcast_from_rank0(module: nn.Module, world) -> None:
+    """Every parameter and buffer of ``module`` set to the group's first rank's (FSDP's
+    ``sync_module_states``)."""
     source = dist.get_global_rank(world, 0)
     with torch.no_grad():
         for tensor in list(module.parameters()) + list(module.buffers()):

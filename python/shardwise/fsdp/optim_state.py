@@ -1,5 +1,7 @@
-"""The optimizer state of a FullyShardedDataParallel model, whole: what torch FSDP's
-``FSDP.optim_state_dict`` / ``optim_state_dict_to_load`` give a checkpoint written by one rank.
+"""The optimizer state of a sharded model (``FullyShardedDataParallel``, or a model
+``fully_shard`` sharded), whole: what torch FSDP's ``FSDP.optim_state_dict`` /
+``optim_state_dict_to_load`` give a checkpoint written by one rank. The model names its units
+(``model.sharded_units()``: the group, and each unit with its parameters).
 
 The optimizer steps the sharded parameters, so each state tensor shaped like one (Adam's
 ``exp_avg``, ``exp_avg_sq``) holds this rank's slice. ``full_optim_state_dict`` gathers each
@@ -24,12 +26,10 @@ def _params(optimizer) -> list:
     return [p for group in optimizer.param_groups for p in group["params"]]
 
 
-def _positions(fsdp, optimizer) -> dict[int, tuple[int, int]]:
+def _positions(units, optimizer) -> dict[int, tuple[int, int]]:
     """Optimizer parameter index -> (unit, position in the unit) for the model's shards."""
     where = {
-        id(p): (unit, i)
-        for unit, params in enumerate(fsdp._unit_params)
-        for i, p in enumerate(params)
+        id(p): (unit, i) for unit, (_, params) in enumerate(units) for i, p in enumerate(params)
     }
     return {i: where[id(p)] for i, p in enumerate(_params(optimizer)) if id(p) in where}
 
@@ -54,10 +54,10 @@ def _sharded_keys(optimizer, positions, group) -> dict[int, list[str]]:
 
 
 @contextlib.contextmanager
-def _borrowed_views(fsdp, unit: int):
+def _borrowed_views(unit):
     """The unit's shard views, lent for other tensors: the parameters' own values are put back
     on leaving."""
-    views = fsdp._engine.shard_views(unit)
+    views = unit.shard_views()
     saved = [v.detach().clone() for v in views]
     try:
         yield views
@@ -67,52 +67,54 @@ def _borrowed_views(fsdp, unit: int):
                 view.copy_(value)
 
 
-def _gathered(fsdp, unit: int, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+def _gathered(unit, tensors: list[torch.Tensor]) -> list[torch.Tensor]:
     """``tensors`` (one shard-shaped tensor per parameter of the unit) whole: gathered as the
     parameters are (collective)."""
-    with _borrowed_views(fsdp, unit) as views, torch.no_grad():
+    with _borrowed_views(unit) as views, torch.no_grad():
         for view, tensor in zip(views, tensors, strict=True):
             view.copy_(tensor.reshape(view.shape))
-        return [t.detach().clone() for t in fsdp._engine.full_parameters(unit)]
+        return [t.detach().clone() for t in unit.full_parameters()]
 
 
-def _sliced(fsdp, unit: int, full: list[torch.Tensor]) -> list[torch.Tensor]:
+def _sliced(unit, full: list[torch.Tensor]) -> list[torch.Tensor]:
     """This rank's slice of each of ``full`` (the unit's load rule; no communication)."""
-    with _borrowed_views(fsdp, unit) as views:
-        fsdp._engine.load_full_parameters(unit, full)
+    with _borrowed_views(unit) as views:
+        unit.load_full_parameters(full)
         return [v.detach().clone() for v in views]
 
 
-def full_optim_state_dict(fsdp, optimizer: torch.optim.Optimizer) -> dict:
+def full_optim_state_dict(model, optimizer: torch.optim.Optimizer) -> dict:
     """``optimizer.state_dict()`` with every sharded state tensor whole (on every rank)."""
     out = type(optimizer).state_dict(optimizer)  # the class's: callers may patch the object's
     # torch's state_dict shares each parameter's state mapping with the optimizer: copy them
     out["state"] = {index: dict(entry) for index, entry in out["state"].items()}
-    positions = _positions(fsdp, optimizer)
-    for unit, unit_keys in _sharded_keys(optimizer, positions, fsdp._world).items():
+    group, units = model.sharded_units()
+    positions = _positions(units, optimizer)
+    for unit, unit_keys in _sharded_keys(optimizer, positions, group).items():
         members = {i: pos for i, (u, pos) in positions.items() if u == unit}
+        ops, params = units[unit]
         for key in unit_keys:
             state = optimizer.state
             tensors = [
-                state[p][key] if key in state.get(p, {}) else torch.zeros_like(p)
-                for p in fsdp._unit_params[unit]
+                state[p][key] if key in state.get(p, {}) else torch.zeros_like(p) for p in params
             ]
-            full = _gathered(fsdp, unit, tensors)
+            full = _gathered(ops, tensors)
             for index, pos in members.items():
                 if key in out["state"].get(index, {}):
                     out["state"][index][key] = full[pos]
     return out
 
 
-def load_full_optim_state_dict(fsdp, optimizer: torch.optim.Optimizer, state: dict) -> None:
+def load_full_optim_state_dict(model, optimizer: torch.optim.Optimizer, state: dict) -> None:
     """Loads a ``full_optim_state_dict`` (from any world size): each rank keeps its slices."""
     params = _params(optimizer)
     local = {
         "param_groups": state["param_groups"],
         "state": {index: dict(entry) for index, entry in state["state"].items()},
     }
+    _, units = model.sharded_units()
     by_unit: dict[int, dict[int, int]] = {}
-    for index, (unit, pos) in _positions(fsdp, optimizer).items():
+    for index, (unit, pos) in _positions(units, optimizer).items():
         by_unit.setdefault(unit, {})[pos] = index
     for unit, members in by_unit.items():
         keys = {
@@ -121,13 +123,13 @@ def load_full_optim_state_dict(fsdp, optimizer: torch.optim.Optimizer, state: di
             for key, value in state["state"].get(index, {}).items()
             if torch.is_tensor(value) and value.dim() > 0
         }
-        shapes = fsdp._engine.shapes(unit)
+        shapes = units[unit][0].shapes()
         for key in sorted(keys):
             full = [
                 state["state"].get(members.get(i), {}).get(key, torch.zeros(shape))
                 for i, shape in enumerate(shapes)
             ]
-            pieces = _sliced(fsdp, unit, full)
+            pieces = _sliced(units[unit][0], full)
             for pos, index in members.items():
                 if key in local["state"].get(index, {}):
                     local["state"][index][key] = pieces[pos].reshape(params[index].shape)

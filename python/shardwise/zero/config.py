@@ -293,9 +293,8 @@ def _fp16_scaler(fp16: dict) -> dict | None:
     }
 
 
-def load(config: Mapping | str | Path, world_size: int, auto: Mapping | None = None) -> dict:
-    """The validated config: DeepSpeed's keys with their defaults filled in, plus the options the
-    C++ optimizer takes (``native``) and the scheduler's (``schedule``, or None)."""
+def read(config: Mapping | str | Path) -> Mapping:
+    """The config as given: a mapping, or the JSON file it names (not yet validated)."""
     if isinstance(config, str | Path):
         try:
             config = json.loads(Path(config).read_text())
@@ -303,6 +302,13 @@ def load(config: Mapping | str | Path, world_size: int, auto: Mapping | None = N
             raise ConfigError(f"DeepSpeed config {config}: not valid JSON ({error})") from None
     if not isinstance(config, Mapping):
         raise ConfigError(f"the ZeRO config must be a mapping or a JSON file, got {config!r}")
+    return config
+
+
+def load(config: Mapping | str | Path, world_size: int, auto: Mapping | None = None) -> dict:
+    """The validated config: DeepSpeed's keys with their defaults filled in, plus the options the
+    C++ optimizer takes (``native``) and the scheduler's (``schedule``, or None)."""
+    config = read(config)
     auto = auto or {}
     config = _fill_auto(config, auto)
     batch_keys = (

@@ -4,6 +4,7 @@ micro-steps, and saves/loads the optimizer's world-size-independent pieces."""
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections.abc import Mapping
 from pathlib import Path
@@ -30,13 +31,20 @@ class ZeroEngine(nn.Module):
         process_group=None,
         tp_group=None,
         auto: Mapping | None = None,
+        client_optimizer: torch.optim.Optimizer | None = None,
+        client_scheduler=None,
     ):
         """``process_group``: the data-parallel ranks (default: the world). ``tp_group``: the
         tensor-parallel ranks of a model ``tensor_parallel.parallelize`` has cut; the gradient
         norm and the fp16 overflow flag then account for it (``csrc/zero/zero_optimizer.h``).
         ``auto``: the values DeepSpeed's ``"auto"`` entries take (``config.load``); the bucket
-        sizes default to Hugging Face's rule from the model's ``config.hidden_size``."""
+        sizes default to Hugging Face's rule from the model's ``config.hidden_size``.
+        ``client_optimizer``: DeepSpeed's client optimizer, whose hyperparameters the config's
+        optimizer section holds (``client_optimizer.py``); the engine follows its ``lr`` (read
+        before each step, written by ``set_lr``). ``client_scheduler``: a scheduler on it
+        (DeepSpeed's ``lr_scheduler=``), stepped after every applied step."""
         super().__init__()
+        self.client_optimizer = client_optimizer
         self.tp_group = tp_group
         group = process_group or (dist.group.WORLD if dist.is_initialized() else None)
         world = dist.get_world_size(group) if group is not None else 1
@@ -55,6 +63,8 @@ class ZeroEngine(nn.Module):
         )
         self.micro_steps = 0
         self._applied = False
+        self._boundary = None  # set_gradient_accumulation_boundary's override
+        self.overflow = False  # the last boundary's step was skipped (fp16 inf/nan)
         if self.stage == 3:
             self.module = self._shard(model, group)
         else:
@@ -62,7 +72,7 @@ class ZeroEngine(nn.Module):
             params = [p for p in model.parameters() if p.requires_grad]
             self.optimizer = _C.ZeroOptimizer(params, native, group, **self._tp(params))
         schedule = self.config["schedule"]
-        self.lr_scheduler = WarmupScheduler(self, schedule) if schedule else None
+        self.lr_scheduler = WarmupScheduler(self, schedule) if schedule else client_scheduler
 
     def _shard(self, model: nn.Module, group) -> nn.Module:
         ids = {id(p): i for i, p in enumerate(model.parameters())}
@@ -114,7 +124,28 @@ class ZeroEngine(nn.Module):
         self.micro_steps += 1
 
     def is_gradient_accumulation_boundary(self) -> bool:
+        """Every ``gradient_accumulation_steps``-th micro-step, unless
+        ``set_gradient_accumulation_boundary`` said otherwise."""
+        if self._boundary is not None:
+            return self._boundary
         return self.micro_steps % self.accumulation == 0
+
+    def set_gradient_accumulation_boundary(self, is_boundary: bool) -> None:
+        """DeepSpeed's: the caller (Accelerate's ``accumulate``) decides which micro-step ends
+        the accumulation; the count decides again after ``None``."""
+        self._boundary = is_boundary
+
+    @contextlib.contextmanager
+    def no_sync(self):
+        """DeepSpeed's ``no_sync`` for stages 0 and 1: nothing to defer, as their gradients are
+        reduced at the accumulation boundary (``step``) only. Stages 2 and 3 reduce during
+        backward and refuse it, as DeepSpeed does."""
+        if self.stage >= 2:
+            raise RuntimeError(
+                f"no_sync is incompatible with ZeRO stage {self.stage}, whose gradients are "
+                "partitioned during backward (DeepSpeed's rule); accumulate without it"
+            )
+        yield
 
     def step(self) -> bool:
         """At the accumulation boundary: reduce, unscale, clip and step (False: an fp16 overflow
@@ -122,7 +153,14 @@ class ZeroEngine(nn.Module):
         self._applied = False
         if not self.is_gradient_accumulation_boundary():
             return False
+        if self.client_optimizer is not None:  # a torch scheduler may have moved its lr
+            self.set_lr(self.get_lr()[0])
         stepped = self._applied = self.optimizer.step()
+        self.overflow = not stepped
+        if stepped and self.client_optimizer is not None:
+            # what torch's wrapped optimizer.step records for its schedulers: the engine stepped
+            # in the client optimizer's place (else a scheduler on it warns of a missed step)
+            self.client_optimizer._opt_called = True
         if stepped and self.lr_scheduler is not None:  # DeepSpeed: not after a skipped step
             self.lr_scheduler.step()
         return stepped
@@ -130,9 +168,14 @@ class ZeroEngine(nn.Module):
     def set_lr(self, lr: float) -> None:
         self._lr = float(lr)
         self.optimizer.set_lr(self._lr)
+        for group in self.client_optimizer.param_groups if self.client_optimizer else ():
+            group["lr"] = self._lr
 
     def get_lr(self) -> list[float]:
-        """The learning rate the next step uses (DeepSpeed's ``engine.get_lr()``)."""
+        """The learning rate the next step uses (DeepSpeed's ``engine.get_lr()``): the client
+        optimizer's, when there is one."""
+        if self.client_optimizer is not None:
+            return [float(self.client_optimizer.param_groups[0]["lr"])]
         return [getattr(self, "_lr", self.config["native"]["optimizer"]["lr"])]
 
     @property
@@ -171,6 +214,7 @@ class ZeroEngine(nn.Module):
             "step": self.optimizer.step_count(),
             "scaler": self.optimizer.scaler_state(),
             "micro_steps": self.micro_steps,
+            "lr": self.get_lr()[0],
             "scheduler": self.lr_scheduler.state_dict() if self.lr_scheduler else None,
         }
 
@@ -182,6 +226,8 @@ class ZeroEngine(nn.Module):
         if states[0]["scaler"] is not None:
             self.optimizer.set_scaler_state(states[0]["scaler"])
         self.micro_steps = int(states[0]["micro_steps"])
+        if "lr" in states[0]:  # as DeepSpeed's optimizer state carries its groups' lr
+            self.set_lr(float(states[0]["lr"]))
         if scheduler and self.lr_scheduler is not None and states[0].get("scheduler") is not None:
             self.lr_scheduler.load_state_dict(states[0]["scheduler"])
 
@@ -236,6 +282,9 @@ class ZeroEngine(nn.Module):
 
     def bf16_enabled(self) -> bool:
         return self.dtype == torch.bfloat16
+
+    def bfloat16_enabled(self) -> bool:  # DeepSpeed has both names
+        return self.bf16_enabled()
 
     def was_step_applied(self) -> bool:
         """Whether the last ``step()`` updated the parameters (False between accumulation

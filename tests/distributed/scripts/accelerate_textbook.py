@@ -103,6 +103,8 @@ def main() -> None:
             "state_files": sorted(p.name for p in (out / "state").iterdir()),
             "model_files": sorted(p.name for p in (out / "model").iterdir()),
             "lr": scheduler.get_last_lr()[0],
+            "model_class": type(model).__name__,  # what prepare wrapped the model in
+            "local_numel": sum(p.numel() for p in model.parameters()),  # this rank's share
         }
         (out / "result.json").write_text(json.dumps(result))
     else:

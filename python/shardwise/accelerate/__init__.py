@@ -21,9 +21,17 @@ changes:
   ``save_model``, ``save_state``) is the full state dict gathered from the shards, and
   ``load_state`` loads one back into them.
 
-Refused with the fix, before any work: ``fsdp_version: 2`` (use ``shardwise.fully_shard`` in
-the script instead) and DeepSpeed through Accelerate (``distributed_type: DEEPSPEED``: use
-``shardwise.deepspeed``, which runs DeepSpeed's scripts with the import changed).
+* **DeepSpeed** (``distributed_type: DEEPSPEED`` with a ``deepspeed_config``, or
+  ``deepspeed_plugin=``) runs Accelerate's DeepSpeed path with shardwise's ZeRO engine where
+  DeepSpeed's would be (``zero.py``): stages 0-3, the config's precision, accumulation and
+  clipping, the script's torch optimizer and scheduler; DeepSpeed need not be installed.
+
+* **FSDP2** (``fsdp_version: 2``) runs Accelerate's FSDP2 path with ``shardwise.fully_shard``
+  (``fsdp2.py``); the gradient norm, the model's state and the optimizer's go through the
+  sharded model.
+
+Refused with the fix, before any work: FSDP's ``ignored_modules``, torch.compile under FSDP2,
+several DeepSpeed plugins.
 """
 
 from __future__ import annotations
@@ -51,7 +59,10 @@ from accelerate.utils import (
 )
 from accelerate.utils.modeling import get_mixed_precision_context_manager
 
-from .fsdp import FullyShardedDataParallel, optim_state
+from ..fsdp import FullyShardedDataParallel, optim_state
+from ..fsdp.fsdp2 import FSDPModule
+from ..zero.engine import ZeroEngine
+from . import fsdp2, zero
 
 __all__ = ["Accelerator"]
 
@@ -68,7 +79,7 @@ def _start_process_group() -> None:
     """The shardwise process group from the launcher's environment (nothing for one process)."""
     if dist.is_initialized() or int(os.environ.get("WORLD_SIZE", "1")) <= 1:
         return
-    from .train.device import default_backend
+    from ..train.device import default_backend
 
     gpus = torch.cuda.device_count()
     per_node = int(os.environ.get("LOCAL_WORLD_SIZE", os.environ["WORLD_SIZE"]))
@@ -104,19 +115,25 @@ class Accelerator(accelerate.Accelerator):
             os.environ.get("ACCELERATE_USE_FSDP", "false").lower() == "true"
             or kwargs.get("fsdp_plugin") is not None
         )
-        if os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true" or kwargs.get(
-            "deepspeed_plugin"
-        ):
-            raise ValueError(
-                "DeepSpeed through shardwise's Accelerator is not supported; run the DeepSpeed "
-                "script with `import shardwise.deepspeed as deepspeed` (shardwise's ZeRO), or set "
-                "distributed_type: FSDP in the accelerate config"
-            )
+        zero_plugin = kwargs.pop("deepspeed_plugin", None) or kwargs.pop("deepspeed_plugins", None)
+        wants_zero = (
+            os.environ.get("ACCELERATE_USE_DEEPSPEED", "false").lower() == "true"
+            or zero_plugin is not None
+        )
         _start_process_group()
         if not torch.cuda.is_available():
             kwargs["cpu"] = True  # CPU processes: Accelerate would otherwise run one
         plugin = kwargs.pop("fsdp_plugin", None)
-        if wants_fsdp and kwargs.get("cpu"):
+        if wants_zero:
+            # Accelerate's DeepSpeed needs DeepSpeed and a GPU; the plugin is attached here
+            held = os.environ.pop("ACCELERATE_USE_DEEPSPEED", None)
+            try:
+                super().__init__(*args, fsdp_plugin=plugin, **kwargs)
+            finally:
+                if held is not None:
+                    os.environ["ACCELERATE_USE_DEEPSPEED"] = held
+            zero.attach(self, zero.plugin_of(zero_plugin))
+        elif wants_fsdp and kwargs.get("cpu"):
             # Accelerate selects FSDP on GPUs only; on the CPU the plugin is taken here
             os.environ.pop("ACCELERATE_USE_FSDP", None)
             super().__init__(*args, **kwargs)
@@ -129,14 +146,6 @@ class Accelerator(accelerate.Accelerator):
                 self.state.fsdp_plugin = plugin
         else:
             super().__init__(*args, fsdp_plugin=plugin, **kwargs)
-        if (
-            self.distributed_type == DistributedType.FSDP
-            and self.state.fsdp_plugin.fsdp_version == 2
-        ):
-            raise ValueError(
-                "fsdp_version: 2 is not supported by shardwise's Accelerator; set fsdp_version: 1 "
-                "(shardwise's FSDP runs it), or call shardwise.fully_shard in the script"
-            )
 
     # --- the model ---------------------------------------------------------------------
 
@@ -184,13 +193,35 @@ class Accelerator(accelerate.Accelerator):
         self._models.append(wrapped)
         return wrapped
 
+    def _prepare_fsdp2(self, *args):
+        """Accelerate's, with ``shardwise.fully_shard`` as its ``fully_shard`` (``fsdp2.py``)."""
+        with fsdp2.as_fsdp2():
+            return super()._prepare_fsdp2(*args)
+
+    def _clip_grad_norm_dtensor_aware(self, parameters, max_norm, norm_type=2):
+        """Under FSDP2: the norm across the shards, from the model that holds them."""
+        for model in self._models:
+            if isinstance(model, FSDPModule) and parameters == list(model.parameters()):
+                return model.clip_grad_norm_(max_norm, norm_type)
+        return super()._clip_grad_norm_dtensor_aware(parameters, max_norm, norm_type=norm_type)
+
+    def _prepare_deepspeed(self, *args):
+        """Accelerate's, with shardwise's ZeRO as its ``deepspeed`` (``zero.py``)."""
+        with zero.as_deepspeed():
+            return super()._prepare_deepspeed(*args)
+
     def unwrap_model(self, model, keep_fp32_wrapper: bool = True, keep_torch_compile: bool = True):
+        model = zero.unwrap(model)
         if isinstance(model, FullyShardedDataParallel):
             model = model.module
         return super().unwrap_model(model, keep_fp32_wrapper, keep_torch_compile)
 
     def get_state_dict(self, model, unwrap=True):
         """The full state dict (under FSDP: gathered from the shards, on every rank)."""
+        if isinstance(model, ZeroEngine):
+            return zero.state_dict(self, model)
+        if isinstance(model, FSDPModule):  # state_dict() gathers the full tensors
+            return {k: v.detach().cpu() for k, v in model.state_dict().items()}
         if isinstance(model, FullyShardedDataParallel):
             with _full_state_dict(model):
                 return {k: v.detach().cpu() for k, v in model.state_dict().items()}
@@ -213,12 +244,13 @@ class Accelerator(accelerate.Accelerator):
         if self.distributed_type != DistributedType.FSDP:
             yield
             return
-        sharded = [m for m in self._models if isinstance(m, FullyShardedDataParallel)]
+        sharded = [m for m in self._models if isinstance(m, FullyShardedDataParallel | FSDPModule)]
         _set_distributed_type(self.state, DistributedType.MULTI_CPU)
         try:
             with contextlib.ExitStack() as stack:
                 for model in sharded:
-                    stack.enter_context(_full_state_dict(model))
+                    if isinstance(model, FullyShardedDataParallel):  # FSDPModule's is full
+                        stack.enter_context(_full_state_dict(model))
                 for optimizer in self._optimizers:
                     stack.enter_context(_full_optimizer_state(sharded, optimizer.optimizer))
                 yield

@@ -34,8 +34,10 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from .fsdp.config import ConfigError
-from .zero.engine import ZeroEngine
+from ..fsdp.config import ConfigError
+from ..zero import client_optimizer
+from ..zero import config as zero_config
+from ..zero.engine import ZeroEngine
 
 
 def _config_of(args, config, config_params):
@@ -65,6 +67,38 @@ def _check_parameters(model: nn.Module, model_parameters) -> None:
         raise ConfigError(
             "initialize: model_parameters must be the model's trainable parameters "
             "(shardwise's ZeRO steps all of them); freeze the others with requires_grad_(False)"
+        )
+
+
+def _with_client_optimizer(model: nn.Module, optimizer, config) -> dict:
+    """The config with the client optimizer as its optimizer section (DeepSpeed refuses nothing
+    here, but a config naming another optimizer as well would leave one of them unused)."""
+    config = zero_config.read(config)
+    if "optimizer" in config:
+        raise ConfigError(
+            "initialize: an optimizer object and the config's optimizer section were both given; "
+            "drop one of them"
+        )
+    client_optimizer.check_parameters(
+        optimizer, {id(p) for p in model.parameters() if p.requires_grad}
+    )
+    return {**config, "optimizer": client_optimizer.config_section(optimizer)}
+
+
+def _check_scheduler(optimizer, lr_scheduler, config) -> None:
+    """A scheduler object steps the client optimizer's lr, which the engine follows; without a
+    client optimizer it would step nothing."""
+    if lr_scheduler is None:
+        return
+    if optimizer is None or not hasattr(lr_scheduler, "step"):
+        raise ConfigError(
+            "initialize: an lr_scheduler object (or callable) needs the torch optimizer it steps "
+            "passed as optimizer=; or describe it in the config's scheduler section"
+        )
+    if "scheduler" in zero_config.read(config):
+        raise ConfigError(
+            "initialize: an lr_scheduler object and the config's scheduler section were both "
+            "given; drop one of them"
         )
 
 
@@ -162,18 +196,19 @@ def initialize(
     lr scheduler or None)."""
     if model is None:
         raise ConfigError("initialize: model is required")
-    for name, value, why in (
-        ("optimizer", optimizer, "describe it in the config's optimizer section"),
-        ("lr_scheduler", lr_scheduler, "describe it in the config's scheduler section"),
-        ("mpu", mpu, "use tp_group with shardwise.zero.initialize"),
-    ):
-        if value is not None:
-            raise ConfigError(f"initialize: {name} objects are not supported; {why}")
+    if mpu is not None:
+        raise ConfigError(
+            "initialize: mpu objects are not supported; use tp_group with shardwise.zero.initialize"
+        )
     _check_parameters(model, model_parameters)
+    config = _config_of(args, config, config_params)
+    if optimizer is not None:
+        config = _with_client_optimizer(model, optimizer, config)
+    _check_scheduler(optimizer, lr_scheduler, config)
     _init_distributed(dist_init_required)
     if args is not None and hasattr(args, "local_rank"):  # DeepSpeed aligns it with LOCAL_RANK
         args.local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    engine = ZeroEngine(model, _config_of(args, config, config_params))
+    engine = ZeroEngine(model, config, client_optimizer=optimizer, client_scheduler=lr_scheduler)
     loader = None
     if training_data is not None:
         loader = DeepSpeedDataLoader(
