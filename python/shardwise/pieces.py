@@ -27,11 +27,15 @@ class Slot:
     tp_split: bool = False  # a tensor-parallel shard's piece (else the same on every tp rank)
 
 
-def to_pieces(slots: list[Slot]) -> list[dict]:
-    """The slots as plain, weights_only-loadable pieces (clones in float32 or their dtype)."""
+def to_pieces(slots: list[Slot], copy: bool = True) -> list[dict]:
+    """The slots as plain, weights_only-loadable pieces (clones in their dtype; with
+    ``copy=False`` the live views, for a caller that copies them itself, as the asynchronous
+    checkpoint writer does, to host memory)."""
     return [
-        {"name": s.name, "start": int(s.start), "values": s.view.detach().clone()} for s in slots
-    ]
+        {"name": s.name, "start": int(s.start),
+         "values": s.view.detach().clone() if copy else s.view.detach()}
+        for s in slots
+    ]  # fmt: skip
 
 
 def fill(slots: list[Slot], pieces: list[dict], strict: bool = True) -> None:

@@ -409,3 +409,153 @@ def test_training_device_cuda_is_refused_without_a_gpu(tmp_path):
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "training.device: cuda" in proc.stderr and "set training.device: cpu" in proc.stderr
     assert not (tmp_path / "metrics.jsonl").exists()
+
+
+def test_device_hour_price_prices_the_device_hours():
+    """training.device_hour_price=2.5: every record's cost is its device-hours (the run's wall
+    time times its one device) at that price, and its tokens per device-hour the tokens trained
+    over them; without a price the device-hours are there and the cost is None. Catches the
+    price ignored, and figures that do not follow from the measured time."""
+    _, recs = solo("price", "training.device_hour_price=2.5")
+    per_step = 4 * 64  # micro_batch_size 4 of the tiny GPT's 64 tokens, one rank
+    for r in recs:
+        assert r["tokens_seen"] == r["step"] * per_step
+        assert r["device_hours"] == pytest.approx(r["elapsed_s"] * 1 / 3600, rel=1e-12)
+        assert r["cost"] == pytest.approx(r["device_hours"] * 2.5, rel=1e-12)
+        assert r["tokens_per_device_hour"] == pytest.approx(r["tokens_seen"] / r["device_hours"])
+        assert r["elapsed_s"] >= r["step_s"] > 0
+    assert [r["elapsed_s"] for r in recs] == sorted(r["elapsed_s"] for r in recs)
+    assert all(r["cost"] is None and r["device_hours"] > 0 for r in base()[1])
+
+
+def _broken_checkpoint_path(tmp_path, *overrides: str):
+    """A run whose checkpoint folder cannot be made (a file holds its name): (exit, records)."""
+    import os
+    import subprocess
+
+    from train_runs import command, records
+
+    out = tmp_path / "run"
+    out.mkdir(parents=True)
+    (out / "checkpoints").write_text("not a folder")
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    argv = command(1, "ddp.yaml", out, *SOLO, "training.max_steps=6", *overrides)
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
+    return proc.returncode, records(out), proc.stdout + proc.stderr
+
+
+def test_checkpoint_verify_at_start_round_trips_before_step_1(tmp_path):
+    """training.checkpoint.verify_at_start=true: before step 1 the state is saved and loaded
+    back (the console says so, and the folder it used is gone); with a checkpoint path that
+    cannot be written, the run fails before training a step, where without the key it trains
+    until its first save (checkpoint.every_steps=5) and fails only then."""
+    out, recs = solo("verify", "training.checkpoint.verify_at_start=true")
+    assert (
+        "checkpoints verified: step 0's state saved and loaded back"
+        in (out / "console.log").read_text()
+    )
+    assert not (out / "checkpoints" / ".verify-at-start").exists()
+    assert losses(recs) == losses(base()[1])  # the round trip changes nothing
+    code, recs, log = _broken_checkpoint_path(
+        tmp_path / "verified", "training.checkpoint.verify_at_start=true"
+    )
+    assert code != 0 and recs == [], log[-2000:]
+    code, recs, log = _broken_checkpoint_path(
+        tmp_path / "unverified", "training.checkpoint.every_steps=5"
+    )
+    assert code != 0 and [r["step"] for r in recs] == [1, 2, 3, 4, 5], log[-2000:]
+
+
+def _corrupted(tmp_path, name: str, *overrides: str):
+    """A two-rank run in which rank 1 corrupts its copy of parameter ``name`` after step 2
+    (scripts/corrupt_replica.py): (exit, rank 0's records, console.log, the output)."""
+    import os
+    import subprocess
+    import sys
+
+    from train_runs import BASE, CONFIGS, records
+
+    out = tmp_path / "run"
+    script = ROOT / "tests" / "distributed" / "scripts" / "corrupt_replica.py"
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            str(script), "1", "2", name, "--config", str(CONFIGS / "ddp.yaml"), *BASE, *PAIR,
+            f"training.checkpoint.dir={out}", *overrides]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
+    console = (out / "console.log").read_text() if (out / "console.log").exists() else ""
+    return proc.returncode, records(out), console, proc.stdout + proc.stderr
+
+
+def test_consistency_every_names_the_corrupted_replica(tmp_path):
+    """training.consistency_every=1 under DDP: rank 1's corrupted copy of a weight stops the run
+    at step 2, naming the tensor, the rank and the step, with each rank's loss in the records;
+    with consistency_every=0 the same corruption trains to the end unseen."""
+    code, recs, _, log = _corrupted(tmp_path / "checked", "blocks.0.qkv.weight",
+                                    "training.consistency_every=1")  # fmt: skip
+    assert code != 0 and [r["step"] for r in recs] == [1, 2], log[-3000:]
+    assert "step 2: the copies of blocks.0.qkv.weight[0:" in log
+    assert "rank 1 differs from rank 0" in log and "ConsistencyError" in log
+    assert all(len(r["loss_by_rank"]) == 2 for r in recs)
+    assert recs[0]["loss"] == pytest.approx(sum(recs[0]["loss_by_rank"]) / 2, rel=1e-12)
+    code, recs, _, log = _corrupted(tmp_path / "off", "blocks.0.qkv.weight",
+                                    "training.consistency_every=0")  # fmt: skip
+    assert code == 0 and len(recs) == STEPS, log[-3000:]
+
+
+def test_consistency_action_warn_names_a_tensor_parallel_replica_and_goes_on(tmp_path):
+    """training.consistency_action=warn over a tp mesh: a layer norm's weight, which both tp
+    ranks hold whole, corrupted on rank 1 is named in a warning at step 2 and the run goes on
+    to the end (stop, the default, would end it there)."""
+    code, recs, console, log = _corrupted(
+        tmp_path, "blocks.0.norm1.weight", "training.consistency_every=1",
+        "training.consistency_action=warn", 'model.mesh_shape=[[1, 2], ["dp", "tp"]]',
+    )  # fmt: skip
+    assert code == 0 and len(recs) == STEPS, log[-3000:]
+    assert "warning: step 2: the copies of blocks.0.norm1.weight[0:" in console, console
+    assert "rank 1 differs from rank 0" in console
+
+
+def _slow_writer(out, seconds: float, *overrides: str):
+    """A two-rank run whose checkpoint files each take ``seconds`` longer to write
+    (scripts/slow_writer.py): rank 0's records."""
+    import os
+    import subprocess
+    import sys
+
+    from train_runs import BASE, CONFIGS, records
+
+    script = ROOT / "tests" / "distributed" / "scripts" / "slow_writer.py"
+    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+            str(script), str(seconds), "--config", str(CONFIGS / "ddp.yaml"), *BASE, *PAIR,
+            "training.max_steps=8", "training.checkpoint.every_steps=2",
+            f"training.checkpoint.dir={out}", *overrides]  # fmt: skip
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    return records(out)
+
+
+def test_checkpoint_async_trains_on_while_a_slow_writer_writes(tmp_path):
+    """training.checkpoint.async=true with a writer 1.5 s slower per file: the step after a
+    save follows it at once (the save copied the state and returned), where the synchronous
+    save holds it for the write; the run's losses are the plain run's, the checkpoints it
+    finishes are complete, and a run resumed from step 6's continues with the same losses."""
+    from shardwise.train import checkpoint
+    from train_runs import copy_until, train
+
+    timed, runs = {}, {}
+    for mode in ("true", "false"):
+        runs[mode] = _slow_writer(tmp_path / mode, 1.5, f"training.checkpoint.async={mode}")
+        at = {r["step"]: r["elapsed_s"] for r in runs[mode]}
+        timed[mode] = at[3] - at[2]  # step 3 ran after step 2's save
+    assert timed["true"] < 0.75 < 1.5 <= timed["false"], timed
+    assert losses(runs["true"]) == losses(runs["false"])
+    saved = sorted((tmp_path / "true" / "checkpoints").glob("step-*"))
+    assert [d.name for d in saved] == ["step-00000004", "step-00000006", "step-00000008"]
+    assert all(checkpoint.verify(d) is None for d in saved)
+    copy_until(tmp_path / "true", tmp_path / "resumed", 6)
+    steps = (*PAIR, "training.max_steps=8", "training.checkpoint.every_steps=2")
+    resumed, log = train(2, "ddp.yaml", tmp_path / "resumed", *steps)
+    assert "resumed from" in log and "step-00000006" in log
+    assert [r["step"] for r in resumed] == [7, 8]
+    assert losses(resumed) == {s: losses(runs["false"])[s] for s in (7, 8)}

@@ -20,6 +20,7 @@ from __future__ import annotations
 from shardwise.zero import deepspeed_keys as _K
 
 TT = "tests/distributed/test_train.py::"
+TCK = "tests/distributed/test_train_recovery.py::"
 TK = "tests/distributed/test_train_keys.py::"
 TTP = "tests/distributed/test_train_tp.py::"
 TTM = "tests/distributed/test_train_models.py::"
@@ -42,7 +43,7 @@ _HYBRID = TTP + "test_hybrid_mesh_shards_within_the_fsdp_axis"
 _STAGE_KEYS = FF + "fsdp_a_pipeline_stage_takes_the_configs_fsdp_keys"
 _FP16 = TTP + "test_fp16_loss_scaling_for_every_strategy"
 _DS_JSON = TT + "test_a_deepspeed_json_config_trains_with_its_scheduler"
-_ONE_ON_TWO = TT + "test_checkpoint_of_one_rank_loads_on_two"
+_ONE_ON_TWO = TCK + "test_checkpoint_of_one_rank_loads_on_two"
 _SCHEDULED = TDS + "test_a_scheduled_engine_trains_like_torch_adamw_under_deepspeeds_scheduler"
 _SGD = ZC + "zero_clipping_sgd_and_offload_match_torch"
 _REFUSED = TDS + "test_values_that_would_change_training_are_refused"
@@ -82,7 +83,7 @@ EFFECTS: dict[str, tuple[str, ...]] = {
     "train:data.seq_len": (TTM + "test_export_loads_with_from_pretrained",),
     "train:training.micro_batch_size": (
         _ONE_ON_TWO,
-        TT + "test_sharded_checkpoint_loads_at_another_world_size",
+        TCK + "test_sharded_checkpoint_loads_at_another_world_size",
     ),
     "train:training.batch_size": (
         TC + "test_fsdp_config_batch_size_and_micro_batch_size_are_one_setting",
@@ -102,7 +103,7 @@ EFFECTS: dict[str, tuple[str, ...]] = {
     ),
     "train:training.checkpoint.dir": (TT + "test_strategy_trains_and_exports",),
     "train:training.checkpoint.every_steps": (
-        TT + "test_sharded_checkpoint_loads_at_another_world_size",
+        TCK + "test_sharded_checkpoint_loads_at_another_world_size",
     ),
     "train:distributed.world_size": (_BY_HAND,),
     "train:distributed.rank": (_BY_HAND,),
@@ -116,7 +117,7 @@ EFFECTS: dict[str, tuple[str, ...]] = {
     ),
     "train:distributed.ddp_comm_hook": (_MIXED,),
     "train:distributed.pipeline.num_microbatches": (
-        TT + "test_pipeline_checkpoint_resumes_as_ddp_on_one_process",
+        TCK + "test_pipeline_checkpoint_resumes_as_ddp_on_one_process",
         TT + "test_eval_loss_is_the_exported_models_loss_on_the_validation_batches",
     ),
     # ---- shardwise-train keys observed in one- and two-process runs
@@ -143,6 +144,27 @@ EFFECTS: dict[str, tuple[str, ...]] = {
         TK + "test_gradient_checkpointing_recomputes_each_block_in_backward",
     ),
     "train:training.log_every": (TK + "test_log_every_picks_the_logged_steps",),
+    "train:training.device_hour_price": (TK + "test_device_hour_price_prices_the_device_hours",),
+    "train:training.checkpoint.asynchronous": (
+        TC + "test_checkpoint_async_and_asynchronous_are_one_setting",
+        TK + "test_checkpoint_async_trains_on_while_a_slow_writer_writes",
+    ),
+    "train:training.checkpoint.async": (
+        TK + "test_checkpoint_async_trains_on_while_a_slow_writer_writes",
+    ),
+    "train:training.checkpoint.verify_at_start": (
+        TK + "test_checkpoint_verify_at_start_round_trips_before_step_1",
+    ),
+    "train:training.consistency_every": (
+        TK + "test_consistency_every_names_the_corrupted_replica",
+    ),
+    "train:training.consistency_action": (
+        TK + "test_consistency_action_warn_names_a_tensor_parallel_replica_and_goes_on",
+    ),
+    "train:training.allow_mixed_devices": (
+        "tests/python/test_train_device_check.py::"
+        "test_allow_mixed_devices_turns_the_refusal_into_a_warning",
+    ),
     "train:training.eval_batches": (TK + "test_eval_batches_sets_the_batches_evaluated",),
     "train:training.checkpoint.keep_last": (TK + "test_checkpoint_keep_last_keeps_that_many",),
     "train:distributed.backend": (

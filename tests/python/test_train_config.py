@@ -157,6 +157,16 @@ def test_fsdp_config_batch_size_and_micro_batch_size_are_one_setting():
     assert "training.batch_size is given twice" in message
 
 
+def test_checkpoint_async_and_asynchronous_are_one_setting():
+    """The issue's spelling (async, a Python keyword) and the field's (asynchronous) set the
+    same key; both at once is an error naming it."""
+    assert load("training.checkpoint.async=true").training.checkpoint.asynchronous is True
+    assert load("training.checkpoint.asynchronous=true").training.checkpoint.asynchronous
+    assert load().training.checkpoint.asynchronous is False
+    message = error_of("training.checkpoint.async=true", "training.checkpoint.asynchronous=false")
+    assert "given twice" in message
+
+
 def test_the_collective_timeout_reaches_the_run():
     """distributed.timeout_s is what init_process_group gets (a cut link is noticed only by it:
     the fault soak's link-cut trials); unset, torch's default stays."""

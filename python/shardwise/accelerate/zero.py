@@ -64,14 +64,17 @@ class EngineOptimizer:
         """Nothing: ``accelerator.backward`` steps the engine at the boundary."""
 
 
-def _initialize(model, config_params, optimizer=None, model_parameters=None, lr_scheduler=None):
-    """``deepspeed.initialize`` as Accelerate calls it (``_prepare_deepspeed``)."""
+def _initialize(model, config_params, optimizer=None, model_parameters=None, lr_scheduler=None,
+                mpu=None):  # fmt: skip
+    """``deepspeed.initialize`` as Accelerate calls it (``_prepare_deepspeed``); what shardwise's
+    refuses (an ``mpu``, a scheduler callable) is refused there, naming the fix."""
     device = accelerate.PartialState().device
     engine, _, _, scheduler = shardwise_deepspeed.initialize(
         model=model.to(device),
         optimizer=optimizer,
         model_parameters=model_parameters,
         lr_scheduler=lr_scheduler,
+        mpu=mpu,
         config_params=config_params,
     )
     return engine, EngineOptimizer(engine), None, scheduler

@@ -105,6 +105,11 @@ class CheckpointSection(_Section):
     dir: str = "outputs/run"
     every_steps: int = Field(50, gt=0)
     keep_last: int = Field(3, gt=0)
+    # before step 1: save the state and load it back, bit for bit (train/checkpoint_verify.py)
+    verify_at_start: bool = False
+    # the state copied to host memory, then written by a background writer while training
+    # goes on (train/async_checkpoint.py); also spelled async
+    asynchronous: bool = Field(False, validation_alias=AliasChoices("async", "asynchronous"))
 
 
 def _precision_word(value):
@@ -153,6 +158,15 @@ class TrainingSection(_Section):
     # a Chrome trace per rank of the steps the schedule records, in <checkpoint.dir>/profile
     profile: ProfileSection | None = None
     checkpoint: CheckpointSection = Field(default_factory=CheckpointSection)
+    # the price of one device (a GPU, or a CPU process) for an hour: the metrics' cost
+    device_hour_price: float | None = Field(None, ge=0)
+    # ranks on devices of different kinds (name, compute capability, memory; CPU model, cores)
+    # go on with a warning instead of an error (train/device_check.py)
+    allow_mixed_devices: bool = False
+    # every this many steps (0: never), the replicated state's copies compared across ranks
+    # (train/consistency.py); a difference stops the run or warns
+    consistency_every: int = Field(100, ge=0)
+    consistency_action: Literal["stop", "warn"] = "stop"
 
     _precision = field_validator("mixed_precision", mode="before")(_precision_word)
 

@@ -185,7 +185,8 @@ class Sinks:
             for kind, d in (record.get("communication") or {}).items():
                 self.tb.add_scalar(f"communication/{kind}_seconds", d["seconds"], record["step"])
                 self.tb.add_scalar(f"communication/{kind}_bytes", d["bytes"], record["step"])
-        shown = (("loss", ".4f"), ("val_loss", ".4f"), ("lr", ".3e"), ("tokens_per_s", ".0f"))
+        shown = (("loss", ".4f"), ("val_loss", ".4f"), ("lr", ".3e"), ("tokens_per_s", ".0f"),
+                 ("device_hours", ".3g"), ("cost", ".3g"))  # fmt: skip
         fields = [
             f"{k} {record[k]:{f}}" for k, f in shown if isinstance(record.get(k), float | int)
         ]

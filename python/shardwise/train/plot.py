@@ -1,5 +1,6 @@
-"""``shardwise-plot RUN_DIR``: the loss curves (training, and the eval loss where it was measured)
-and the throughput of a run (its metrics.jsonl) as PNGs beside it (matplotlib)."""
+"""``shardwise-plot RUN_DIR``: the loss curves (training, and the eval loss where it was measured),
+the throughput and the cost (device-hours, or their price) of a run (its metrics.jsonl) as PNGs
+beside it (matplotlib)."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ def read(path: Path) -> list[dict]:
 
 
 def plot(run_dir: str | Path) -> list[Path]:
-    """Writes loss.png and throughput.png into ``run_dir`` from its metrics.jsonl."""
+    """Writes loss.png, throughput.png and cost.png into ``run_dir`` from its metrics.jsonl."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -26,10 +27,15 @@ def plot(run_dir: str | Path) -> list[Path]:
     if not records:
         raise ValueError(f"{run_dir / 'metrics.jsonl'} has no records; train first")
     written = []
-    for name, keys, label in (
+    priced = any(r.get("cost") is not None for r in records)
+    panels = [
         ("loss", ["loss", "val_loss"], "loss (nats/token)"),
         ("throughput", ["tokens_per_s"], "tokens/s (all ranks)"),
-    ):
+    ]
+    if any("device_hours" in r for r in records):  # runs before the cost fields have none
+        panels.append(("cost", ["cost"], "cost") if priced else
+                      ("cost", ["device_hours"], "device-hours"))  # fmt: skip
+    for name, keys, label in panels:
         fig, ax = plt.subplots(figsize=(7, 3.5))
         for key in keys:
             points = [(r["step"], r[key]) for r in records if r.get(key) is not None]

@@ -121,7 +121,8 @@ class TrainStep:
             loss = torch.tensor([total if self.par.is_last else 0.0], dtype=torch.float64)
             dist.all_reduce(loss, group=self.axes.pipeline_group)
             total = loss.item()
-        return {"loss": _mean_over(total, self.data_group), "grad_norm": norm, "lr": lr}
+        mean = _mean_over(total, self.data_group)
+        return {"loss": mean, "local_loss": total, "grad_norm": norm, "lr": lr}
 
     def eval_loss(self, batches) -> float:
         """The mean loss over ``batches`` (a list of (inputs, targets)) and the data ranks,
@@ -271,6 +272,25 @@ class TrainStep:
     def load_slots(self) -> list[Slot]:
         """Views of every parameter and AdamW moment this rank holds."""
         return owned_slots(self.par.params, self.par.owned, self.optimizer)
+
+    def replicated_slots(self) -> list[Slot]:
+        """Every slice this rank holds, keyed as checkpoints key them, so that copies on other
+        ranks share the key (``consistency.py``): the parameters and AdamW moments (FSDP's
+        shards among them, at their own places); under ZeRO 0-2 the module's parameters, tp
+        shards tagged with their tp rank; ZeRO-3 holds its own shards only: none."""
+        if self.engine is None:
+            return self.load_slots()
+        if self.engine.stage == 3:
+            return []
+        from ..tensor_parallel import tp_info
+
+        tp = self.axes.tp_group
+        slots = []
+        for name, p in self.engine.module.named_parameters():
+            split = tp is not None and tp_info(p) is not None
+            key = f"{name}@tp{dist.get_rank(tp)}" if split else name
+            slots.append(Slot(key, 0, p.detach().reshape(-1)))
+        return slots
 
     def payload(self) -> dict:
         """ZeRO: its C++ pieces, tagged with the tp coordinate (they are pieces of tp shards)."""

@@ -27,9 +27,18 @@ import torch.distributed as dist
 from .. import _C, pieces
 from ..models.causal_lm import export_names
 from ..models.gpt import GPT, GPTConfig
+from . import (
+    async_checkpoint,
+    checkpoint_verify,
+    consistency,
+    datasets,
+    device_check,
+    metrics,
+    sources,
+)
 from . import checkpoint as ckpt
+from . import cost as cost_mod
 from . import data as data_mod
-from . import datasets, metrics, sources
 from . import device as device_mod
 from . import step as step_mod
 from .parallelize import StrategyOptions
@@ -87,6 +96,7 @@ class TrainingRun:
         self.output_dir = Path(t.checkpoint.dir)
         self.device = device_mod.local_device(t.device, d.local_rank)  # before NCCL starts
         self.rank, self.world = init_distributed(d.backend, cfg.launch_env(), d.timeout_s)
+        self.device_notes = _checked_devices(self.device, self.world, t.allow_mixed_devices)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // _local_world(self.world)))
         self.options = StrategyOptions.from_config(cfg)
         self.stepper = step_mod.build(d.strategy, self.options, self.world)
@@ -117,13 +127,18 @@ class TrainingRun:
                     eval_dataset, *place, 0, shuffle=False, name="eval_dataset"
                 )
         self.stream_rows = rows
+        self.saver = None  # the background writer, with its own process group (collective)
+        if t.checkpoint.asynchronous:
+            self.saver = async_checkpoint.AsyncSaver(d.timeout_s)
         self.step = 0
         self._slow, self._slow_streak = None, 0
         self.sinks = metrics.Sinks(self.output_dir, t.max_steps, 0, self.rank == 0)
 
     # --- checkpoints -----------------------------------------------------------------------
 
-    def _payload(self) -> dict:
+    def _payload(self, copy: bool = True) -> dict:
+        """This rank's checkpoint: copies of its state, or (``copy=False``, for the
+        asynchronous writer, which copies it to host memory itself) views of it."""
         s = self.stepper
         payload = {
             "step": self.step,
@@ -134,20 +149,28 @@ class TrainingRun:
         if s.engine is not None:  # ZeRO's own pieces
             payload["zero"] = s.payload()
         else:
-            payload["pieces"] = pieces.to_pieces(s.save_slots())
+            payload["pieces"] = pieces.to_pieces(s.save_slots(), copy=copy)
             payload["scaler"] = s.scaler_state()
         return payload
 
     def save(self) -> Path:
-        return ckpt.save(
+        """Checkpoint this step: written before returning, or (``checkpoint.async``) copied to
+        host memory and written in the background (``async_checkpoint.py``)."""
+        write = self.saver.save if self.saver is not None else ckpt.save
+        return write(
             self.output_dir / "checkpoints",
             self.step,
-            self._payload(),
+            self._payload(copy=self.saver is None),
             self.rank,
             self.world,
             self.cfg.to_yaml(),
             self.cfg.training.checkpoint.keep_last,
         )
+
+    def wait_for_save(self) -> None:
+        """Until an asynchronous save in flight is complete (its error raised here)."""
+        if self.saver is not None:
+            self.saver.wait()
 
     def _agreed_checkpoint(self) -> Path | None:
         """The checkpoint every rank resumes from: rank 0 chooses, after removing killed writes'
@@ -212,12 +235,24 @@ class TrainingRun:
             + (f"\nmesh: {self.stepper.mesh_description}" if self.stepper.mesh_description else "")
             + (f"\n{self.memory_note}" if self.memory_note else "")
         )
+        for line in self.device_notes:
+            self.sinks.note(line)
+        if t.checkpoint.verify_at_start:
+            seconds = checkpoint_verify.round_trip(
+                self.output_dir / "checkpoints", self.step, self._payload(), self.rank,
+                self.world, cfg.to_yaml(), self.device,
+            )  # fmt: skip
+            self.sinks.note(
+                f"checkpoints verified: step {self.step}'s state saved and loaded back bit for "
+                f"bit in {seconds:.2f}s"
+            )
         flops_token = metrics.flops_per_token(
             gpt.num_parameters(), gpt.layers, gpt.seq_len, gpt.dim
         )
         peak = self._peak_flops()
         stop = ckpt.install_sigterm_handler((signal.SIGTERM, signal.SIGINT))
         self._first_step = self.step + 1
+        self.cost = cost_mod.RunCost(self.world, t.device_hour_price)
         last = {}
         cuda = self.device.type == "cuda"
         profile = t.profile.model_dump() if t.profile else None
@@ -232,17 +267,22 @@ class TrainingRun:
                     last["val_loss"] = self.evaluate()
                 if self.step % t.log_every == 0 or self.step == t.max_steps:
                     self.sinks.write(last)
+                # before a save: a state that fails the check is not checkpointed
+                if t.consistency_every and self.step % t.consistency_every == 0:
+                    self._check_consistency()
                 if self.step % t.checkpoint.every_steps == 0 or stop.requested:
                     self.save()
         finally:
             profiler.close()
             stop.close()
         if stop.requested:
+            self.wait_for_save()
             name = signal.Signals(stop.signum).name
             self.sinks.note(f"{name}: saved step {self.step}; stopping")
         else:
             self.save()
-            last.update(self._finish())
+            last.update(self._finish())  # the export overlaps an asynchronous last save
+            self.wait_for_save()
         self.sinks.close()
         return last
 
@@ -272,6 +312,7 @@ class TrainingRun:
         comm, ops1 = _comm_seconds() - comm0, self._comm_stats()  # before the metrics' gathers
         gpu = device_mod.gpu_memory_mb(self.device)  # [] on the CPU
         mine = {"step": seconds, "comm": comm, "rss": float(metrics.peak_rss_bytes())}
+        mine["loss"] = out["local_loss"]
         mine.update(data=data_s, **self.stepper.phase_seconds)
         if gpu:  # allocated, reserved, peak
             mine.update(zip(("gpu_allocated", "gpu_reserved", "gpu_peak"), gpu, strict=True))
@@ -282,6 +323,8 @@ class TrainingRun:
         record = {
             "step": self.step,
             "loss": out["loss"],
+            # each rank's own: the mean over its micro-batches (its replica's, on every stage)
+            "loss_by_rank": [r["loss"] for r in per_rank],
             "lr": out["lr"],
             "grad_norm": out["grad_norm"],
             "loss_scale": self.stepper.loss_scale() if self.stepper.scaler is not None else None,
@@ -295,6 +338,7 @@ class TrainingRun:
             if cfg.distributed.backend == "shardwise"
             else None,
             "peak_rss_mb_per_rank": [round(r["rss"] / 2**20, 1) for r in per_rank],
+            **self.cost.record(tokens),
         }
         record.update(metrics.phase_fields(per_rank))
         if ops0 is not None:
@@ -315,6 +359,21 @@ class TrainingRun:
                 "5 steps running"
             )
         return record
+
+    def _check_consistency(self) -> None:
+        """The replicated state's copies compared across every rank (``consistency.py``)."""
+        mine = consistency.local_checksums(self.stepper.replicated_slots())
+        gathered: list = [None] * self.world
+        dist.all_gather_object(gathered, mine)
+        problem = consistency.compare(gathered, self.step)
+        if problem is None:
+            return
+        if self.cfg.training.consistency_action == "warn":
+            self.sinks.note(f"warning: {problem}")
+            return
+        raise consistency.ConsistencyError(
+            f"{problem}; stopping (training.consistency_action: warn goes on)"
+        )
 
     def _comm_stats(self) -> dict | None:
         """The shardwise backend's counters when training.profile_communication is on."""
@@ -420,6 +479,15 @@ def validation_stream(val: torch.Tensor, seq_len: int, rows: int, rank: int, wor
             f"the validation tokens are too few for one eval batch ({error}); raise "
             f"data.val_fraction, give a larger data.val_path, or lower the batch size"
         ) from None
+
+
+def _checked_devices(device: torch.device, world: int, allow_mixed: bool) -> list[str]:
+    """Every rank's device gathered once and compared (``device_check.py``): the start line,
+    and the warning when mixed devices are allowed; DeviceMismatchError on every rank else."""
+    descriptions: list = [None] * world
+    dist.all_gather_object(descriptions, device_check.describe(device))
+    warning = device_check.check(descriptions, allow_mixed)
+    return [device_check.start_line(descriptions)] + ([warning] if warning else [])
 
 
 def _local_world(world: int) -> int:
