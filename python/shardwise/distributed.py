@@ -13,6 +13,7 @@ virtual machines measured, see the benchmark results).
 """
 
 import datetime
+import os
 
 import torch.distributed as dist
 
@@ -33,6 +34,44 @@ def register() -> None:
     """Registers the backend once; safe to call again."""
     if dist.is_available() and NAME not in dist.Backend.backend_list:
         dist.Backend.register_backend(NAME, _create_backend, devices=["cpu", "cuda"])
+
+
+def launch_store(timeout: datetime.timedelta | None = None) -> dist.Store | None:
+    """Under torchrun, a store of this launch's own for ``init_process_group``; None otherwise.
+
+    torchrun's workers reach the agent's TCPStore (``TORCHELASTIC_USE_AGENT_STORE``), and after
+    ``--max-restarts`` restarts them they find it still holding the keys of the failed launch:
+    torch's ``env://`` rendezvous adds no prefix of its own since it shared the rendezvous
+    store (pytorch/pytorch#135712), so gloo, NCCL and shardwise read the dead ranks'
+    addresses. The keys go under ``shardwise/launch_N/``, N this launch's number:
+    - on one node, the agent's ``TORCHELASTIC_RESTART_COUNT``;
+    - across nodes each agent counts only its own restarts, so each rank counts its launches
+      on the store (``shardwise/launches/rank_R``); every restart starts every rank once, so
+      the counts agree unless a rank ended before it reached its process group.
+    """
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return None
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    kwargs = {} if timeout is None else {"timeout": timeout}
+    base = dist.TCPStore(
+        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), world, False, **kwargs
+    )
+    if os.environ.get("GROUP_WORLD_SIZE", "1") == "1":
+        launch = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+    else:
+        launch = base.add(f"shardwise/launches/rank_{rank}", 1)
+    return dist.PrefixStore(f"shardwise/launch_{launch}", base)
+
+
+def init_process_group(backend: str, timeout: datetime.timedelta | None = None) -> None:
+    """``dist.init_process_group(backend)`` from the launcher's environment, on
+    ``launch_store``'s store under torchrun, so that a restarted job connects afresh."""
+    store = launch_store(timeout)
+    if store is None:
+        dist.init_process_group(backend, timeout=timeout)
+        return
+    rank, world = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
+    dist.init_process_group(backend, store=store, rank=rank, world_size=world, timeout=timeout)
 
 
 register()

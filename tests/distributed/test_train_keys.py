@@ -430,18 +430,12 @@ def test_device_hour_price_prices_the_device_hours():
 
 def _broken_checkpoint_path(tmp_path, *overrides: str):
     """A run whose checkpoint folder cannot be made (a file holds its name): (exit, records)."""
-    import os
-    import subprocess
-
-    from train_runs import command, records
+    from train_runs import launch
 
     out = tmp_path / "run"
     out.mkdir(parents=True)
     (out / "checkpoints").write_text("not a folder")
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    argv = command(1, "ddp.yaml", out, *SOLO, "training.max_steps=6", *overrides)
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
-    return proc.returncode, records(out), proc.stdout + proc.stderr
+    return launch(1, "ddp.yaml", out, *SOLO, "training.max_steps=6", *overrides)
 
 
 def test_checkpoint_verify_at_start_round_trips_before_step_1(tmp_path):
@@ -469,21 +463,13 @@ def test_checkpoint_verify_at_start_round_trips_before_step_1(tmp_path):
 def _corrupted(tmp_path, name: str, *overrides: str):
     """A two-rank run in which rank 1 corrupts its copy of parameter ``name`` after step 2
     (scripts/corrupt_replica.py): (exit, rank 0's records, console.log, the output)."""
-    import os
-    import subprocess
-    import sys
-
-    from train_runs import BASE, CONFIGS, records
+    from train_runs import launch, script
 
     out = tmp_path / "run"
-    script = ROOT / "tests" / "distributed" / "scripts" / "corrupt_replica.py"
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-            str(script), "1", "2", name, "--config", str(CONFIGS / "ddp.yaml"), *BASE, *PAIR,
-            f"training.checkpoint.dir={out}", *overrides]  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
+    code, recs, log = launch(2, "ddp.yaml", out, *PAIR, *overrides,
+                             script=script("corrupt_replica.py", 1, 2, name))  # fmt: skip
     console = (out / "console.log").read_text() if (out / "console.log").exists() else ""
-    return proc.returncode, records(out), console, proc.stdout + proc.stderr
+    return code, recs, console, log
 
 
 def test_consistency_every_names_the_corrupted_replica(tmp_path):
@@ -518,21 +504,12 @@ def test_consistency_action_warn_names_a_tensor_parallel_replica_and_goes_on(tmp
 def _slow_writer(out, seconds: float, *overrides: str):
     """A two-rank run whose checkpoint files each take ``seconds`` longer to write
     (scripts/slow_writer.py): rank 0's records."""
-    import os
-    import subprocess
-    import sys
+    from train_runs import script, train
 
-    from train_runs import BASE, CONFIGS, records
-
-    script = ROOT / "tests" / "distributed" / "scripts" / "slow_writer.py"
-    argv = [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
-            str(script), str(seconds), "--config", str(CONFIGS / "ddp.yaml"), *BASE, *PAIR,
-            "training.max_steps=8", "training.checkpoint.every_steps=2",
-            f"training.checkpoint.dir={out}", *overrides]  # fmt: skip
-    env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=240)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    return records(out)
+    steps = ("training.max_steps=8", "training.checkpoint.every_steps=2")
+    recs, _ = train(2, "ddp.yaml", out, *PAIR, *steps, *overrides,
+                    script=script("slow_writer.py", seconds))  # fmt: skip
+    return recs
 
 
 def test_checkpoint_async_trains_on_while_a_slow_writer_writes(tmp_path):

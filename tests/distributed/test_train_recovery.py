@@ -6,13 +6,23 @@ continues with the uninterrupted run's losses."""
 from __future__ import annotations
 
 import os
+import re
 import signal
 import subprocess
 import time
 from pathlib import Path
 
 import pytest
-from train_runs import assert_continues, command, copy_until, losses, records, run, train
+from train_runs import (
+    assert_continues,
+    command,
+    copy_until,
+    losses,
+    records,
+    run,
+    script,
+    train,
+)
 
 
 def _fsdp_reference(world: int = 2):
@@ -167,3 +177,69 @@ def test_pipeline_checkpoint_resumes_as_ddp_on_one_process(tmp_path):
     )
     assert "saved by 2 ranks" in log, log[-2000:]
     assert_continues(recs, ref, [5, 6, 7, 8], 1e-5)
+
+
+@pytest.mark.parametrize("backend,saves", [("shardwise", "false"), ("gloo", "true")])
+def test_killed_rank_restarts_by_itself_with_the_same_losses(tmp_path, backend, saves):
+    """torchrun --max-restarts=1 and rank 1 killed (SIGKILL) after step 5 of the first launch:
+    the job comes back by itself from step 4's checkpoint and ends with the uninterrupted run's
+    losses, bit for bit (synchronous saves over shardwise, asynchronous ones over gloo). Catches
+    a restarted group reading the failed launch's addresses from torchrun's store (gloo: a
+    refused connection; shardwise: a hang), and a resume that loses the data position or a
+    random stream."""
+    steps = ("training.max_steps=8", "training.checkpoint.every_steps=2",
+             "training.micro_batch_size=2", f"distributed.backend={backend}",
+             f"training.checkpoint.async={saves}")  # fmt: skip
+    ref, _ = train(2, "ddp.yaml", tmp_path / "uninterrupted", *steps)
+    restarts = ("--max-restarts=1", "--monitor-interval=0.1")
+    recs, log = train(2, "ddp.yaml", tmp_path / "killed", *steps, torchrun=restarts,
+                      script=script("kill_rank_once.py", 1, 5))  # fmt: skip
+    assert "exitcode  : -9" in log or "exitcode: -9" in log, log[-3000:]
+    assert "torchrun restart 1 of 1" in log, log[-3000:]
+    resumed = int(re.search(r"resumed from \S+ \(step (\d+),", log)[1])
+    # step 4's save is complete when rank 1 dies if synchronous; an asynchronous one may not be
+    assert resumed == 4 if saves == "false" else resumed in (2, 4), log[-3000:]
+    redone = list(range(resumed + 1, 9))
+    assert [r["step"] for r in recs] == [1, 2, 3, 4, 5, *redone]
+    assert losses(recs) == losses(ref)
+
+
+def _two_agents(out: Path, *overrides: str, **kw) -> list[str]:
+    """shardwise-train (or ``script``) as two torchrun agents of one process each, as on two
+    nodes (c10d rendezvous, one restart allowed): the agents' outputs."""
+    import socket
+    import sys
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    agent = [sys.executable, "-m", "torch.distributed.run", "--nnodes=2", "--nproc_per_node=1",
+             "--max-restarts=1", "--rdzv-backend=c10d", f"--rdzv-endpoint=127.0.0.1:{port}",
+             "--rdzv-id=restart", "--monitor-interval=0.1"]  # fmt: skip
+    argv = [*agent, *command(1, "ddp.yaml", out, *overrides, **kw)[1:]]
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    agents = [
+        subprocess.Popen(argv, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        for _ in range(2)
+    ]
+    logs = [a.communicate(timeout=240)[0] for a in agents]
+    assert [a.returncode for a in agents] == [0, 0], "\n".join(logs)[-6000:]
+    return logs
+
+
+def test_killed_rank_of_a_two_node_job_restarts_it(tmp_path):
+    """Two torchrun agents (two nodes of one process each, c10d rendezvous) and rank 1 killed
+    after step 5: the job comes back from step 4 by itself with the uninterrupted two-node
+    run's losses. Catches the restarted ranks reading the failed launch's addresses from the
+    rendezvous store (gloo's connection refused) across agents, each of which counts its own
+    restarts."""
+    steps = ("training.max_steps=8", "training.checkpoint.every_steps=2",
+             "training.micro_batch_size=2", "distributed.backend=gloo")  # fmt: skip
+    _two_agents(tmp_path / "uninterrupted", *steps)
+    logs = "".join(
+        _two_agents(tmp_path / "killed", *steps, script=script("kill_rank_once.py", 1, 5))
+    )
+    assert "exitcode: -9" in logs and "resumed from" in logs, logs[-3000:]
+    recs = records(tmp_path / "killed")
+    assert [r["step"] for r in recs] == [1, 2, 3, 4, 5, 5, 6, 7, 8]
+    assert losses(recs) == losses(records(tmp_path / "uninterrupted"))

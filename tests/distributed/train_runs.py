@@ -23,8 +23,17 @@ BASE = [
 ]
 
 
-def command(nproc: int | str, config: str, out: Path, *overrides: str) -> list[str]:
-    """One process (nproc 1) or torchrun's ``--nproc_per_node=nproc`` (a number or "auto")."""
+def command(
+    nproc: int | str,
+    config: str,
+    out: Path,
+    *overrides: str,
+    script: tuple[str, ...] = ("-m", "shardwise.train"),
+    torchrun: tuple[str, ...] = (),
+) -> list[str]:
+    """One process (nproc 1) or torchrun's ``--nproc_per_node=nproc`` (a number or "auto") with
+    ``torchrun``'s further options, running ``script`` (shardwise-train, or a script wrapping
+    its ``cli.main`` and its arguments) on the config and overrides."""
     launcher = (
         [sys.executable, "-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
         if nproc != 1
@@ -32,8 +41,8 @@ def command(nproc: int | str, config: str, out: Path, *overrides: str) -> list[s
     )
     return [
         *launcher,
-        "-m",
-        "shardwise.train",
+        *torchrun,
+        *script,
         "--config",
         str(CONFIGS / config),
         *BASE,
@@ -42,21 +51,40 @@ def command(nproc: int | str, config: str, out: Path, *overrides: str) -> list[s
     ]
 
 
-def train(nproc: int | str, config: str, out: Path, *overrides: str, timeout: int = 240):
-    """Runs to the end: (the metrics records of rank 0's metrics.jsonl, the output)."""
+def launch(
+    nproc: int | str,
+    config: str,
+    out: Path,
+    *overrides: str,
+    timeout: int = 240,
+    script: tuple[str, ...] = ("-m", "shardwise.train"),
+    torchrun: tuple[str, ...] = (),
+) -> tuple[int, list[dict], str]:
+    """``command``'s run, ended or failed: (its exit status, rank 0's metrics records, the
+    output)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
+    out.parent.mkdir(parents=True, exist_ok=True)
     proc = subprocess.run(
-        command(nproc, config, out, *overrides),
+        command(nproc, config, out, *overrides, script=script, torchrun=torchrun),
         env=env,
         capture_output=True,
         text=True,
         timeout=timeout,
         cwd=out.parent,
     )
-    assert proc.returncode == 0, (
-        f"exit {proc.returncode}\n{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
-    )
-    return records(out), proc.stdout + proc.stderr
+    return proc.returncode, records(out), proc.stdout + proc.stderr
+
+
+def script(name: str, *args: object) -> tuple[str, ...]:
+    """``command``'s ``script`` for tests/distributed/scripts/``name`` and its arguments."""
+    return (str(ROOT / "tests" / "distributed" / "scripts" / name), *map(str, args))
+
+
+def train(nproc: int | str, config: str, out: Path, *overrides: str, timeout: int = 240, **kw):
+    """Runs to the end: (the metrics records of rank 0's metrics.jsonl, the output)."""
+    code, recs, log = launch(nproc, config, out, *overrides, timeout=timeout, **kw)
+    assert code == 0, f"exit {code}\n{log[-8000:]}"
+    return recs, log
 
 
 def records(out: Path) -> list[dict]:

@@ -86,7 +86,9 @@ def _start_process_group() -> None:
     backend = default_backend("cuda" if gpus else "cpu", gpus, per_node)
     if gpus:
         torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % gpus)
-    dist.init_process_group(backend)
+    from .. import distributed
+
+    distributed.init_process_group(backend)
 
 
 def _plugin_from_env() -> FullyShardedDataParallelPlugin:

@@ -160,11 +160,15 @@ def init_distributed(
         os.environ.setdefault("MASTER_PORT", str(distributed_port))
         rank, world_size = 0, 1
     os.environ.setdefault("LOCAL_RANK", "0")
-    import shardwise  # noqa: F401  (registers the backend)
+    from .. import distributed  # registers the shardwise backend
 
+    store = distributed.launch_store(timeout) if init_method is None else None
+    if store is not None and rank < 0:  # a store needs them given
+        rank, world_size = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"])
     dist.init_process_group(
         dist_backend or "shardwise",
         init_method=init_method,
+        store=store,
         timeout=timeout,
         rank=rank,
         world_size=world_size,

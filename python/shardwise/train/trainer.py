@@ -68,10 +68,10 @@ def init_distributed(
                 with socket.socket() as s:
                     s.bind(("127.0.0.1", 0))
                     os.environ["MASTER_PORT"] = str(s.getsockname()[1])
-        if "shardwise" in backend:
-            import shardwise  # noqa: F401  (registers the backend)
+        from .. import distributed  # registers the shardwise backend
+
         timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
-        dist.init_process_group(backend, timeout=timeout)
+        distributed.init_process_group(backend, timeout=timeout)
     return dist.get_rank(), dist.get_world_size()
 
 
@@ -225,6 +225,11 @@ class TrainingRun:
 
     def run(self) -> dict:
         cfg, t, gpt = self.cfg, self.cfg.training, self.gpt
+        restarts = int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0"))
+        if restarts:  # torchrun --max-restarts brought the job back after a failure
+            limit = os.environ.get("TORCHELASTIC_MAX_RESTARTS", "?")
+            self.sinks.note(f"torchrun restart {restarts} of {limit}: resuming the newest "
+                            "complete checkpoint")  # fmt: skip
         if self.resume_requested:
             self.resume()
         if self.sinks.bar is not None:
