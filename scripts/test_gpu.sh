@@ -12,7 +12,7 @@
 # PARTS=tests or PARTS=bench: only the tests or only the benchmarks (default both), so that a short
 # lease can run them as two calls on one warm machine; REUSE_BUILD=1 skips the build when
 # shardwise already imports (the second of such calls). BENCHES: the benchmarks to run, a comma
-# list of llama-1b, cast, shard-copies, optim, fsdp (default all).
+# list of llama-1b, cast, shard-copies, optim, fsdp, compile (default all).
 # SHARDWISE_LIBRARY_PREFIX (setup.py): the C++ library built elsewhere against the same torch
 # (cmake --install prefix); only the Python module is built here, and the library is built here
 # after all if that module does not import.
@@ -22,7 +22,7 @@ root=$PWD
 PY=${PY:-python3}
 STEP_LIMIT=${STEP_LIMIT:-240}
 PARTS=${PARTS:-tests,bench}
-BENCHES=${BENCHES:-llama-1b,cast,shard-copies,optim,fsdp}
+BENCHES=${BENCHES:-llama-1b,cast,shard-copies,optim,fsdp,compile}
 LOGS=$(realpath -m "${LOGS:-build/gpu-logs}")
 day=$(date +%Y-%m-%d)
 results=benchmarks/results
@@ -128,6 +128,8 @@ run_benchmarks() { # in benchmarks/
     --output "results/$day-optim-gpu.md"
   ! wanted fsdp || step bench-fsdp "$PY" bench_fsdp.py --device cuda --world "$gpus" --batch 8 \
     --output "results/$day-fsdp-gpu.md"
+  ! wanted compile || step bench-compile "$PY" bench_compile.py --device cuda --model medium \
+    --batch 8 --output "results/$day-compile-medium-gpu.md"
 }
 
 [[ ,$PARTS, != *,tests,* ]] || run_tests

@@ -143,6 +143,9 @@ EFFECTS: dict[str, tuple[str, ...]] = {
     "train:training.gradient_checkpointing": (
         TK + "test_gradient_checkpointing_recomputes_each_block_in_backward",
     ),
+    "train:training.compile": (
+        "tests/distributed/test_train_compile.py::test_compiled_blocks_train_as_eager",
+    ),
     "train:training.log_every": (TK + "test_log_every_picks_the_logged_steps",),
     "train:training.device_hour_price": (TK + "test_device_hour_price_prices_the_device_hours",),
     "train:training.checkpoint.asynchronous": (

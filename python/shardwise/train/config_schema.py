@@ -144,6 +144,7 @@ class TrainingSection(_Section):
     # fp16 outside ZeRO: dynamic loss scaling from 2 ** this (ZeRO takes DeepSpeed's fp16 block)
     initial_loss_scale_power: int = Field(16, ge=0, le=64)
     gradient_checkpointing: bool = False
+    compile: bool = False
     max_steps: int = Field(100, gt=0)
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when a GPU is present

@@ -4,7 +4,8 @@
 1. ``tensor_parallel``: the GPT plan over the mesh's tp axis (``shardwise.tensor_parallel``);
 2. ``split_pipeline``: the model cut into stages, this rank keeping its own (the pp axis);
 3. ``checkpoint_activations``: each transformer block recomputes its activations in backward;
-4. ``data_parallel``: DDP, FSDP or ZeRO 1-3 over the data axis (per stage under a pipeline).
+4. ``compile_blocks``: each transformer block's forward compiled by ``torch.compile``;
+5. ``data_parallel``: DDP, FSDP or ZeRO 1-3 over the data axis (per stage under a pipeline).
 
 ``parallelize(options, axes)`` runs them and returns a ``Parallel``: this rank's stage modules,
 the parameters its optimizer steps and where each lies in the full model (so checkpoints do not
@@ -18,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import math
+import re
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -48,6 +50,7 @@ class StrategyOptions:
     ddp_comm_hook: str = "no"
     initial_loss_scale: float = 2.0**16
     checkpointing: bool = False
+    compile: bool = False  # training.compile: the blocks' forwards under torch.compile
     fsdp: dict = field(default_factory=dict)  # the FSDP config keys
     zero: dict = field(default_factory=dict)  # DeepSpeed keys
     zero_auto: dict = field(default_factory=dict)  # what their "auto" values become
@@ -74,6 +77,7 @@ class StrategyOptions:
             ddp_comm_hook=d.ddp_comm_hook,
             initial_loss_scale=2.0**t.initial_loss_scale_power,
             checkpointing=cfg.activation_checkpointing,
+            compile=t.compile,
             fsdp=fsdp_keys(d.fsdp or {}, cfg.mixed_precision),
             zero=dict(d.zero or {}),
             zero_auto=cfg.zero_auto(),
@@ -245,6 +249,7 @@ def parallelize(options: StrategyOptions, axes: Axes, kind: str, pipeline: bool)
     par = split_pipeline(model, options, axes, kind, pipeline)
     if not (kind == "fsdp" and not par.pipelined):  # FSDP's units checkpoint themselves
         checkpoint_activations(model, options)
+    compile_blocks(model, options)
     data_parallel(par)
     return par
 
@@ -299,6 +304,37 @@ def checkpoint_activations(model: GPT, options: StrategyOptions) -> None:
         block.forward = lambda *args, f=forward, **kwargs: torch.utils.checkpoint.checkpoint(
             f, *args, use_reentrant=False, **kwargs
         )
+
+
+def compile_blocks(model: GPT, options: StrategyOptions) -> None:
+    """4. Each transformer block's ``forward`` compiled by ``torch.compile`` (torchtitan's
+    per-block compilation: the blocks share one code object, so one graph serves them all).
+    The forward, not the module's call: the hooks the engines hang on a block (FSDP's and
+    ZeRO-3's gather before it, their reshard after it) stay outside the graph, while what the
+    block itself calls (tensor parallelism's collectives, custom ops with fake kernels;
+    activation checkpointing) is traced into it. The pipeline's stages hold the same blocks."""
+    if not options.compile:
+        return
+    for block in model.blocks:
+        block.forward = torch.compile(block.forward)
+
+
+def compile_counts() -> dict:
+    """What ``torch.compile`` made of this process's code so far (dynamo's counters): the
+    graphs compiled, the graph breaks by reason and the frames it gave up on (eager)."""
+    from torch._dynamo.utils import counters
+
+    breaks: dict[str, int] = {}
+    for reason, count in counters["graph_break"].items():
+        short = reason.splitlines()[0]  # dynamo's reason, and what it could not trace
+        called = re.search(r"qualname: ([\w.]+)", reason)
+        short += f": {called[1].rsplit('.', 1)[-1]}" if called else ""
+        breaks[short] = breaks.get(short, 0) + count
+    return {
+        "graphs": int(counters["stats"]["unique_graphs"]),
+        "graph_breaks": breaks,
+        "frames_not_compiled": int(counters["frames"]["total"] - counters["frames"]["ok"]),
+    }
 
 
 def split_pipeline(

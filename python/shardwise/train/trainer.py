@@ -41,7 +41,7 @@ from . import cost as cost_mod
 from . import data as data_mod
 from . import device as device_mod
 from . import step as step_mod
-from .parallelize import StrategyOptions
+from .parallelize import StrategyOptions, compile_counts
 
 if TYPE_CHECKING:
     from .config import TrainConfig
@@ -354,6 +354,10 @@ class TrainingRun:
         if self.step == self._first_step:  # measured inside the step, gradients included
             state = metrics.gather_floats([float(self.stepper.state_bytes)])
             record["model_state_bytes_per_rank"] = [int(r[0]) for r in state]
+        if self.options.compile:
+            record["compile"] = compile_counts()
+            if self.step == self._first_step:
+                self.sinks.note(compile_line(record["compile"]))
         slow = metrics.straggler([r["step"] - r["comm"] for r in per_rank])
         self._slow_streak = self._slow_streak + 1 if slow is not None and slow == self._slow else 1
         self._slow = slow
@@ -497,6 +501,16 @@ def _checked_devices(device: torch.device, world: int, allow_mixed: bool) -> lis
 
 def _local_world(world: int) -> int:
     return int(os.environ.get("LOCAL_WORLD_SIZE", world))
+
+
+def compile_line(counts: dict) -> str:
+    """The console's account of torch.compile after the first step."""
+    breaks = counts["graph_breaks"]
+    reasons = "".join(f"\n  {n}x {reason}" for reason, n in breaks.items())
+    return (
+        f"torch.compile: {counts['graphs']} graph(s), {sum(breaks.values())} graph break(s), "
+        f"{counts['frames_not_compiled']} frame(s) left eager" + reasons
+    )
 
 
 def _comm_seconds() -> float:
