@@ -24,6 +24,7 @@ set(SHARDWISE_CORE_SOURCES
   csrc/common/stream_copy.cc
   csrc/optim/fused_optim.cc
   csrc/optim/fused_optim_avx512.cc
+  csrc/optim/lamb.cc
   csrc/optim/warmup_schedule.cc
   csrc/precision/cast_cpu.cc
   csrc/precision/cast_cpu_avx512.cc
@@ -61,6 +62,7 @@ set(SHARDWISE_CORE_TEST_SOURCES
   tests/cpp/test_stream_copy.cc
   tests/cpp/test_loss_scaler.cc
   tests/cpp/test_optim_math.cc
+  tests/cpp/test_lamb.cc
   tests/cpp/test_warmup_schedule.cc
   tests/cpp/test_pipeline_schedule.cc
   tests/cpp/test_pipeline_partition.cc
@@ -110,6 +112,7 @@ set(SHARDWISE_TORCH_SOURCES
   csrc/pipeline/block_stages.cpp
   csrc/optim/fused_optim_checks.cpp
   csrc/optim/fused_optim_ops.cpp
+  csrc/optim/lamb_ops.cpp
   csrc/optim/fused_adamw.cpp
   csrc/tensor_parallel/regions.cpp
   csrc/tensor_parallel/parallel_linear.cpp
@@ -151,6 +154,7 @@ set(SHARDWISE_CUDA_SOURCES
 set(SHARDWISE_PYTHON_SOURCES
   csrc/python_bindings.cpp
   csrc/fsdp/fsdp_python.cpp
+  csrc/optim/optim_python.cpp
   csrc/pipeline/pipeline_python.cpp
   csrc/precision/precision_python.cpp
   csrc/sharding/sharding_python.cpp

@@ -26,6 +26,7 @@
 #include "data/token_stream.h"
 #include "distributed/process_group.h"
 #include "fsdp/fsdp_python.h"
+#include "optim/optim_python.h"
 #include "optim/warmup_schedule.h"
 #include "pipeline/pipeline_python.h"
 #include "precision/precision_python.h"
@@ -267,6 +268,7 @@ PYBIND11_MODULE(_C, m) {
   bind_checkpoint_dir(m);
   shardwise::fsdp::bind_fsdp(m);
   shardwise::zero::bind_zero(m);
+  shardwise::optim::bind_optim(m);
   shardwise::pipeline::bind_pipeline(m);
   shardwise::precision::bind_precision(m);
   shardwise::sharding::bind_sharding(m);

@@ -48,4 +48,15 @@ TORCH_LIBRARY(shardwise, m) {
       "fused_sgd_(Tensor(a!)[] params, Tensor[] grads, Tensor(b!)[] momentum_buffers, "
       "Tensor(d!)[] low_precision, float lr, float momentum, float dampening, float weight_decay, "
       "bool nesterov, bool first_step, float grad_scale=1.0) -> ()");
+  // LAMB's two passes (optim/lamb.h): the moments and each tensor's sums of param^2 and
+  // direction^2 ([n, 2] float64), then the step of each tensor by its scaled_steps value
+  // (step_size * trust ratio, taken from the sums added up per parameter and across ranks).
+  m.def(
+      "fused_lamb_moments_(Tensor[] params, Tensor[] grads, Tensor(b!)[] exp_avgs, "
+      "Tensor(c!)[] exp_avg_sqs, float beta1, float beta2, float eps, float weight_decay, "
+      "bool eps_inside_sqrt=False, float grad_scale=1.0) -> Tensor");
+  m.def(
+      "fused_lamb_apply_(Tensor(a!)[] params, Tensor[] exp_avgs, Tensor[] exp_avg_sqs, "
+      "Tensor(d!)[] low_precision, Tensor scaled_steps, float beta1, float beta2, float eps, "
+      "float weight_decay, bool eps_inside_sqrt=False) -> ()");
 }

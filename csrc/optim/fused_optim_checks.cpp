@@ -3,6 +3,7 @@
 // tensor is written.
 #include <ATen/ATen.h>
 
+#include <stdexcept>
 #include <string>
 
 #include "optim/fused_optim_impl.h"
@@ -136,8 +137,7 @@ SgdOptions checked_sgd_options(double lr,
   return {lr, momentum, dampening, weight_decay, nesterov, first_step, grad_scale};
 }
 
-std::vector<AdamWSpan> adamw_spans(const AdamWTensors& t) {
-  const char* op = "shardwise.fused_adamw_";
+std::vector<AdamWSpan> adamw_spans(const AdamWTensors& t, const char* op) {
   check_params(op, t.params);
   check_grads(op, t.grads, t.params);
   check_state(op, "exp_avgs", t.exp_avgs, t.params);
@@ -185,6 +185,37 @@ std::vector<SgdSpan> sgd_spans(const SgdTensors& t, const SgdOptions& options) {
     spans.push_back(span);
   }
   return spans;
+}
+
+// lamb_scalars with its errors as torch's ValueError, naming the op.
+LambScalars checked_lamb_scalars(const LambOptions& options, const char* op) {
+  TORCH_CHECK_VALUE(options.lr >= 0.0, op, ": lr must be >= 0, got ", options.lr);
+  TORCH_CHECK_VALUE(options.weight_decay >= 0.0, op, ": weight_decay must be >= 0, got ",
+                    options.weight_decay);
+  std::string problem;
+  try {
+    return lamb_scalars(options);
+  } catch (const std::invalid_argument& error) {
+    problem = error.what();
+  }
+  TORCH_CHECK_VALUE(false, op, ": ", problem);
+  return {};
+}
+
+LambOptions lamb_direction_options(double beta1,
+                                   double beta2,
+                                   double eps,
+                                   double weight_decay,
+                                   bool eps_inside_sqrt,
+                                   double grad_scale) {
+  LambOptions o;
+  o.beta1 = beta1;
+  o.beta2 = beta2;
+  o.eps = eps;
+  o.weight_decay = weight_decay;
+  o.eps_inside_sqrt = eps_inside_sqrt;
+  o.grad_scale = grad_scale;
+  return o;
 }
 
 }  // namespace shardwise::optim

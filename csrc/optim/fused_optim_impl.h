@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "optim/fused_optim.h"
+#include "optim/lamb.h"
 
 namespace shardwise::optim {
 
@@ -34,7 +35,19 @@ SgdOptions checked_sgd_options(double lr,
                                bool nesterov,
                                bool first_step,
                                double grad_scale);
-std::vector<AdamWSpan> adamw_spans(const AdamWTensors& tensors);
+// lamb_scalars (lamb.h) with lr and weight_decay checked, its errors as torch's ValueError
+// naming `op`.
+LambScalars checked_lamb_scalars(const LambOptions& options, const char* op);
+// The options LAMB's passes need for the direction (lr, step and the ratio's clamps unused).
+LambOptions lamb_direction_options(double beta1,
+                                   double beta2,
+                                   double eps,
+                                   double weight_decay,
+                                   bool eps_inside_sqrt,
+                                   double grad_scale);
+// `op` names the caller in the errors (LAMB's ops check the same tensors).
+std::vector<AdamWSpan> adamw_spans(const AdamWTensors& tensors,
+                                   const char* op = "shardwise.fused_adamw_");
 std::vector<SgdSpan> sgd_spans(const SgdTensors& tensors, const SgdOptions& options);
 
 }  // namespace shardwise::optim

@@ -134,4 +134,48 @@ SW_HOST_DEVICE SW_INLINE void sgd_element(float& param,
   param = fmaf(grad, s.neg_lr, param);
 }
 
+// LAMB's per-call scalars (DeepSpeed's FusedLamb, eps outside or inside the square root),
+// rounded to float32 once (see lamb_scalars in lamb.h). Pass 1 updates the moments and yields
+// the Adam direction with decoupled weight decay, whose squares and the parameter's are summed
+// per parameter; pass 2 recomputes that direction from the moments and steps by
+// step_size * coefficient, the coefficient being ||param|| / ||direction|| clamped (lamb.h).
+struct LambScalars {
+  float grad_scale = 1.0f;
+  bool scale_grad = false;
+  float beta1 = 0.9f;
+  float one_minus_beta1 = 0.1f;
+  float beta2 = 0.999f;
+  float one_minus_beta2 = 0.001f;
+  float eps = 1e-6f;
+  bool eps_inside_sqrt = false;
+  float weight_decay = 0.0f;
+  float step_size = 1e-3f;  // lr, times sqrt(1 - beta2^t) / (1 - beta1^t) with bias correction
+};
+
+// The direction from the updated moments: exp_avg / denom + weight_decay * param.
+SW_HOST_DEVICE SW_INLINE float lamb_direction(float param,
+                                              float exp_avg,
+                                              float exp_avg_sq,
+                                              const LambScalars& s) {
+  const float denom = s.eps_inside_sqrt ? sqrtf(exp_avg_sq + s.eps) : sqrtf(exp_avg_sq) + s.eps;
+  return exp_avg / denom + mul_unfused(s.weight_decay, param);
+}
+
+// Pass 1: the moments updated with this gradient; returns the direction.
+SW_HOST_DEVICE SW_INLINE float lamb_moments_element(
+    float param, float& exp_avg, float& exp_avg_sq, float grad, const LambScalars& s) {
+  if (s.scale_grad) {
+    grad = mul_unfused(grad, s.grad_scale);
+  }
+  exp_avg = mul_unfused(s.beta1, exp_avg) + mul_unfused(s.one_minus_beta1, grad);
+  exp_avg_sq = mul_unfused(s.beta2, exp_avg_sq) + mul_unfused(s.one_minus_beta2 * grad, grad);
+  return lamb_direction(param, exp_avg, exp_avg_sq, s);
+}
+
+// Pass 2: the parameter moved by step_size * coefficient along the direction.
+SW_HOST_DEVICE SW_INLINE void lamb_apply_element(
+    float& param, float exp_avg, float exp_avg_sq, float scaled_step, const LambScalars& s) {
+  param = param - mul_unfused(scaled_step, lamb_direction(param, exp_avg, exp_avg_sq, s));
+}
+
 }  // namespace shardwise::optim

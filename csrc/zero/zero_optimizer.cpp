@@ -45,6 +45,10 @@ ZeroOptimizer::ZeroOptimizer(ZeroOptions options) : options_(std::move(options))
   TORCH_CHECK_VALUE(options_.gradient_predivide_factor >= 0,
                     "ZeRO: gradient_predivide_factor must be > 0 (0: the data-parallel size), got ",
                     options_.gradient_predivide_factor);
+  TORCH_CHECK_VALUE(
+      options_.optimizer.kind != OptimizerKind::kLamb || !options_.tensor_parallel.group,
+      "ZeRO: LAMB with tensor parallelism is not supported yet (a split parameter's trust ratio "
+      "needs its norm over the tp group); use AdamW with a tp axis, or LAMB without one");
   dp_size_ = group_size(options_.group);
   rank_ = options_.group ? options_.group->getRank() : 0;
   if (options_.loss_scaler) scaler_ = std::make_unique<LossScaler>(*options_.loss_scaler);
@@ -71,7 +75,7 @@ void ZeroOptimizer::allocate_state(const at::Tensor& like, int64_t numel) {
   const at::TensorOptions options =
       like.options().dtype(at::kFloat).pinned_memory(like.is_pinned());  // as the master
   std::vector<at::Tensor> state;
-  const int count = options_.optimizer.kind == OptimizerKind::kAdamW ? 2 : 1;
+  const int count = options_.optimizer.kind == OptimizerKind::kSgd ? 1 : 2;
   for (int k = 0; k < count; ++k) state.push_back(at::zeros({numel}, options));
   state_.push_back(std::move(state));
 }

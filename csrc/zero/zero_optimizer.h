@@ -50,7 +50,7 @@
 
 namespace shardwise::zero {
 
-enum class OptimizerKind { kAdamW, kSgd };
+enum class OptimizerKind { kAdamW, kSgd, kLamb };
 
 struct OptimizerOptions {
   OptimizerKind kind = OptimizerKind::kAdamW;
@@ -62,6 +62,11 @@ struct OptimizerOptions {
   double momentum = 0.0;  // SGD
   double dampening = 0.0;
   bool nesterov = false;
+  // LAMB (optim/lamb.h, DeepSpeed's FusedLamb); beta1, beta2, eps and weight_decay above
+  bool bias_correction = true;
+  bool eps_inside_sqrt = false;
+  double max_coeff = 10.0;
+  double min_coeff = 0.01;
 };
 
 struct ZeroTensorParallel {
@@ -122,6 +127,9 @@ class ZeroOptimizer : public std::enable_shared_from_this<ZeroOptimizer> {
   double loss_scale() const { return scaler_ ? scaler_->scale() : 1.0; }
   double last_grad_norm() const { return last_norm_; }
   int64_t step_count() const { return step_count_; }
+  // LAMB: the last step's trust ratio per parameter (DeepSpeed's get_lamb_coeffs); undefined
+  // before the first step or with another optimizer.
+  at::Tensor lamb_coefficients() const { return lamb_coefficients_; }
   void set_lr(double lr) { options_.optimizer.lr = lr; }
   const ZeroOptions& options() const { return options_; }
 
@@ -189,6 +197,13 @@ class ZeroOptimizer : public std::enable_shared_from_this<ZeroOptimizer> {
                      const std::vector<at::Tensor>& low,
                      const std::vector<std::vector<at::Tensor>>& state,
                      double grad_scale);
+  void run_lamb(const std::vector<at::Tensor>& masters,
+                const std::vector<at::Tensor>& grads,
+                const std::vector<at::Tensor>& low,
+                const std::vector<at::Tensor>& exp_avgs,
+                const std::vector<at::Tensor>& exp_avg_sqs,
+                double grad_scale);
+  int64_t lamb_rows();
   void step_partitioned(const at::Tensor& grads, double grad_scale);
   void gather_parameters(const at::Tensor& partition);
   at::Tensor bucket_view(const at::Tensor& partition, int bucket) const;
@@ -215,6 +230,8 @@ class ZeroOptimizer : public std::enable_shared_from_this<ZeroOptimizer> {
   bool in_backward_ = false;
   bool grads_pending_ = false;  // stage 2: the partition holds unstepped gradients
   std::unique_ptr<LossScaler> scaler_;
+  int64_t lamb_rows_ = -1;        // LAMB: parameters with a row of sums (agreed by the ranks)
+  at::Tensor lamb_coefficients_;  // LAMB: the last step's trust ratio per parameter
   int64_t step_count_ = 0;
   double last_norm_ = 0.0;
 };

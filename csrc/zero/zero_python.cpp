@@ -49,7 +49,9 @@ ZeroOptions options_of(const py::dict& d,
   }
   py::dict opt = d["optimizer"];
   const std::string kind = opt["type"].cast<std::string>();
-  o.optimizer.kind = kind == "sgd" ? OptimizerKind::kSgd : OptimizerKind::kAdamW;
+  o.optimizer.kind = kind == "sgd"    ? OptimizerKind::kSgd
+                     : kind == "lamb" ? OptimizerKind::kLamb
+                                      : OptimizerKind::kAdamW;
   o.optimizer.lr = opt["lr"].cast<double>();
   o.optimizer.beta1 = opt["beta1"].cast<double>();
   o.optimizer.beta2 = opt["beta2"].cast<double>();
@@ -58,6 +60,12 @@ ZeroOptions options_of(const py::dict& d,
   o.optimizer.momentum = opt["momentum"].cast<double>();
   o.optimizer.dampening = opt["dampening"].cast<double>();
   o.optimizer.nesterov = opt["nesterov"].cast<bool>();
+  if (opt.contains("max_coeff")) {
+    o.optimizer.bias_correction = opt["bias_correction"].cast<bool>();
+    o.optimizer.eps_inside_sqrt = opt["eps_inside_sqrt"].cast<bool>();
+    o.optimizer.max_coeff = opt["max_coeff"].cast<double>();
+    o.optimizer.min_coeff = opt["min_coeff"].cast<double>();
+  }
   return o;
 }
 
@@ -150,6 +158,7 @@ void bind_zero(py::module& m) {
       .def("zero_grad", &ZeroOptimizer::zero_grad)
       .def("loss_scale", &ZeroOptimizer::loss_scale)
       .def("last_grad_norm", &ZeroOptimizer::last_grad_norm)
+      .def("lamb_coefficients", &ZeroOptimizer::lamb_coefficients)
       .def("step_count", &ZeroOptimizer::step_count)
       .def("set_lr", &ZeroOptimizer::set_lr)
       .def("num_buckets", &ZeroOptimizer::num_buckets)

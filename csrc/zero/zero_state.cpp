@@ -12,7 +12,7 @@ namespace shardwise::zero {
 namespace {
 
 std::vector<std::string> state_names(OptimizerKind kind) {
-  if (kind == OptimizerKind::kAdamW) return {"master", "exp_avg", "exp_avg_sq"};
+  if (kind != OptimizerKind::kSgd) return {"master", "exp_avg", "exp_avg_sq"};
   return {"master", "momentum"};
 }
 

@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "optim/lamb_ops.h"
 #include "sharding/shard_ops.h"
 #include "tensor_parallel/grad_norm.h"
 #include "zero/zero_optimizer.h"
@@ -86,7 +87,9 @@ void ZeroOptimizer::run_optimizer(const std::vector<at::Tensor>& masters,
     first.push_back(s[0]);
     if (s.size() > 1) second.push_back(s[1]);
   }
-  if (o.kind == OptimizerKind::kAdamW) {
+  if (o.kind == OptimizerKind::kLamb) {
+    run_lamb(masters, grads, low, first, second, grad_scale);
+  } else if (o.kind == OptimizerKind::kAdamW) {
     static auto op =
         c10::Dispatcher::singleton()
             .findSchemaOrThrow("shardwise::fused_adamw_", "")
@@ -103,6 +106,69 @@ void ZeroOptimizer::run_optimizer(const std::vector<at::Tensor>& masters,
     op.call(masters, grads, first, low, o.lr, o.momentum, o.dampening, o.weight_decay, o.nesterov,
             step_count_ == 1, grad_scale);
   }
+}
+
+// LAMB's trust ratio is a whole parameter's: the step runs over each piece of the partition (or
+// each local shard) as its own tensor, naming its parameter, and the per-parameter sums of
+// squares are added up over the group, whose ranks hold the parameters' other pieces.
+void ZeroOptimizer::run_lamb(const std::vector<at::Tensor>& masters,
+                             const std::vector<at::Tensor>& grads,
+                             const std::vector<at::Tensor>& low,
+                             const std::vector<at::Tensor>& exp_avgs,
+                             const std::vector<at::Tensor>& exp_avg_sqs,
+                             double grad_scale) {
+  const OptimizerOptions& o = options_.optimizer;
+  std::vector<at::Tensor> p, g, m, v, l;
+  std::vector<int64_t> param_of;
+  for_each_piece([&](size_t k, size_t master, int64_t offset) {
+    const int64_t numel = pieces_[k].numel;
+    if (numel == 0) return;
+    p.push_back(masters[master].narrow(0, offset, numel));
+    g.push_back(grads[master].narrow(0, offset, numel));
+    m.push_back(exp_avgs[master].narrow(0, offset, numel));
+    v.push_back(exp_avg_sqs[master].narrow(0, offset, numel));
+    if (!low.empty()) l.push_back(low[master].narrow(0, offset, numel));
+    param_of.push_back(pieces_[k].param);
+  });
+  optim::LambOptions lamb;
+  lamb.lr = o.lr;
+  lamb.beta1 = o.beta1;
+  lamb.beta2 = o.beta2;
+  lamb.eps = o.eps;
+  lamb.weight_decay = o.weight_decay;
+  lamb.step = step_count_;
+  lamb.bias_correction = o.bias_correction;
+  lamb.eps_inside_sqrt = o.eps_inside_sqrt;
+  lamb.max_coeff = o.max_coeff;
+  lamb.min_coeff = o.min_coeff;
+  lamb.grad_scale = grad_scale;
+  std::function<void(at::Tensor&)> reduce;
+  if (dp_size_ > 1 && (local_ || world_ > 1)) {
+    reduce = [this](at::Tensor& sums) { all_reduce_sum(options_.group, sums); };
+  }
+  // every parameter has a row, on every rank, even one holding none of its elements
+  p.push_back(at::empty({0}, masters[0].options()));
+  g.push_back(at::empty({0}, grads[0].options()));
+  m.push_back(p.back());
+  v.push_back(p.back());
+  if (!low.empty()) l.push_back(at::empty({0}, low[0].options()));
+  param_of.push_back(lamb_rows() - 1);
+  lamb_coefficients_ = shardwise::fused_lamb_(p, g, m, v, l, lamb, param_of, reduce);
+}
+
+// Partitioned: the model's parameters. Local: the highest parameter a shard names, agreed by
+// the group (a rank's shards may not name the last parameter).
+int64_t ZeroOptimizer::lamb_rows() {
+  if (lamb_rows_ >= 0) return lamb_rows_;
+  if (!local_) return lamb_rows_ = static_cast<int64_t>(params_.size());
+  int64_t highest = -1;
+  for (const PieceInfo& piece : pieces_) highest = std::max(highest, piece.param);
+  at::Tensor rows = at::full({1}, highest + 1, masters_[0].options().dtype(at::kLong));
+  if (dp_size_ > 1) {
+    std::vector<at::Tensor> tensors{rows};
+    options_.group->allreduce(tensors, c10d::AllreduceOptions{c10d::ReduceOp::MAX})->wait();
+  }
+  return lamb_rows_ = rows.item<int64_t>();
 }
 
 bool ZeroOptimizer::step() {

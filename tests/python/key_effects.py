@@ -44,6 +44,7 @@ _STAGE_KEYS = FF + "fsdp_a_pipeline_stage_takes_the_configs_fsdp_keys"
 _FP16 = TTP + "test_fp16_loss_scaling_for_every_strategy"
 _DS_JSON = TT + "test_a_deepspeed_json_config_trains_with_its_scheduler"
 _ONE_ON_TWO = TCK + "test_checkpoint_of_one_rank_loads_on_two"
+_LAMB_KEYS = "tests/python/test_lamb.py::test_deepspeeds_lamb_keys_reach_the_engine"
 _SCHEDULED = TDS + "test_a_scheduled_engine_trains_like_torch_adamw_under_deepspeeds_scheduler"
 _SGD = ZC + "zero_clipping_sgd_and_offload_match_torch"
 _REFUSED = TDS + "test_values_that_would_change_training_are_refused"
@@ -143,6 +144,9 @@ EFFECTS: dict[str, tuple[str, ...]] = {
     "train:training.gradient_checkpointing": (
         TK + "test_gradient_checkpointing_recomputes_each_block_in_backward",
     ),
+    "train:training.optimizer": (
+        "tests/distributed/test_train_lamb.py::test_lamb_trains_alike_at_every_world_size",
+    ),
     "train:training.compile": (
         "tests/distributed/test_train_compile.py::test_compiled_blocks_train_as_eager",
     ),
@@ -208,7 +212,7 @@ EFFECTS: dict[str, tuple[str, ...]] = {
     "deepspeed:fp16.initial_scale_power": (ZC + "zero_fp16_overflow_skips_everywhere",),
     "deepspeed:fp16.hysteresis": (ZC + "zero_fp16_overflow_skips_everywhere",),
     "deepspeed:zero_optimization.stage": (ZC + "zero_memory_matches_the_formulas",),
-    "deepspeed:optimizer.type": (_SGD,),
+    "deepspeed:optimizer.type": (_SGD, ZC + "zero_lamb_matches_single_process_lamb"),
     "deepspeed:optimizer.params.lr": (ZC + "zero_stage1_matches_single_process",),
     "deepspeed:optimizer.params.weight_decay": (ZC + "zero_stage1_matches_single_process",),
     "deepspeed:optimizer.params.momentum": (_SGD,),
@@ -273,7 +277,15 @@ EFFECTS: dict[str, tuple[str, ...]] = {
         for key in ("fsdp_buffer_dtype", "fsdp_reduce_dtype")
     },
     # DeepSpeed keys read by the engine in one process, against DeepSpeed's own objects
-    "deepspeed:optimizer.params.bias_correction": (_REFUSED,),
+    "deepspeed:optimizer.params.bias_correction": (_REFUSED, _LAMB_KEYS),
+    **{
+        f"deepspeed:optimizer.params.{key}": (_LAMB_KEYS,)
+        for key in ("eps_inside_sqrt", "max_coeff", "min_coeff")
+    },
+    "deepspeed:optimizer.params.max_grad_norm": (
+        "tests/python/test_lamb.py::"
+        "test_lamb_max_grad_norm_is_refused_and_lamb_keys_under_adamw_named",
+    ),
     "deepspeed:scheduler.params.warmup_max_lr": (_SCHED_PARAMS,),
     "deepspeed:scheduler.params.warmup_min_ratio": (_SCHED_PARAMS,),
     "deepspeed:scheduler.params.cos_min_ratio": (_SCHED_PARAMS,),

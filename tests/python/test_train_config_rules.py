@@ -155,3 +155,18 @@ def test_distributed_mesh_shape_with_axis_names():
     layout = cfg.layout()
     assert (layout.pipeline_parallel_size, layout.data_parallel_size) == (2, 2)
     assert layout.data_axis("pipeline") == "dp"
+
+
+def test_lamb_with_hybrid_sharding_or_zero_over_tp_is_refused_before_start():
+    """training.optimizer=lamb where its trust ratio would count a piece twice (hybrid
+    sharding's replicas) or miss the tp group (ZeRO over a tp axis): refused, naming the key
+    and the fix; full sharding over the same world is accepted."""
+    hybrid = ("distributed.world_size=4", 'model.mesh_shape=[[2,2],["dp","fsdp"]]',
+              "distributed.strategy=fsdp", "training.optimizer=lamb")  # fmt: skip
+    message = error_of(*hybrid, "distributed.fsdp.fsdp_sharding_strategy=hybrid_shard")
+    assert "training.optimizer=lamb" in message and "full_shard" in message
+    message = error_of("distributed.world_size=4", 'model.mesh_shape=[[2,2],["dp","tp"]]',
+                       "distributed.strategy=zero", "training.optimizer=lamb")  # fmt: skip
+    assert "strategy zero and a tp axis" in message
+    cfg = load("distributed.world_size=4", "distributed.strategy=fsdp", "training.optimizer=lamb")
+    assert cfg.training.optimizer == "lamb"

@@ -110,3 +110,19 @@ def _fused_sgd_fake(
     grad_scale=1.0,
 ):
     return None
+
+
+@torch.library.register_fake("shardwise::fused_lamb_moments_")
+def _fused_lamb_moments_fake(
+    params, grads, exp_avgs, exp_avg_sqs, beta1, beta2, eps, weight_decay,
+    eps_inside_sqrt=False, grad_scale=1.0,
+):  # fmt: skip
+    return params[0].new_empty((len(params), 2), dtype=torch.float64)
+
+
+@torch.library.register_fake("shardwise::fused_lamb_apply_")
+def _fused_lamb_apply_fake(
+    params, exp_avgs, exp_avg_sqs, low_precision, scaled_steps, beta1, beta2, eps, weight_decay,
+    eps_inside_sqrt=False,
+):  # fmt: skip
+    return None

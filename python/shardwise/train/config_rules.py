@@ -289,6 +289,7 @@ def _delegate(path: str, check) -> Any:
 def _check_sub_blocks(cfg: TrainConfig, lifted: Sequence[str]) -> None:
     d, t = cfg.distributed, cfg.training
     _check_hybrid_mesh(cfg)
+    _check_lamb(cfg)
     if d.fsdp is not None:
         _check_keys("distributed.fsdp", d.fsdp, FSDP_KEYS)
         try:
@@ -332,6 +333,27 @@ def _check_hybrid_mesh(cfg: TrainConfig) -> None:
             f"distributed.fsdp.fsdp_sharding_strategy=hybrid_shard, or use one data axis"
         )
     d.fsdp = {**d.fsdp, "mesh_shape": [[replicas, shards], ["dp", "fsdp"]]}
+
+
+def _check_lamb(cfg: TrainConfig) -> None:
+    """LAMB's trust ratio adds each parameter's pieces over the shard group: under hybrid
+    sharding the replicas would count each piece again; ZeRO with a tp axis has no split-norm
+    reduction yet."""
+    d = cfg.distributed
+    if cfg.training.optimizer != "lamb":
+        return
+    sharding = (d.fsdp or {}).get("fsdp_sharding_strategy", "")
+    if d.strategy in ("fsdp", "pipeline") and "hybrid" in str(sharding):
+        raise ValueError(
+            f"training.optimizer=lamb with distributed.fsdp.fsdp_sharding_strategy={sharding} "
+            "is not supported (the trust ratio's norms over sharded replicas); use full_shard, "
+            "or training.optimizer=adamw"
+        )
+    if d.strategy == "zero" and cfg.layout().axis_size("tp") > 1:
+        raise ValueError(
+            "training.optimizer=lamb with strategy zero and a tp axis is not supported; use "
+            "strategy fsdp with the tp axis, or training.optimizer=adamw"
+        )
 
 
 def _check_pipeline(cfg: TrainConfig) -> None:

@@ -145,6 +145,9 @@ class TrainingSection(_Section):
     initial_loss_scale_power: int = Field(16, ge=0, le=64)
     gradient_checkpointing: bool = False
     compile: bool = False
+    # the update: AdamW, or LAMB (DeepSpeed's FusedLamb: AdamW's direction scaled per parameter
+    # by ||param|| / ||direction||, for large batches); betas and weight decay shared
+    optimizer: Literal["adamw", "lamb"] = "adamw"
     max_steps: int = Field(100, gt=0)
     seed: int = 0
     device: Literal["auto", "cpu", "cuda"] = "auto"  # auto: cuda when a GPU is present

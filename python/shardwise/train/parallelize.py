@@ -51,6 +51,7 @@ class StrategyOptions:
     initial_loss_scale: float = 2.0**16
     checkpointing: bool = False
     compile: bool = False  # training.compile: the blocks' forwards under torch.compile
+    optimizer: str = "adamw"  # training.optimizer: adamw | lamb
     fsdp: dict = field(default_factory=dict)  # the FSDP config keys
     zero: dict = field(default_factory=dict)  # DeepSpeed keys
     zero_auto: dict = field(default_factory=dict)  # what their "auto" values become
@@ -78,6 +79,7 @@ class StrategyOptions:
             initial_loss_scale=2.0**t.initial_loss_scale_power,
             checkpointing=cfg.activation_checkpointing,
             compile=t.compile,
+            optimizer=t.optimizer,
             fsdp=fsdp_keys(d.fsdp or {}, cfg.mixed_precision),
             zero=dict(d.zero or {}),
             zero_auto=cfg.zero_auto(),
@@ -489,7 +491,7 @@ def _zero(par: Parallel) -> None:
         },
         "gradient_clipping": o.clip or 0.0,
         "optimizer": {
-            "type": "AdamW",
+            "type": "Lamb" if o.optimizer == "lamb" else "AdamW",
             "params": {"betas": list(o.betas), "weight_decay": o.weight_decay},
         },
         **o.zero,

@@ -23,7 +23,7 @@ import torch
 import torch.distributed as dist
 
 from .. import _C
-from ..optim import FusedAdamW
+from ..optim import FusedAdamW, FusedLamb
 from ..pieces import Slot
 from .parallelize import Axes, Parallel, StrategyOptions, autocast_context, mesh_axes, parallelize
 
@@ -38,10 +38,22 @@ def build(strategy: str, options: StrategyOptions, world: int) -> TrainStep:
     return TrainStep(parallelize(options, axes, "ddp" if kind == "dp" else kind, pipeline))
 
 
-def _adamw(params, options: StrategyOptions) -> FusedAdamW:
-    """The fused AdamW with its moments created now (so a checkpoint can fill them)."""
-    params = [p for p in params if p.requires_grad]
-    opt = FusedAdamW(params, lr=0.0, betas=options.betas, weight_decay=options.weight_decay)
+def _optimizer(par: Parallel) -> FusedAdamW | FusedLamb:
+    """The fused AdamW or LAMB (``training.optimizer``) with its moments created now (so a
+    checkpoint can fill them). LAMB's trust ratio is a whole parameter's: each tensor is named
+    by the parameter it is a piece of (``owned``), the sums added up over FSDP's shard group and,
+    for tensor-parallel pieces, over the tp group."""
+    options = par.options
+    params = [p for p in par.params if p.requires_grad]
+    hyper = {"lr": 0.0, "betas": options.betas, "weight_decay": options.weight_decay}
+    if options.optimizer == "lamb":
+        names = {id(p): par.owned[id(p)][0] for p in params}
+        split = sorted({par.owned[id(p)][0] for p in params if par.owned[id(p)][3] is not None})
+        sharded = par.kind == "fsdp"
+        opt = FusedLamb(params, **hyper, names=names, tp_split=split, tp_group=par.axes.tp_group,
+                        group=par.axes.data_group if sharded else None)  # fmt: skip
+    else:
+        opt = FusedAdamW(params, **hyper)
     for p in params:
         opt.state[p] = {
             "step": 0,
@@ -74,7 +86,7 @@ class TrainStep:
         self.engine = parallel.engine
         self.scaler = self.optimizer = None
         if self.engine is None:
-            self.optimizer = _adamw(parallel.params, self.options)
+            self.optimizer = _optimizer(parallel)
             if self.options.precision == "fp16":  # the overflow agreed over the whole world
                 from .. import _C
 

@@ -211,20 +211,19 @@ def _optimizer(config: Mapping, lost: list) -> dict:
     if kind is None:
         raise ConfigError(
             f"optimizer.type '{optimizer['type']}': shardwise has AdamW, Adam (decoupled weight "
-            "decay, as DeepSpeed's Adam by default) and SGD"
+            "decay, as DeepSpeed's Adam by default), SGD and Lamb"
         )
-    for key, allowed in (("adam_w_mode", True), ("bias_correction", True), ("amsgrad", False)):
-        if bool(params[key]) != allowed and not (
-            key == "adam_w_mode" and not params["weight_decay"]
-        ):
-            raise ConfigError(
-                f"optimizer.params.{key}={params[key]!r} is not supported (the fused AdamW has "
-                f"{key}={allowed}); drop it"
-            )
     given = optimizer["params"] if isinstance(optimizer["params"], Mapping) else {}
-    for key in ("torch_adam", "fused", "foreach"):  # DeepSpeed's choice of Adam kernel
-        if key in given:
-            lost.append(f"optimizer.params.{key} (the C++ fused AdamW / SGD runs)")
+    if kind == "adamw":
+        _adam_flags(params)
+    if kind == "lamb" and params["max_grad_norm"]:
+        raise ConfigError(
+            f"optimizer.params.max_grad_norm={params['max_grad_norm']!r}: Lamb's own clipping "
+            "is not supported; set gradient_clipping (the global norm, over every rank) instead"
+        )
+    for key in given:
+        if key not in K.OPTIMIZER_READS[kind]:  # DeepSpeed's choice of kernel, another type's
+            lost.append(f"optimizer.params.{key} (not read by the C++ fused {kind})")
     beta1, beta2 = params["betas"]
     return {
         "type": kind,
@@ -236,7 +235,23 @@ def _optimizer(config: Mapping, lost: list) -> dict:
         "momentum": float(params["momentum"]),
         "dampening": float(params["dampening"]),
         "nesterov": bool(params["nesterov"]),
+        "bias_correction": bool(params["bias_correction"]),
+        "eps_inside_sqrt": bool(params["eps_inside_sqrt"]),
+        "max_coeff": float(params["max_coeff"]),
+        "min_coeff": float(params["min_coeff"]),
     }
+
+
+def _adam_flags(params: Mapping) -> None:
+    """DeepSpeed's Adam flags the fused AdamW has one value of."""
+    for key, allowed in (("adam_w_mode", True), ("bias_correction", True), ("amsgrad", False)):
+        if bool(params[key]) != allowed and not (
+            key == "adam_w_mode" and not params["weight_decay"]
+        ):
+            raise ConfigError(
+                f"optimizer.params.{key}={params[key]!r} is not supported (the fused AdamW has "
+                f"{key}={allowed}); drop it"
+            )
 
 
 def _scheduler(config: Mapping, lr: float, lost: list) -> dict | None:

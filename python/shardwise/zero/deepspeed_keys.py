@@ -46,7 +46,12 @@ FP16 = {
     "hysteresis": 2,
     "min_loss_scale": 1.0,
 }
-OPTIMIZER_TYPES = {"adamw": "adamw", "adam": "adamw", "sgd": "sgd"}  # DeepSpeed's Adam decouples
+OPTIMIZER_TYPES = {
+    "adamw": "adamw",
+    "adam": "adamw",
+    "sgd": "sgd",
+    "lamb": "lamb",
+}  # DeepSpeed's Adam decouples
 OPTIMIZER_PARAMS = {
     "lr": 1e-3,
     "betas": (0.9, 0.999),
@@ -61,7 +66,19 @@ OPTIMIZER_PARAMS = {
     "torch_adam": False,  # which implementation DeepSpeed picks: nothing to choose here
     "fused": None,
     "foreach": None,
+    # DeepSpeed's Lamb (FusedLamb's arguments)
+    "eps_inside_sqrt": False,
+    "max_grad_norm": 0.0,
+    "max_coeff": 10.0,
+    "min_coeff": 0.01,
 }
+# what each optimizer type reads of OPTIMIZER_PARAMS (the rest, given, is named as ignored)
+OPTIMIZER_READS = {
+    "adamw": ("lr", "betas", "eps", "weight_decay", "adam_w_mode", "bias_correction", "amsgrad"),
+    "sgd": ("lr", "weight_decay", "momentum", "dampening", "nesterov"),
+    "lamb": ("lr", "betas", "eps", "weight_decay", "bias_correction", "eps_inside_sqrt",
+             "max_grad_norm", "max_coeff", "min_coeff"),
+}  # fmt: skip
 SCHEDULER_TYPES = ("WarmupLR", "WarmupDecayLR", "WarmupCosineLR")
 _WARMUP = ("warmup_num_steps", "warmup_type", "last_batch_iteration")
 SCHEDULER_KEYS = {  # what each DeepSpeed scheduler's constructor takes
