@@ -174,12 +174,15 @@ fuzz-ci: fuzz-build ## every fuzz target for 20 s, after its regression inputs
 
 # Fault soak (outside CI): SOAK_TRIALS runs of shardwise-train at 2-4 ranks, a random rank
 # SIGKILLed at a random moment, then SOAK_LINK_CUTS runs over TCP between two network namespaces
-# whose link is cut mid-training; the table lands in $(SOAK)/soak.md (tests/soak/soak.py).
+# whose link is cut mid-training, then SOAK_ASYNC kills with asynchronous checkpoints (mostly
+# while the background writer writes); the table lands in $(SOAK)/soak.md (tests/soak/soak.py).
 SOAK := build/soak
 SOAK_TRIALS ?= 100
 SOAK_LINK_CUTS ?= 10
+SOAK_ASYNC ?= 30
 soak: build ## SIGKILL and link-cut trials: hangs, leaks, lost checkpoints, detection (~1-2 h)
-	$(PY) tests/soak/soak.py --trials $(SOAK_TRIALS) --link-cuts $(SOAK_LINK_CUTS) --out $(SOAK)
+	$(PY) tests/soak/soak.py --trials $(SOAK_TRIALS) --link-cuts $(SOAK_LINK_CUTS) \
+		--async-saves $(SOAK_ASYNC) --out $(SOAK)
 
 # Built with tests/toolchain/static-runtime/{gcc,g++}: this machine's compilers finding the C++
 # runtime as a GPU image's compiler wrapper does (libstdc++.a first), so that the op tests, and

@@ -44,6 +44,7 @@ set(SHARDWISE_CORE_SOURCES
   csrc/distributed/torchrun_env.cc
   csrc/checkpoint/safetensors_header.cc
   csrc/checkpoint/sha256.cc
+  csrc/checkpoint/sha256_x86.cc
   csrc/checkpoint/atomic_file.cc
   csrc/checkpoint/checkpoint_dir.cc
   csrc/checkpoint/resume_agreement.cc
@@ -133,6 +134,7 @@ set(SHARDWISE_TORCH_SOURCES
   csrc/optim/adamw_slots.cpp
   csrc/training/checkpoint_hooks.cpp
   csrc/training/run_checkpoint.cpp
+  csrc/training/async_run_checkpoint.cpp
   csrc/training/mesh_clip.cpp
   csrc/training/full_state.cpp
   csrc/training/stage_cut.cpp

@@ -54,13 +54,27 @@ void bind_checkpoint_dir(py::module& m) {
   };
   m.def(
       "checkpoint_write_manifest",
-      [os_errors](const std::string& step_dir, int64_t step, int world, const std::string& config) {
+      [os_errors](const std::string& step_dir, int64_t step, int world, const std::string& config,
+                  const std::map<std::string, std::pair<int64_t, std::string>>& reported) {
+        std::map<std::string, ckpt::FileRecord> records;
+        for (const auto& [name, record] : reported) records[name] = {record.first, record.second};
         os_errors([&] {
           py::gil_scoped_release release;
-          return ckpt::write_manifest(step_dir, step, world, config).step;
+          return ckpt::write_manifest(step_dir, step, world, config, records).step;
         });
       },
-      py::arg("step_dir"), py::arg("step"), py::arg("world_size"), py::arg("config_yaml"));
+      py::arg("step_dir"), py::arg("step"), py::arg("world_size"), py::arg("config_yaml"),
+      py::arg("reported") = std::map<std::string, std::pair<int64_t, std::string>>{});
+  m.def(
+      "checkpoint_file_record",
+      [os_errors](const std::string& path) {
+        return os_errors([&] {
+          py::gil_scoped_release release;
+          const ckpt::FileRecord record = ckpt::file_record(path);
+          return std::make_pair(record.size, record.sha256);
+        });
+      },
+      py::arg("path"), "(size, SHA-256) of a file, as the manifest records it");
   m.def("checkpoint_verify", &ckpt::verify, py::arg("step_dir"),
         py::call_guard<py::gil_scoped_release>(), "'' if intact, else the reason it is not.");
   m.def(

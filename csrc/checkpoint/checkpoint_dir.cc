@@ -109,10 +109,15 @@ Manifest parse_manifest(const std::string& text, const std::string& where) {
   return m;
 }
 
+FileRecord file_record(const std::string& path) {
+  return {static_cast<int64_t>(fs::file_size(path)), sha256_file(path)};
+}
+
 Manifest write_manifest(const std::string& step_dir,
                         int64_t step,
                         int world_size,
-                        const std::string& config_yaml) {
+                        const std::string& config_yaml,
+                        const std::map<std::string, FileRecord>& reported) {
   Manifest m;
   m.step = step;
   m.world_size = world_size;
@@ -124,8 +129,18 @@ Manifest write_manifest(const std::string& step_dir,
       throw std::runtime_error(path.string() + " missing after the barrier: rank " +
                                std::to_string(r) + " did not save");
     }
-    m.files[rank_file_name(r)] = {static_cast<int64_t>(fs::file_size(path)),
-                                  sha256_file(path.string())};
+    const auto report = reported.find(rank_file_name(r));
+    if (report == reported.end()) {
+      m.files[rank_file_name(r)] = file_record(path.string());
+      continue;
+    }
+    const auto size = static_cast<int64_t>(fs::file_size(path));
+    if (size != report->second.size) {
+      throw std::runtime_error(path.string() + " has " + std::to_string(size) +
+                               " bytes, but rank " + std::to_string(r) + " reported writing " +
+                               std::to_string(report->second.size));
+    }
+    m.files[rank_file_name(r)] = report->second;
   }
   atomic_write((fs::path(step_dir) / kManifest).string(), manifest_json(m), "checkpoint manifest");
   return m;

@@ -42,12 +42,19 @@ Manifest parse_manifest(const std::string& text, const std::string& where);
 // `step_dir`'s manifest, parsed (throws naming the file when it is missing or malformed).
 Manifest read_manifest(const std::string& step_dir);
 
-// Hashes the rank files of `step_dir` (every rank's must exist: an error names the rank that did
-// not save) and writes the manifest atomically. Returns it.
+// A file's size and SHA-256 (throws naming the path when it cannot be read).
+FileRecord file_record(const std::string& path);
+
+// The records of the rank files of `step_dir` (every rank's must exist: an error names the rank
+// that did not save) written atomically as the manifest. Returns it. `reported`: records the
+// ranks computed of their own files (rank file name -> record), so that the hashing is shared
+// out; a file whose size differs from its report is an error naming the rank, and a rank that
+// did not report is hashed here.
 Manifest write_manifest(const std::string& step_dir,
                         int64_t step,
                         int world_size,
-                        const std::string& config_yaml);
+                        const std::string& config_yaml,
+                        const std::map<std::string, FileRecord>& reported = {});
 
 // Empty when `step_dir` is a complete, intact checkpoint, else the reason it is not.
 std::string verify(const std::string& step_dir);

@@ -1,30 +1,34 @@
 #include "checkpoint/sha256.h"
 
+#include <algorithm>
 #include <cstring>
 #include <fstream>
 #include <stdexcept>
 #include <vector>
 
+#include "checkpoint/sha256_x86.h"
+
 namespace shardwise::checkpoint {
 namespace {
-
-constexpr std::array<uint32_t, 64> kRound = {
-    0x428a2f98, 0x71374491, 0xb5c0fbcf, 0xe9b5dba5, 0x3956c25b, 0x59f111f1, 0x923f82a4, 0xab1c5ed5,
-    0xd807aa98, 0x12835b01, 0x243185be, 0x550c7dc3, 0x72be5d74, 0x80deb1fe, 0x9bdc06a7, 0xc19bf174,
-    0xe49b69c1, 0xefbe4786, 0x0fc19dc6, 0x240ca1cc, 0x2de92c6f, 0x4a7484aa, 0x5cb0a9dc, 0x76f988da,
-    0x983e5152, 0xa831c66d, 0xb00327c8, 0xbf597fc7, 0xc6e00bf3, 0xd5a79147, 0x06ca6351, 0x14292967,
-    0x27b70a85, 0x2e1b2138, 0x4d2c6dfc, 0x53380d13, 0x650a7354, 0x766a0abb, 0x81c2c92e, 0x92722c85,
-    0xa2bfe8a1, 0xa81a664b, 0xc24b8b70, 0xc76c51a3, 0xd192e819, 0xd6990624, 0xf40e3585, 0x106aa070,
-    0x19a4c116, 0x1e376c08, 0x2748774c, 0x34b0bcb5, 0x391c0cb3, 0x4ed8aa4a, 0x5b9cca4f, 0x682e6ff3,
-    0x748f82ee, 0x78a5636f, 0x84c87814, 0x8cc70208, 0x90befffa, 0xa4506ceb, 0xbef9a3f7, 0xc67178f2};
 
 uint32_t rotr(uint32_t x, int n) { return (x >> n) | (x << (32 - n)); }
 
 }  // namespace
 
-Sha256::Sha256()
+Sha256::Sha256(bool hardware)
     : state_{0x6a09e667, 0xbb67ae85, 0x3c6ef372, 0xa54ff53a,
-             0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19} {}
+             0x510e527f, 0x9b05688c, 0x1f83d9ab, 0x5be0cd19} {
+  static const bool available = sha256_extensions_available();
+  hardware_ = hardware && available;
+}
+
+void Sha256::compress_blocks(const uint8_t* data, size_t blocks) {
+  if (hardware_) {
+    sha256_blocks_x86(state_.data(), data, blocks);
+    return;
+  }
+  for (size_t b = 0; b < blocks; ++b) compress(data + 64 * b);
+}
 
 // The message schedule w[0..63] from the block (big-endian words), then 64 rounds.
 void Sha256::compress(const uint8_t* block) {
@@ -41,8 +45,8 @@ void Sha256::compress(const uint8_t* block) {
   uint32_t a = state_[0], b = state_[1], c = state_[2], d = state_[3];
   uint32_t e = state_[4], f = state_[5], g = state_[6], h = state_[7];
   for (int i = 0; i < 64; ++i) {
-    const uint32_t t1 =
-        h + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) + kRound[i] + w[i];
+    const uint32_t t1 = h + (rotr(e, 6) ^ rotr(e, 11) ^ rotr(e, 25)) + ((e & f) ^ (~e & g)) +
+                        kSha256Rounds[i] + w[i];
     const uint32_t t2 = (rotr(a, 2) ^ rotr(a, 13) ^ rotr(a, 22)) + ((a & b) ^ (a & c) ^ (b & c));
     h = g;
     g = f;
@@ -67,13 +71,20 @@ void Sha256::update(const void* data, size_t size) {
   const auto* bytes = static_cast<const uint8_t*>(data);
   length_ += size;
   while (size > 0) {
+    if (buffered_ == 0 && size >= buffer_.size()) {  // whole blocks straight from `data`
+      const size_t blocks = size / buffer_.size();
+      compress_blocks(bytes, blocks);
+      bytes += blocks * buffer_.size();
+      size -= blocks * buffer_.size();
+      continue;
+    }
     const size_t take = std::min(size, buffer_.size() - buffered_);
     std::memcpy(buffer_.data() + buffered_, bytes, take);
     buffered_ += take;
     bytes += take;
     size -= take;
     if (buffered_ == buffer_.size()) {
-      compress(buffer_.data());
+      compress_blocks(buffer_.data(), 1);
       buffered_ = 0;
     }
   }

@@ -12,12 +12,16 @@ namespace shardwise::checkpoint {
 
 class Sha256 {
  public:
-  Sha256();
+  // `hardware`: the x86 SHA extensions where the CPU has them (sha256_x86.h), else the portable
+  // loop; both give the same digest.
+  explicit Sha256(bool hardware = true);
   void update(const void* data, size_t size);
   std::string hex();  // the digest as 64 lowercase hex digits; ends the hash
 
  private:
   void compress(const uint8_t* block);  // one 64-byte block into state_
+  void compress_blocks(const uint8_t* data, size_t blocks);
+  bool hardware_ = false;
   std::array<uint32_t, 8> state_;
   std::array<uint8_t, 64> buffer_{};
   size_t buffered_ = 0;

@@ -50,9 +50,7 @@ void lamb_moments_cpu(const LambSpan* spans,
                       double* squares);
 
 // The trust ratio of a parameter from its total sums of squares.
-double lamb_coefficient(double param_squares,
-                        double direction_squares,
-                        const LambOptions& options);
+double lamb_coefficient(double param_squares, double direction_squares, const LambOptions& options);
 
 // Pass 3 over `count` spans, span i scaled by scaled_steps[i] = step_size * its coefficient.
 void lamb_apply_cpu(const LambSpan* spans,

@@ -87,10 +87,11 @@ at::Tensor fused_lamb_(at::TensorList params,
   static auto moments =
       c10::Dispatcher::singleton()
           .findSchemaOrThrow("shardwise::fused_lamb_moments_", "")
-          .typed<at::Tensor(at::TensorList, at::TensorList, at::TensorList, at::TensorList,
-                            double, double, double, double, bool, double)>();
-  const at::Tensor squares = moments.call(params, grads, exp_avgs, exp_avg_sqs, o.beta1, o.beta2,
-                                          o.eps, o.weight_decay, o.eps_inside_sqrt, o.grad_scale)
+          .typed<at::Tensor(at::TensorList, at::TensorList, at::TensorList, at::TensorList, double,
+                            double, double, double, bool, double)>();
+  const at::Tensor squares = moments
+                                 .call(params, grads, exp_avgs, exp_avg_sqs, o.beta1, o.beta2,
+                                       o.eps, o.weight_decay, o.eps_inside_sqrt, o.grad_scale)
                                  .cpu();
   int64_t count = spans;
   at::Tensor index = at::arange(spans, at::kLong);
@@ -107,16 +108,17 @@ at::Tensor fused_lamb_(at::TensorList params,
   at::Tensor coefficients = at::empty({count}, at::kDouble);
   const double* sums = per_param.const_data_ptr<double>();
   for (int64_t p = 0; p < count; ++p) {
-    coefficients.mutable_data_ptr<double>()[p] = optim::lamb_coefficient(sums[2 * p], sums[2 * p + 1], o);
+    coefficients.mutable_data_ptr<double>()[p] =
+        optim::lamb_coefficient(sums[2 * p], sums[2 * p + 1], o);
   }
   const at::Tensor scaled_steps = (coefficients.index_select(0, index) * scalars.step_size)
                                       .to(at::kFloat)
                                       .to(params.empty() ? at::kCPU : params[0].device());
-  static auto apply = c10::Dispatcher::singleton()
-                          .findSchemaOrThrow("shardwise::fused_lamb_apply_", "")
-                          .typed<void(at::TensorList, at::TensorList, at::TensorList,
-                                      at::TensorList, const at::Tensor&, double, double, double,
-                                      double, bool)>();
+  static auto apply =
+      c10::Dispatcher::singleton()
+          .findSchemaOrThrow("shardwise::fused_lamb_apply_", "")
+          .typed<void(at::TensorList, at::TensorList, at::TensorList, at::TensorList,
+                      const at::Tensor&, double, double, double, double, bool)>();
   apply.call(params, exp_avgs, exp_avg_sqs, low_precision, scaled_steps, o.beta1, o.beta2, o.eps,
              o.weight_decay, o.eps_inside_sqrt);
   return coefficients;

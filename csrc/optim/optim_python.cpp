@@ -1,10 +1,10 @@
 #include "optim/optim_python.h"
 
 #include <pybind11/stl.h>
-#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <torch/csrc/utils/pybind.h>
 
 #include <optional>
+#include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <vector>
 
 #include "optim/lamb_ops.h"

@@ -59,6 +59,7 @@
 #include "tensor_parallel/shard_tensor.h"
 #include "tensor_parallel/sharded_parameters.h"
 #include "tensor_parallel/vocab_parallel.h"
+#include "training/async_run_checkpoint.h"
 #include "training/checkpoint_hooks.h"
 #include "training/checkpoint_writer.h"
 #include "training/full_state.h"

@@ -8,17 +8,24 @@
 
 namespace shardwise::training {
 
-void save_training_step(int64_t step,
-                        const CheckpointHooks& hooks,
-                        const data::TokenStream& stream,
-                        const distributed::World& world,
-                        const RunCheckpointOptions& options) {
+checkpoint::TrainingState training_state(int64_t step,
+                                         const CheckpointHooks& hooks,
+                                         const data::TokenStream& stream) {
   checkpoint::TrainingState state;
   state.step = step;
   hooks.save(state);
   state.rng = at::detail::getDefaultCPUGenerator().get_state();
   state.data_epoch = stream.epoch();
   state.data_index = stream.index();
+  return state;
+}
+
+void save_training_step(int64_t step,
+                        const CheckpointHooks& hooks,
+                        const data::TokenStream& stream,
+                        const distributed::World& world,
+                        const RunCheckpointOptions& options) {
+  const checkpoint::TrainingState state = training_state(step, hooks, stream);
   checkpoint::SaveOptions save;
   save.directory = options.directory;
   save.rank = world.rank();

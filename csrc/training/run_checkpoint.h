@@ -20,6 +20,12 @@ struct RunCheckpointOptions {
   std::string config_yaml;  // the run's settings, recorded in the manifest
 };
 
+// This rank's state at step `step`: the strategy's part, the generator state and the data
+// position (what save_training_step writes).
+checkpoint::TrainingState training_state(int64_t step,
+                                         const CheckpointHooks& hooks,
+                                         const data::TokenStream& stream);
+
 // Saves step `step` (collective): every rank writes its state, rank 0 the manifest.
 void save_training_step(int64_t step,
                         const CheckpointHooks& hooks,

@@ -17,6 +17,7 @@
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/resume_agreement.h"
 #include "checkpoint/sha256.h"
+#include "checkpoint/sha256_x86.h"
 #include "common/json.h"
 
 namespace shardwise::checkpoint {
@@ -44,6 +45,25 @@ TEST(Sha256, MatchesTheStandardsExamples) {
     left -= static_cast<int64_t>(n);
   }
   EXPECT_EQ(h.hex(), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+TEST(Sha256, TheSHAExtensionsGiveThePortableDigest) {
+  // lengths around the 64-byte block and the 56-byte padding boundary, and many blocks, fed
+  // whole and in uneven pieces (buffered and straight-from-input blocks mixed)
+  std::string data(100003, '\0');
+  uint32_t x = 12345;
+  for (char& c : data) c = static_cast<char>((x = x * 1664525u + 1013904223u) >> 24);
+  for (size_t length : {0, 1, 55, 56, 63, 64, 65, 119, 128, 1000, 65536, 100003}) {
+    Sha256 hardware(true), portable(false), pieces(true);
+    hardware.update(data.data(), length);
+    portable.update(data.data(), length);
+    for (size_t at = 0; at < length; at += 97)
+      pieces.update(data.data() + at, std::min<size_t>(97, length - at));
+    const std::string expected = portable.hex();
+    EXPECT_EQ(hardware.hex(), expected) << length;
+    EXPECT_EQ(pieces.hex(), expected) << length;
+  }
+  if (!sha256_extensions_available()) GTEST_SKIP() << "no SHA extensions: one path tested";
 }
 
 TEST(Json, ReadsWhatPythonWrites) {

@@ -15,8 +15,12 @@ namespace so = shardwise::optim;
 
 namespace {
 
-so::LambSpan span_of(std::vector<float>& p, const std::vector<float>& g, std::vector<float>& m,
-                     std::vector<float>& v, int64_t begin, int64_t count) {
+so::LambSpan span_of(std::vector<float>& p,
+                     const std::vector<float>& g,
+                     std::vector<float>& m,
+                     std::vector<float>& v,
+                     int64_t begin,
+                     int64_t count) {
   so::LambSpan span;
   span.param = p.data() + begin;
   span.grad = g.data() + begin;
@@ -27,8 +31,11 @@ so::LambSpan span_of(std::vector<float>& p, const std::vector<float>& g, std::ve
 }
 
 // One LAMB step over p cut at `cuts` (span boundaries), its pieces' sums added up.
-void step_in_pieces(std::vector<float>& p, const std::vector<float>& g, std::vector<float>& m,
-                    std::vector<float>& v, const std::vector<int64_t>& cuts,
+void step_in_pieces(std::vector<float>& p,
+                    const std::vector<float>& g,
+                    std::vector<float>& m,
+                    std::vector<float>& v,
+                    const std::vector<int64_t>& cuts,
                     const so::LambOptions& options) {
   std::vector<so::LambSpan> spans;
   for (size_t k = 0; k + 1 < cuts.size(); ++k) {
@@ -59,10 +66,10 @@ TEST(Lamb, ScalarsFollowTheOptionsAndRejectBadOnes) {
   EXPECT_FLOAT_EQ(s.step_size, static_cast<float>(expected));
   o.bias_correction = false;
   EXPECT_FLOAT_EQ(so::lamb_scalars(o).step_size, 0.1f);
-  for (auto bad : {+[](so::LambOptions& x) { x.step = 0; },
-                   +[](so::LambOptions& x) { x.beta1 = 1.0; },
-                   +[](so::LambOptions& x) { x.beta2 = -0.1; },
-                   +[](so::LambOptions& x) { x.min_coeff = 11.0; }}) {
+  for (auto bad :
+       {+[](so::LambOptions& x) { x.step = 0; }, +[](so::LambOptions& x) { x.beta1 = 1.0; },
+        +[](so::LambOptions& x) { x.beta2 = -0.1; },
+        +[](so::LambOptions& x) { x.min_coeff = 11.0; }}) {
     so::LambOptions broken;
     bad(broken);
     EXPECT_THROW(so::lamb_scalars(broken), std::invalid_argument);
@@ -107,7 +114,8 @@ TEST(Lamb, PiecesOfOneParameterStepAsTheWholeAndAsDoublePrecision) {
       u_sq += u[i] * u[i];
     }
     const double ratio = std::sqrt(w_sq) / std::sqrt(u_sq);
-    const double step_size = 0.01 * std::sqrt(1 - std::pow(0.999, step)) / (1 - std::pow(0.9, step));
+    const double step_size =
+        0.01 * std::sqrt(1 - std::pow(0.999, step)) / (1 - std::pow(0.9, step));
     for (int64_t i = 0; i < n; ++i) p[i] -= step_size * ratio * u[i];
   }
   for (int64_t i = 0; i < n; ++i) {

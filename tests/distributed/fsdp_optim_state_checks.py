@@ -12,10 +12,11 @@ from shardwise.fsdp import optim_state
 STEPS = 3
 
 
-def _trained(rank, world):
+def _trained(model, rank, world):
+    """``model`` (sharded) and one process's copy trained STEPS steps on the same global batches:
+    (model's optimizer, the copy's optimizer)."""
     from fsdp_checks import global_batch, local, loss_of, make_model, optimizer_for
 
-    model = shardwise.FullyShardedDataParallel(make_model(), wrap=[f"layers.{i}" for i in range(3)])
     opt = optimizer_for(model)
     reference = make_model()
     ref_opt = optimizer_for(reference)
@@ -26,7 +27,18 @@ def _trained(rank, world):
         loss_of(reference, *global_batch(step, world)).backward()
         ref_opt.step()
         ref_opt.zero_grad()
-    return model, opt, ref_opt
+    return opt, ref_opt
+
+
+def _assert_state_close(full: dict, expected: dict) -> None:
+    """Every AdamW moment of ``full`` has the reference's shape and values (within 1e-5 of the
+    largest)."""
+    for index, state in expected.items():
+        for key in ("exp_avg", "exp_avg_sq"):
+            ours = full["state"][index][key]
+            assert ours.shape == state[key].shape, (index, key, ours.shape, state[key].shape)
+            scale = state[key].abs().max().item() or 1.0
+            assert (ours - state[key]).abs().max().item() <= 1e-5 * scale, (index, key)
 
 
 def fsdp_full_optimizer_state_is_the_single_process_state(rank, world, gloo):
@@ -37,27 +49,22 @@ def fsdp_full_optimizer_state_is_the_single_process_state(rank, world, gloo):
     (one rank) and back into one over this world exactly."""
     from fsdp_checks import make_model, optimizer_for
 
-    model, opt, ref_opt = _trained(rank, world)
+    wrap = [f"layers.{i}" for i in range(3)]
+    model = shardwise.FullyShardedDataParallel(make_model(), wrap=wrap)
+    opt, ref_opt = _trained(model, rank, world)
     live = {i: s["exp_avg"].clone() for i, s in opt.state_dict()["state"].items()}
     full = optim_state.full_optim_state_dict(model, opt)
     expected = ref_opt.state_dict()["state"]
     assert sorted(full["state"]) == sorted(expected)
-    for index, state in expected.items():
-        for key in ("exp_avg", "exp_avg_sq"):
-            ours = full["state"][index][key]
-            assert ours.shape == state[key].shape, (index, key, ours.shape, state[key].shape)
-            scale = state[key].abs().max().item() or 1.0
-            assert (ours - state[key]).abs().max().item() <= 1e-5 * scale, (index, key)
-        assert float(full["state"][index]["step"]) == STEPS
+    _assert_state_close(full, expected)
+    assert all(float(full["state"][index]["step"]) == STEPS for index in expected)
     for index, before in live.items():  # the optimizer's own state is still this rank's slices
         assert torch.equal(opt.state_dict()["state"][index]["exp_avg"], before), index
     alone = [dist.new_group([r]) for r in range(world)][rank]  # every rank creates every group
     solo = shardwise.FullyShardedDataParallel(make_model(seed=7), process_group=alone)
     solo_opt = optimizer_for(solo)
     optim_state.load_full_optim_state_dict(solo, solo_opt, full)
-    again = shardwise.FullyShardedDataParallel(
-        make_model(seed=9), wrap=[f"layers.{i}" for i in range(3)]
-    )
+    again = shardwise.FullyShardedDataParallel(make_model(seed=9), wrap=wrap)
     again_opt = optimizer_for(again)
     optim_state.load_full_optim_state_dict(again, again_opt, full)
     for other in ((solo, solo_opt), (again, again_opt)):
@@ -81,26 +88,12 @@ def fully_shard_full_optimizer_state_is_the_single_process_state(rank, world, gl
     (a state gathered into the wrong parameter), or gathered over the wrong group: after the
     same steps the whole AdamW state equals one process's, and it loads into a fresh
     fully_shard model that gathers it back exactly."""
-    from fsdp_checks import global_batch, local, loss_of, make_model, optimizer_for
+    from fsdp_checks import global_batch, local, loss_of, optimizer_for
 
     model = _fully_sharded()
-    opt = optimizer_for(model)
-    reference = make_model()
-    ref_opt = optimizer_for(reference)
-    for step in range(STEPS):
-        loss_of(model, *local(global_batch(step, world), rank)).backward()
-        opt.step()
-        opt.zero_grad()
-        loss_of(reference, *global_batch(step, world)).backward()
-        ref_opt.step()
-        ref_opt.zero_grad()
+    opt, ref_opt = _trained(model, rank, world)
     full = optim_state.full_optim_state_dict(model, opt)
-    for index, state in ref_opt.state_dict()["state"].items():
-        for key in ("exp_avg", "exp_avg_sq"):
-            ours = full["state"][index][key]
-            assert ours.shape == state[key].shape, (index, key, ours.shape, state[key].shape)
-            scale = state[key].abs().max().item() or 1.0
-            assert (ours - state[key]).abs().max().item() <= 1e-5 * scale, (index, key)
+    _assert_state_close(full, ref_opt.state_dict()["state"])
     again = _fully_sharded(seed=9)
     again_opt = optimizer_for(again)
     loss_of(again, *local(global_batch(0, world), rank)).backward()  # the root's engine starts

@@ -303,6 +303,40 @@ def test_checkpoints_resume_across_the_cpp_and_python_trainers(
         assert cpp[step] == pytest.approx(python[step], abs=1e-5), (step, cpp, python)
 
 
+def test_asynchronous_checkpoints_hold_what_synchronous_ones_do(pip_train_gpt, corpus, tmp_path):
+    """--checkpoint-mode async (training::AsyncRunCheckpoints: a background writer over a group
+    of its own): the same losses and step folders as synchronous saves, every one intact, each
+    rank's payload equal to the synchronous run's. Catches a state copied after training went
+    on (the live parameters and moments changed under the writer), a manifest written before a
+    rank's file, or a last save the run did not wait for."""
+    flags = ["--data", str(corpus), *MODEL[:8], "--steps", "6", "--log-every", "1"]
+    flags += ["--threads", "1", "--save-every", "2", "--strategy", "fsdp", "--micro-batch", "4"]
+    launch = [str(TORCHRUN), "--no-python", "--standalone", "--nproc_per_node=2"]
+    runs = {}
+    for mode in ("sync", "async"):
+        folder = tmp_path / mode
+        output = _run([*launch, str(pip_train_gpt), *flags, "--checkpoint-dir", str(folder),
+                       "--checkpoint-mode", mode])  # fmt: skip
+        runs[mode] = (folder, _losses(output))
+    (sync_dir, sync_losses), (async_dir, async_losses) = runs["sync"], runs["async"]
+    assert async_losses == sync_losses
+    names = sorted(p.name for p in async_dir.iterdir())
+    saved = ["step-00000002", "step-00000004", "step-00000006"]
+    assert names == sorted(p.name for p in sync_dir.iterdir()) == saved
+    from shardwise.train import checkpoint
+
+    for name in names:
+        assert checkpoint.verify(async_dir / name) is None
+        for rank in (0, 1):
+            ours = checkpoint.load(async_dir / name, rank)
+            theirs = checkpoint.load(sync_dir / name, rank)
+            assert ours["step"] == theirs["step"] and ours["data"] == theirs["data"]
+            assert torch.equal(ours["rng"], theirs["rng"])
+            pairs = zip(ours["pieces"], theirs["pieces"], strict=True)
+            assert all(a["name"] == b["name"] and torch.equal(a["values"], b["values"])
+                       for a, b in pairs)  # fmt: skip
+
+
 def test_bad_flags_are_named_before_anything_runs(train_gpt, corpus):
     """Catches: bad input that starts a run (or crashes) instead of naming the argument."""
     for flags, message in [

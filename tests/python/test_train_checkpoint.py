@@ -62,14 +62,34 @@ def test_round_trip_two_ranks(tmp_path):
     assert not _leftover_temp_files(tmp_path)
 
 
-def test_barrier_is_called_and_manifest_written_last(tmp_path):
+def test_records_gathered_before_the_manifest_and_barrier_after_it(tmp_path):
+    """The gather of every rank's file record runs once the files exist and before the
+    manifest, the barrier after it; the manifest holds the gathered hash (rank 0 does not hash
+    a reported file again) and a report of another size than the file is refused."""
     seen = []
+    manifest = tmp_path / "step-00000001" / "manifest.json"
+
+    def gather(record):
+        seen.append(("gather", manifest.exists(), record[0]))
+        return [record]
 
     def barrier():
-        seen.append((tmp_path / "step-00000001" / "manifest.json").exists())
+        seen.append(("barrier", manifest.exists()))
 
-    ckpt.save(tmp_path, 1, _payload(0, 1), 0, 1, CONFIG, 2, barrier=barrier)
-    assert seen == [False, True]
+    ckpt.save(tmp_path, 1, _payload(0, 1), 0, 1, CONFIG, 2, barrier=barrier, gather=gather)
+    assert seen == [("gather", False, 0), ("barrier", True)]
+    step_dir = tmp_path / "step-00000001"
+    size = (step_dir / "rank-00000.pt").stat().st_size
+    ckpt.save(tmp_path, 2, _payload(0, 2), 0, 1, CONFIG, 2, gather=lambda r: [(0, r[1], "0" * 64)])
+    assert (
+        ckpt.read_manifest(tmp_path / "step-00000002")["files"]["rank-00000.pt"]["sha256"]
+        == "0" * 64
+    )
+    with pytest.raises(OSError, match="rank 0 reported writing"):
+        ckpt.save(
+            tmp_path, 3, _payload(0, 3), 0, 1, CONFIG, 2, gather=lambda r: [(0, size + 1, r[2])]
+        )
+    assert (step_dir / "manifest.json").exists() and ckpt.verify(step_dir) is None
 
 
 def test_keep_last_deletes_older_checkpoints(tmp_path):

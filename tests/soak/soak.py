@@ -17,6 +17,11 @@ is cut (``ip link set ... down``), which sends no FIN, so every rank must notice
 collective timeout (``distributed.timeout_s``, LINK_TIMEOUT_S here) and exit non-zero naming a
 rank on the other host; the same leak, checkpoint and resume checks follow.
 
+``--async-saves N`` adds N trials of the same kinds with asynchronous checkpoints
+(``training.checkpoint.async``): a kill while the background writer writes must leave the
+previous complete checkpoint, and the survivors (their writer blocked in its own gloo group)
+must exit.
+
 Writes ``soak.md`` (the table and one row per trial) and ``trials.jsonl`` to ``--out``.
 Run: python tests/soak/soak.py --trials 100 --out build/soak
 """
@@ -72,6 +77,7 @@ class Trial:
     strategy: str
     victim: int  # -1: no rank killed (a link cut)
     moment: str  # "training", "saving" or "link_cut"
+    asynchronous: bool = False  # training.checkpoint.async
     kill_at_step: int = 0  # "training": killed once rank 0 has logged this step
     kill_after_s: float = 0.0  # ... and this long after
     hang: bool = False
@@ -101,7 +107,12 @@ def host_of(rank: int, world: int) -> int:
 
 
 def launch(
-    world: int, strategy: str, out: Path, label: str, hosts: list | None = None
+    world: int,
+    strategy: str,
+    out: Path,
+    label: str,
+    hosts: list | None = None,
+    asynchronous: bool = False,
 ) -> list[subprocess.Popen]:
     """Starts the ranks; rank r's output goes to <out>-<label>-rank<r>.log beside <out>. With
     ``hosts`` (two_hosts()), rank r runs in host_of(r)'s namespace under that host's name."""
@@ -112,6 +123,7 @@ def launch(
     ]  # fmt: skip
     if hosts:
         command.append(f"distributed.timeout_s={LINK_TIMEOUT_S}")
+    command.append(f"training.checkpoint.async={str(asynchronous).lower()}")
     procs = []
     for rank in range(world):
         env = dict(
@@ -155,8 +167,10 @@ def losses(out: Path) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in records if "loss" in r}
 
 
-def run_to_end(world: int, strategy: str, out: Path, timeout: float) -> dict[int, float]:
-    procs = launch(world, strategy, out, "to-end")
+def run_to_end(
+    world: int, strategy: str, out: Path, timeout: float, asynchronous: bool = False
+) -> dict[int, float]:
+    procs = launch(world, strategy, out, "to-end", asynchronous=asynchronous)
     deadline = time.monotonic() + timeout
     for p in procs:
         p.wait(timeout=max(1.0, deadline - time.monotonic()))
@@ -251,7 +265,7 @@ def strike(trial: Trial, base: Path, rng: random.Random, timeout: float, hosts: 
     """Runs the trial up to the fault and its aftermath: exits, errors, leaks."""
     out = base / f"trial-{trial.index:03d}"
     before = shm_segments()
-    procs = launch(trial.world, trial.strategy, out, "killed", hosts)
+    procs = launch(trial.world, trial.strategy, out, "killed", hosts, trial.asynchronous)
     if not kill_moment(trial, out, procs, rng, timeout, hosts):
         trial.note = "the run ended before the kill: not counted"
     killed_at = time.monotonic()
@@ -288,7 +302,7 @@ def check_resume(trial: Trial, out: Path, reference: dict, timeout: float) -> No
         trial.resumed_from = int(newest.name.split("-")[1])
         for rank in range(trial.world):
             checkpoint.load(newest, rank)  # weights_only; raises if unloadable
-    resumed = run_to_end(trial.world, trial.strategy, out, timeout * 4)
+    resumed = run_to_end(trial.world, trial.strategy, out, timeout * 4, trial.asynchronous)
     start = (trial.resumed_from or 0) + 1
     trial.losses_match = all(
         step in resumed and abs(resumed[step] - reference[step]) <= 1e-6 * abs(reference[step])
@@ -341,7 +355,8 @@ def table(trials: list[Trial], command: str) -> str:
         good = passed(t)
         victim = "-" if t.victim < 0 else t.victim
         lines.append(
-            f"| {t.index} | {t.world} | {t.strategy} | {victim} | {t.moment} | "
+            f"| {t.index} | {t.world} | {t.strategy}{' async' * t.asynchronous} | {victim} | "
+            f"{t.moment} | "
             f"{t.detection_s:.2f} | {t.resumed_from} | {'yes' if good else 'NO ' + t.note} |"
         )
     return "\n".join(lines) + "\n"
@@ -361,6 +376,9 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--trials", type=int, default=100, help="trials killing a rank")
     parser.add_argument("--link-cuts", type=int, default=0, help="trials cutting a TCP link")
+    parser.add_argument(
+        "--async-saves", type=int, default=0, help="trials killing a rank, asynchronous saves"
+    )
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--timeout", type=float, default=60.0, help="seconds to detect a death")
@@ -372,11 +390,14 @@ def main() -> int:
     rng = random.Random(args.seed)
     references: dict[tuple[int, str], dict] = {}
     trials = []
-    for index in range(args.trials + args.link_cuts):
+    for index in range(args.trials + args.link_cuts + args.async_saves):
         if index < args.trials:
             trial = next_trial(index, rng, [2, 3, 4], ["training", "saving"])
-        else:
+        elif index < args.trials + args.link_cuts:
             trial = next_trial(index, rng, [2, 4], ["link_cut"])
+        else:
+            trial = next_trial(index, rng, [2, 3, 4], ["saving", "saving", "training"])
+            trial.asynchronous = True
         key = (trial.world, trial.strategy)
         if key not in references:
             references[key] = run_to_end(

@@ -19,6 +19,7 @@ struct Flags {
   int64_t seed = 0, log_every = 10, threads = 0, pp = 1, microbatches = 4, tp = 1;
   int64_t warmup_steps = 0, save_every = 50, keep_last = 3;
   std::string checkpoint_dir;  // resumable checkpoints (shardwise-train's format); empty: none
+  std::string checkpoint_mode = "sync";  // async: written by a background thread
   double lr = 1e-3, clip = 1.0;
   std::string dtype = "fp32", strategy = "fsdp", schedule = "1f1b";
   bool strategy_given = false;
@@ -31,7 +32,8 @@ inline const char* kUsage =
     "                 [--dtype fp32|bf16] [--strategy fsdp|zero1|zero2] [--log-every N]\n"
     "                 [--threads N] [--save MODEL.safetensors]\n"
     "                 [--pp STAGES [--microbatches N] [--schedule 1f1b|gpipe]] [--tp N]\n"
-    "                 [--warmup-steps N] [--checkpoint-dir DIR [--save-every N] [--keep-last N]]\n";
+    "                 [--warmup-steps N] [--checkpoint-dir DIR [--save-every N] [--keep-last N]\n"
+    "                 [--checkpoint-mode sync|async]]\n";
 
 using FlagField = std::variant<int64_t Flags::*, double Flags::*, std::string Flags::*>;
 
@@ -50,7 +52,7 @@ inline const std::map<std::string, FlagField>& flag_fields() {
       {"--lr", &Flags::lr},                   {"--clip", &Flags::clip},
       {"--dtype", &Flags::dtype},             {"--strategy", &Flags::strategy},
       {"--schedule", &Flags::schedule},       {"--checkpoint-dir", &Flags::checkpoint_dir},
-      {"--save", &Flags::save}};
+      {"--save", &Flags::save},               {"--checkpoint-mode", &Flags::checkpoint_mode}};
   // clang-format on
   return fields;
 }
@@ -123,6 +125,7 @@ inline void check(const Flags& f) {
   one_of("--dtype", f.dtype, {"fp32", "bf16"});
   one_of("--strategy", f.strategy, {"fsdp", "zero1", "zero2"});
   one_of("--schedule", f.schedule, {"1f1b", "gpipe"});
+  one_of("--checkpoint-mode", f.checkpoint_mode, {"sync", "async"});
   check_relations(f);
 }
 

@@ -16,6 +16,7 @@
 
 #include <cstdio>
 #include <iostream>
+#include <optional>
 #include <string>
 #include <vector>
 
@@ -84,6 +85,10 @@ int run(const Flags& flags) {
   training::WarmupCosineOptions schedule{flags.lr, flags.warmup_steps, flags.steps};
   training::RunCheckpointOptions saving{flags.checkpoint_dir, static_cast<int>(flags.keep_last),
                                         config_text(flags)};
+  std::optional<training::AsyncRunCheckpoints> saver;  // --checkpoint-mode async
+  if (!flags.checkpoint_dir.empty() && flags.checkpoint_mode == "async") {
+    saver.emplace(world, saving);
+  }
   training::StepLog log(
       group, {flags.log_every, flags.steps,
               static_cast<double>(flags.micro_batch * flags.seq_len) * strategy.data_world});
@@ -93,9 +98,14 @@ int run(const Flags& flags) {
     const double lr = training::warmup_cosine_lr(schedule, step);
     print(world, log.end(step, strategy.step(inputs, targets, lr, flags.clip)));
     if (!flags.checkpoint_dir.empty() && (step % flags.save_every == 0 || step == flags.steps)) {
-      training::save_training_step(step, strategy.checkpoint, stream, world, saving);
+      if (saver) {
+        saver->save(step, strategy.checkpoint, stream);
+      } else {
+        training::save_training_step(step, strategy.checkpoint, stream, world, saving);
+      }
     }
   }
+  if (saver) saver->wait();  // the last save complete before the run ends
   if (!flags.save.empty()) {
     auto full = strategy.full_state();  // every rank takes part in the gather
     if (world.rank() == 0) {

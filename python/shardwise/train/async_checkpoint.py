@@ -7,9 +7,10 @@ training goes on.
 - **One save in flight.** ``save`` first waits for the previous save to finish (a second save
   waits, so at most one copy of the state is held besides the live one), then copies and
   starts the writer.
-- **Its own process group.** The writer's two barriers (all files written; the manifest
-  written) run over a gloo group made for it at start, so they never interleave with the
-  training's collectives on the other groups.
+- **Its own process group.** The writer's two collectives (every rank's file record gathered
+  once all files exist; the barrier after the manifest) run over a CPU group made for it at
+  start (the shardwise backend, whose errors name a dead rank, under a run on it; else gloo),
+  so they never interleave with the training's collectives on the other groups.
 - **Nothing lost.** A save is complete only once its manifest exists, and older checkpoints are
   pruned only after that; a crash or kill mid-write leaves the previous complete checkpoint,
   which resuming finds (``checkpoint.agree``) as after a synchronous save.
@@ -79,7 +80,10 @@ class AsyncSaver:
         """``timeout_s``: the writer's barriers give up after it (a dead rank; None: torch's
         default), as the run's own collectives do."""
         timeout = None if timeout_s is None else datetime.timedelta(seconds=timeout_s)
-        group = dist.new_group(backend="gloo", timeout=timeout) if dist.is_initialized() else None
+        group = None
+        if dist.is_initialized():  # the shardwise backend names a dead peer; else gloo (CPU)
+            backend = "shardwise" if "shardwise" in str(dist.get_backend()) else "gloo"
+            group = dist.new_group(backend=backend, timeout=timeout)
         self.group = group
         self._staging = HostStaging()
         self._thread: threading.Thread | None = None
@@ -90,6 +94,13 @@ class AsyncSaver:
     def _barrier(self) -> None:
         if self.group is not None:
             dist.barrier(group=self.group)
+
+    def _gather(self, record) -> list:
+        if self.group is None:
+            return [record]
+        records: list = [None] * dist.get_world_size(self.group)
+        dist.all_gather_object(records, record, group=self.group)
+        return records
 
     def save(self, directory: Path, step: int, payload: dict, rank: int, world: int,
              config_yaml: str, keep_last: int | None) -> Path:  # fmt: skip
@@ -106,7 +117,7 @@ class AsyncSaver:
         def write() -> None:
             try:
                 ckpt.save(directory, step, host, rank, world, config_yaml, keep_last,
-                          barrier=self._barrier)  # fmt: skip
+                          barrier=self._barrier, gather=self._gather)  # fmt: skip
             except BaseException as error:  # raised again by wait(), in the caller
                 self._error = error
 

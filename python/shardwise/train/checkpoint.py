@@ -86,11 +86,15 @@ def _default_barrier() -> None:
         dist.barrier()
 
 
-def _write_manifest(step_dir: Path, step: int, world: int, config_yaml: str) -> None:
-    """Hashes every rank's file and writes the manifest atomically (C++ write_manifest)."""
-    from .. import _C
+def _default_gather(record) -> list:
+    """Every rank's ``record`` over the default group (a barrier too); one process: its own."""
+    import torch.distributed as dist
 
-    _C.checkpoint_write_manifest(str(step_dir), step, world, config_yaml)
+    if dist.is_available() and dist.is_initialized():
+        records: list = [None] * dist.get_world_size()
+        dist.all_gather_object(records, record)
+        return records
+    return [record]
 
 
 def save(
@@ -102,13 +106,16 @@ def save(
     config_yaml: str,
     keep_last: int | None = 3,
     barrier: Callable[[], None] | None = None,
+    gather: Callable[[object], list] | None = None,
 ) -> Path:
     """Saves this rank's ``payload_per_rank`` as checkpoint ``step``; returns its directory.
 
-    Every rank calls this. ``barrier`` (default: ``torch.distributed.barrier`` if initialized,
-    else a no-op) is called twice: before rank 0 writes the manifest (all rank files exist) and
-    after rank 0 has written it and pruned (so ``save`` returns everywhere only once the
-    checkpoint is complete). Simulating ranks in one process without a barrier: save the
+    Every rank calls this. Each rank hashes its own file, and ``gather`` (default:
+    ``all_gather_object`` over the default group if initialized, else this rank's alone) hands
+    rank 0 every rank's record once all files exist; rank 0 writes the manifest from them
+    (hashing itself any file not reported) and prunes, then ``barrier`` (default:
+    ``torch.distributed.barrier`` if initialized, else a no-op) lets ``save`` return
+    everywhere only once the checkpoint is complete. Simulating ranks in one process: save the
     highest rank first and rank 0 last. ``keep_last=None`` keeps every checkpoint.
     """
     if not 0 <= rank < world:
@@ -122,10 +129,14 @@ def save(
     if rank == 0:  # re-saving a step (after resuming from an earlier one): invalidate it first
         with contextlib.suppress(FileNotFoundError):
             os.unlink(step_dir / MANIFEST)
-    atomic_write(step_dir / rank_file_name(rank), lambda f: torch.save(payload_per_rank, f))
-    barrier()
+    from .. import _C
+
+    mine = step_dir / rank_file_name(rank)
+    atomic_write(mine, lambda f: torch.save(payload_per_rank, f))
+    records = (gather or _default_gather)((rank, *_C.checkpoint_file_record(str(mine))))
     if rank == 0:
-        _write_manifest(step_dir, step, world, config_yaml)
+        reported = {rank_file_name(r): (size, sha) for r, size, sha in records}
+        _C.checkpoint_write_manifest(str(step_dir), step, world, config_yaml, reported)
         if keep_last is not None:
             prune(directory, keep_last, newest_step=step)
     barrier()
