@@ -101,6 +101,7 @@ isolated_step() { # NAME FILE...
 run_tests() {
   isolated_step exceptions tests/python/test_cxx_runtime.py
   isolated_step cuda-op-tests tests/python/test_cast_ops.py tests/python/test_optim_ops.py \
+    tests/python/test_lamb.py \
     tests/python/test_shard_ops.py
   STEP_LIMIT=$((STEP_LIMIT * 2)) isolated_step gpu-tests tests/gpu
   step nccl-tests "${pytest[@]}" \
