@@ -28,12 +28,12 @@ __attribute__((target("sha,sse4.1,ssse3"))) void sha256_blocks_x86(uint32_t stat
                                                                    const uint8_t* data,
                                                                    size_t blocks) {
   const __m128i big_endian = _mm_set_epi64x(0x0c0d0e0f08090a0bULL, 0x0405060700010203ULL);
-  __m128i tmp = _mm_loadu_si128(reinterpret_cast<const __m128i*>(state));  // DCBA
+  __m128i tmp = _mm_loadu_si128(reinterpret_cast<const __m128i*>(state));       // DCBA
   __m128i cdgh = _mm_loadu_si128(reinterpret_cast<const __m128i*>(state + 4));  // HGFE
-  tmp = _mm_shuffle_epi32(tmp, 0xB1);                 // CDAB
-  cdgh = _mm_shuffle_epi32(cdgh, 0x1B);               // EFGH
-  __m128i abef = _mm_alignr_epi8(tmp, cdgh, 8);       // ABEF
-  cdgh = _mm_blend_epi16(cdgh, tmp, 0xF0);            // CDGH
+  tmp = _mm_shuffle_epi32(tmp, 0xB1);                                           // CDAB
+  cdgh = _mm_shuffle_epi32(cdgh, 0x1B);                                         // EFGH
+  __m128i abef = _mm_alignr_epi8(tmp, cdgh, 8);                                 // ABEF
+  cdgh = _mm_blend_epi16(cdgh, tmp, 0xF0);                                      // CDGH
   for (; blocks > 0; --blocks, data += 64) {
     const __m128i abef_before = abef, cdgh_before = cdgh;
     __m128i words[4];
@@ -61,10 +61,10 @@ __attribute__((target("sha,sse4.1,ssse3"))) void sha256_blocks_x86(uint32_t stat
     abef = _mm_add_epi32(abef, abef_before);
     cdgh = _mm_add_epi32(cdgh, cdgh_before);
   }
-  tmp = _mm_shuffle_epi32(abef, 0x1B);       // FEBA
-  cdgh = _mm_shuffle_epi32(cdgh, 0xB1);      // DCHG
-  abef = _mm_blend_epi16(tmp, cdgh, 0xF0);   // DCBA
-  cdgh = _mm_alignr_epi8(cdgh, tmp, 8);      // HGFE
+  tmp = _mm_shuffle_epi32(abef, 0x1B);      // FEBA
+  cdgh = _mm_shuffle_epi32(cdgh, 0xB1);     // DCHG
+  abef = _mm_blend_epi16(tmp, cdgh, 0xF0);  // DCBA
+  cdgh = _mm_alignr_epi8(cdgh, tmp, 8);     // HGFE
   _mm_storeu_si128(reinterpret_cast<__m128i*>(state), abef);
   _mm_storeu_si128(reinterpret_cast<__m128i*>(state + 4), cdgh);
 }
