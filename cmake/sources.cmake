@@ -19,6 +19,7 @@ set(SHARDWISE_CORE_SOURCES
   csrc/collectives/shm_transport_setup.cc
   csrc/collectives/tcp_transport.cc
   csrc/collectives/transport.cc
+  csrc/collectives/tree_reduce.cc
   csrc/collectives/wait_chain.cc
   csrc/common/cpu_features.cc
   csrc/common/stream_copy.cc
@@ -42,6 +43,7 @@ set(SHARDWISE_CORE_SOURCES
   csrc/training/checkpoint_writer.cc
   csrc/tensor_parallel/tp_shapes.cc
   csrc/distributed/torchrun_env.cc
+  csrc/distributed/exact_square_sum.cc
   csrc/checkpoint/safetensors_header.cc
   csrc/checkpoint/sha256.cc
   csrc/checkpoint/sha256_x86.cc
@@ -54,6 +56,8 @@ set(SHARDWISE_CORE_SOURCES
 )
 set(SHARDWISE_CORE_TEST_SOURCES
   tests/cpp/test_collectives.cc
+  tests/cpp/test_tree_reduce.cc
+  tests/cpp/test_exact_square_sum.cc
   tests/cpp/test_shm_transport.cc
   tests/cpp/test_tcp_transport.cc
   tests/cpp/test_wait_chain.cc
@@ -126,6 +130,8 @@ set(SHARDWISE_TORCH_SOURCES
   csrc/distributed/device_mesh.cpp
   csrc/distributed/broadcast_module.cpp
   csrc/distributed/average_gradients.cpp
+  csrc/distributed/tree_reduce.cpp
+  csrc/distributed/exact_norm.cpp
   csrc/data/batch_order.cpp
   csrc/data/token_stream.cpp
   csrc/data/token_file.cpp

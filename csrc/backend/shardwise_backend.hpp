@@ -74,6 +74,13 @@ class ShardwiseBackend : public c10d::Backend {
   using Tensors = std::vector<at::Tensor>;
   using Work = c10::intrusive_ptr<c10d::Work>;
   Work broadcast(Tensors& tensors, const c10d::BroadcastOptions& opts) override;
+  // Deterministic all-reduce / reduce-scatter of floating-point CPU tensors (SUM or AVG): each
+  // element summed as the balanced binary tree over the rank index (collectives/tree_reduce.cc);
+  // the group size must be a power of two. distributed/tree_reduce.h is the entry point.
+  Work tree_allreduce(at::Tensor& tensor, const c10d::AllreduceOptions& opts);
+  Work tree_reduce_scatter(at::Tensor& output,
+                           at::Tensor& input,
+                           const c10d::ReduceScatterOptions& opts);
   Work allreduce(Tensors& tensors, const c10d::AllreduceOptions& opts) override;
   Work allreduce_coalesced(Tensors& tensors, const c10d::AllreduceCoalescedOptions& opts) override;
   Work reduce(Tensors& tensors, const c10d::ReduceOptions& opts) override;

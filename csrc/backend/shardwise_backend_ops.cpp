@@ -71,6 +71,25 @@ ShardwiseBackend::Work ShardwiseBackend::allreduce(Tensors& tensors,
                     });
 }
 
+ShardwiseBackend::Work ShardwiseBackend::tree_allreduce(at::Tensor& tensor,
+                                                        const c10d::AllreduceOptions& opts) {
+  check_cpu({tensor}, "tree_all_reduce", "tensor");
+  TORCH_CHECK_VALUE((size_ & (size_ - 1)) == 0,
+                    "shardwise backend: tree_all_reduce: the deterministic "
+                    "tree needs a power-of-two group size, got ",
+                    size_, "; use a group of 1, 2, 4, 8, .. ranks");
+  const auto dtype = datatype_of(tensor, "tree_all_reduce");
+  const auto op = reduce_op_of(opts.reduceOp, tensor, "tree_all_reduce");
+  Tensors tensors{tensor};
+  return collective(c10d::OpType::ALLREDUCE, Kind::kAllreduce, tensors, tensors, opts,
+                    [tensor, dtype, op](Transport& t, const CollectiveOptions& base) mutable {
+                      with_contiguous(tensor, [&](at::Tensor& c) {
+                        collectives::tree_allreduce(t, c.data_ptr(), c.numel(),
+                                                    with(base, dtype, op));
+                      });
+                    });
+}
+
 ShardwiseBackend::Work ShardwiseBackend::allreduce_coalesced(
     Tensors& tensors, const c10d::AllreduceCoalescedOptions& opts) {
   c10d::AllreduceOptions single;
@@ -300,6 +319,31 @@ ShardwiseBackend::Work ShardwiseBackend::_reduce_scatter_base(
         with_contiguous(output, [&](at::Tensor& out) {
           collectives::reduce_scatter(t, in.data_ptr(), out.data_ptr(), out.numel(),
                                       with(base, dtype, op));
+        });
+      });
+}
+
+ShardwiseBackend::Work ShardwiseBackend::tree_reduce_scatter(
+    at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
+  check_cpu({output, input}, "tree_reduce_scatter", "tensors");
+  TORCH_CHECK_VALUE((size_ & (size_ - 1)) == 0,
+                    "shardwise backend: tree_reduce_scatter: the deterministic "
+                    "tree needs a power-of-two group size, got ",
+                    size_, "; use a group of 1, 2, 4, 8, .. ranks");
+  TORCH_CHECK_VALUE(
+      input.numel() == output.numel() * size_ && output.scalar_type() == input.scalar_type(),
+      "shardwise backend: tree_reduce_scatter: input has ", input.numel(), " elements of ",
+      input.scalar_type(), "; expected world size (", size_, ") x output numel (", output.numel(),
+      ") of ", output.scalar_type());
+  const auto dtype = datatype_of(input, "tree_reduce_scatter");
+  const auto op = reduce_op_of(opts.reduceOp, input, "tree_reduce_scatter");
+  return collective(
+      c10d::OpType::_REDUCE_SCATTER_BASE, Kind::kReduceScatter, {output}, {input}, opts,
+      [output, input, dtype, op](Transport& t, const CollectiveOptions& base) mutable {
+        const at::Tensor in = input.contiguous();
+        with_contiguous(output, [&](at::Tensor& out) {
+          collectives::tree_reduce_scatter(t, in.data_ptr(), out.data_ptr(), out.numel(),
+                                           with(base, dtype, op));
         });
       });
 }

@@ -7,6 +7,8 @@
 //   broadcast.cc          a chain from the root, in segments
 //   alltoall.cc           size - 1 pairwise exchanges
 //   barrier.cc            dissemination: ceil(log2 size) rounds of empty messages
+//   tree_reduce.cc        deterministic all-reduce / reduce-scatter: the balanced binary tree
+//                         over the rank index (power-of-two groups)
 // Every rank must call the same collective with the same options (tag, counts); the tags catch
 // the cases where they do not. All results are bit-identical on every rank.
 #pragma once
@@ -29,6 +31,21 @@ void reduce_scatter(Transport& transport,
                     void* output,
                     size_t count,
                     const CollectiveOptions& options);
+
+// Deterministic all-reduce and reduce-scatter (tree_reduce.cc): as allreduce / reduce_scatter
+// (SUM or AVG of floating-point data, 16-bit floats added in float32 and rounded once), but each
+// element is summed as the balanced binary tree over the rank index,
+// ((x0 + x1) + (x2 + x3)) + .., whatever the sizes and the transport. The group size must be a
+// power of two (std::invalid_argument otherwise, and for other ops or types).
+void tree_allreduce(Transport& transport,
+                    void* data,
+                    size_t count,
+                    const CollectiveOptions& options);
+void tree_reduce_scatter(Transport& transport,
+                         const void* input,
+                         void* output,
+                         size_t count,
+                         const CollectiveOptions& options);
 
 // `output` (size * `count` elements) receives every rank's `input` (count elements), rank-major.
 // `input` may alias output block `rank`.

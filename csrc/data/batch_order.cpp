@@ -56,8 +56,11 @@ at::Tensor BatchOrder::batch_items(int64_t epoch, int64_t index) {
     order_epoch_ = epoch;
   }
   const int64_t per_global = options_.micro_batch * options_.data_world;
-  return order_.narrow(0, index * per_global, per_global)
-      .slice(0, options_.data_rank, per_global, options_.data_world);
+  const at::Tensor global = order_.narrow(0, index * per_global, per_global);
+  if (options_.contiguous) {
+    return global.narrow(0, options_.data_rank * options_.micro_batch, options_.micro_batch);
+  }
+  return global.slice(0, options_.data_rank, per_global, options_.data_world);
 }
 
 at::Tensor BatchOrder::next() {

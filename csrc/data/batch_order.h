@@ -8,6 +8,11 @@
 // data rank r reads its positions r, r + data_world, ...: the ranks read disjoint items whose
 // union is the global batch, whatever data_world is. Items that do not fill a global batch are
 // dropped, so every rank has `batches_per_epoch` batches and collectives stay in lockstep.
+//
+// `contiguous` (deterministic training): rank r reads positions [r * micro_batch, (r + 1) *
+// micro_batch) of the slice instead, so the micro-batch a rank computes is micro-batch r of the
+// global batch's data_world: global batch b's micro-batch m is the same items whatever
+// data_world is, and the training step can sum the micro-batches in a tree over m.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -22,6 +27,7 @@ struct BatchOrderOptions {
   int data_world = 1;
   int64_t seed = 0;
   bool shuffle = true;
+  bool contiguous = false;
 };
 
 class BatchOrder {

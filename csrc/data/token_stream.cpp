@@ -50,7 +50,7 @@ BatchOrder windows_of(const at::Tensor& tokens, const TokenStreamOptions& option
         " data ranks)");
   }
   return BatchOrder(num_windows, {options.micro_batch, options.data_rank, options.data_world,
-                                  options.seed, options.shuffle});
+                                  options.seed, options.shuffle, options.contiguous});
 }
 
 }  // namespace

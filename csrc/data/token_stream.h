@@ -34,6 +34,7 @@ struct TokenStreamOptions {
   int data_world = 1;
   int64_t seed = 0;
   bool shuffle = true;
+  bool contiguous = false;  // data/batch_order.h: micro-batch r of each global batch
 };
 
 class TokenStream {

@@ -62,6 +62,7 @@ FsdpUnit::FsdpUnit(std::vector<at::Tensor> params, UnitOptions options)
     pre_divide_ *= 2;
   }
   post_divide_ = data_parallel / pre_divide_;
+  if (options_.deterministic) check_deterministic(data_parallel);
 
   const at::Device home = options_.offload_to_cpu ? at::Device(at::kCPU) : device_;
   const bool pinned = options_.offload_to_cpu && options_.pin_memory && device_.is_cuda();
@@ -266,8 +267,25 @@ void FsdpUnit::restore_gradients() {
   }
 }
 
+void FsdpUnit::check_deterministic(int data_parallel) {
+  TORCH_CHECK_VALUE(
+      (data_parallel & (data_parallel - 1)) == 0 && (shard_size_ & (shard_size_ - 1)) == 0,
+      "FSDP unit '", options_.name, "': deterministic=True needs power-of-two ",
+      "groups (the gradients' summation tree); the shard group has ", shard_size_,
+      " ranks and the data-parallel world ", data_parallel, ": use 1, 2, 4, 8, .. ranks");
+  TORCH_CHECK_VALUE(!options_.keep_low_precision_grads, "FSDP unit '", options_.name,
+                    "': deterministic=True with keep_low_precision_grads: the micro-batches' "
+                    "gradients are added in the parameters' dtype; drop keep_low_precision_grads");
+  pre_divide_ = post_divide_ = 1;  // sums: the loss is divided by the global micro-batch count
+  reduce_dtype_ = dtype_;          // one dtype for every addition of the tree
+  micro_batch_sums_ = std::make_unique<distributed::PairwiseGradients>();
+}
+
 void FsdpUnit::reduce_gradients(bool sync, at::Tensor* scratch) {
   if (params_.empty()) return;
+  TORCH_CHECK_VALUE(sync || !options_.deterministic, "FSDP unit '", options_.name,
+                    "': no_sync (or requires_gradient_sync=False) with deterministic=True: the "
+                    "deterministic mode reduces every micro-batch; leave no_sync out");
   std::vector<std::optional<at::Tensor>> grads(params_.size());
   bool any = false;
   for (size_t i = 0; i < params_.size(); ++i) {
@@ -328,7 +346,9 @@ void FsdpUnit::start_reduce_scatter(std::vector<std::optional<at::Tensor>> grads
     c10d::ReduceScatterOptions reduce;
     reduce.reduceOp = c10d::ReduceOp::SUM;
     reduce_work_ =
-        options_.shard_group->_reduce_scatter_base(reduce_output_, reduce_input_, reduce);
+        options_.deterministic
+            ? distributed::tree_reduce_scatter(*options_.shard_group, reduce_output_, reduce_input_)
+            : options_.shard_group->_reduce_scatter_base(reduce_output_, reduce_input_, reduce);
     lanes.accessed(Lane::kReduceScatter, "reduce-scatter", {reduce_input_}, {reduce_output_});
   }
   reduce_event_ = lanes.record(Lane::kReduceScatter);
@@ -346,10 +366,14 @@ void FsdpUnit::finish_reduce() {
   }
   if (group_size(options_.replicate_group) > 1) {  // hybrid: average across the replicas too
     LaneGuard on_reduce_lane = lanes.use(Lane::kReduceScatter);
-    std::vector<at::Tensor> tensors{reduce_output_};
-    c10d::AllreduceOptions reduce;
-    reduce.reduceOp = c10d::ReduceOp::SUM;
-    options_.replicate_group->allreduce(tensors, reduce)->wait();
+    if (options_.deterministic) {  // the tree's upper levels: replicas hold whole subtrees
+      distributed::tree_all_reduce_(*options_.replicate_group, reduce_output_);
+    } else {
+      std::vector<at::Tensor> tensors{reduce_output_};
+      c10d::AllreduceOptions reduce;
+      reduce.reduceOp = c10d::ReduceOp::SUM;
+      options_.replicate_group->allreduce(tensors, reduce)->wait();
+    }
     lanes.accessed(Lane::kReduceScatter, "all-reduce over replicas", {reduce_output_},
                    {reduce_output_});
     reduce_event_ = lanes.record(Lane::kReduceScatter);
@@ -363,7 +387,9 @@ void FsdpUnit::finish_reduce() {
   for (size_t i = 0; i < params_.size(); ++i) {
     (has_grad_[i] ? accumulated : fresh).push_back(grad_views_[i]);
   }
-  if (accumulated.empty() || fresh.empty()) {
+  if (options_.deterministic) {
+    add_micro_batch(reduced, accumulated.empty());
+  } else if (accumulated.empty() || fresh.empty()) {
     shardwise::reduce_scatter_copy_out_(reduced, numels_, shard_size_, shard_rank_,
                                         1.0 / post_divide_, grad_views_,
                                         /*accumulate=*/fresh.empty());
@@ -381,6 +407,18 @@ void FsdpUnit::finish_reduce() {
   reduce_event_.reset();
   pending_reduce_ = false;
   if (!unsharded_) restore_gradients();
+}
+
+// deterministic: this micro-batch's reduced shard as a leaf of the tree over micro-batches (a
+// new tree when no gradient was held: the step's first), the sum so far into the gradients.
+void FsdpUnit::add_micro_batch(const at::Tensor& reduced, bool first) {
+  std::vector<at::Tensor> leaf;
+  for (const auto& grad : grad_views_) leaf.push_back(at::empty_like(grad));
+  shardwise::reduce_scatter_copy_out_(reduced, numels_, shard_size_, shard_rank_, 1.0, leaf,
+                                      /*accumulate=*/false);
+  if (first) micro_batch_sums_ = std::make_unique<distributed::PairwiseGradients>();
+  micro_batch_sums_->push(std::move(leaf));
+  micro_batch_sums_->total_into(grad_views_);
 }
 
 at::Tensor FsdpUnit::reduce_buffer(at::Tensor* scratch) const {

@@ -31,6 +31,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <vector>
 
+#include "distributed/tree_reduce.h"
 #include "fsdp/lanes.h"
 #include "sharding/flat_layout.h"
 
@@ -56,6 +57,13 @@ struct UnitOptions {
   bool reshard_after_backward = true;  // false: stay gathered until the next forward (FSDP2)
   bool requires_gradient_sync = true;  // false: backward accumulates unsharded (no_sync)
   bool offload_to_cpu = false;         // shards and gradient shards live in CPU memory
+  // Deterministic training (the same bits at every data-parallel size): gradients summed, not
+  // averaged (the caller divides the loss by the global micro-batch count), reduced in the
+  // parameters' own dtype by the tree over the rank index (distributed/tree_reduce.h), and each
+  // micro-batch's reduced shard added to the earlier ones' by the tree over their index, which
+  // a step's zero_grad(set_to_none=True) restarts. Groups of a power-of-two size; refused with
+  // no_sync and keep_low_precision_grads.
+  bool deterministic = false;
   bool pin_memory = false;       // with offload_to_cpu and CUDA parameters: page-locked shards
   std::shared_ptr<Lanes> lanes;  // null: make_lanes(the parameters' device)
 };
@@ -138,6 +146,8 @@ class FsdpUnit {
  private:
   void stash_gradients();
   void restore_gradients();
+  void check_deterministic(int data_parallel);
+  void add_micro_batch(const at::Tensor& reduced, bool first);
   at::Tensor to_compute_device(const at::Tensor& tensor) const;
   at::Tensor reduce_buffer(at::Tensor* scratch) const;
   void start_reduce_scatter(std::vector<std::optional<at::Tensor>> grads, at::Tensor* scratch);
@@ -171,6 +181,8 @@ class FsdpUnit {
   at::Tensor full_;  // flat unsharded buffer in param_dtype (storage freed while sharded)
   std::vector<at::Tensor> full_views_;
   std::vector<at::Tensor> unsynced_grads_;  // accumulated full gradients (no_sync)
+  // deterministic: this step's reduced gradient shards, summed as the tree over micro-batches
+  std::unique_ptr<distributed::PairwiseGradients> micro_batch_sums_;
 
   bool unsharded_ = false;
   bool pending_gather_ = false;

@@ -43,6 +43,7 @@ UnitOptions unit_options(const FullyShardOptions& options, const std::string& na
   unit.param_dtype = options.param_dtype;
   unit.reduce_dtype = options.reduce_dtype ? options.reduce_dtype : options.param_dtype;
   unit.keep_low_precision_grads = options.keep_low_precision_grads;
+  unit.deterministic = options.deterministic;
   unit.reshard_after_forward = reshard;
   unit.post_forward_group = options.post_forward_group;
   return unit;

@@ -42,6 +42,7 @@ struct FullyShardOptions {
   std::optional<at::ScalarType> param_dtype;               // e.g. at::kBFloat16
   std::optional<at::ScalarType> reduce_dtype;
   bool keep_low_precision_grads = false;  // gradient shards in param_dtype (UnitOptions)
+  bool deterministic = false;             // the same bits at every data-parallel size (UnitOptions)
   bool reshard_after_forward = true;  // false: SHARD_GRAD_OP (keep units gathered until backward)
   // FSDP2's int reshard_after_forward: N consecutive ranks of shard_group, this rank's (e.g. one
   // node's); backward all-gathers over them (UnitOptions::post_forward_group). Null: none.

@@ -13,6 +13,8 @@
 #include <utility>
 #include <vector>
 
+#include "distributed/exact_norm.h"
+#include "distributed/tree_reduce.h"
 #include "training/checkpoint_writer.h"
 #include "training/full_state.h"
 #include "training/lr_schedule.h"
@@ -39,6 +41,42 @@ void bind_training(py::module& m) {
       },
       py::arg("layout"), py::arg("rank"), py::arg("tp_split"), py::arg("tied"),
       "training/checkpoint_writer.h: whether `rank` writes a parameter placed so.");
+  m.def(
+      "tree_all_reduce_",
+      [](const Group& group, at::Tensor tensor) {
+        distributed::tree_all_reduce_(*group, tensor);
+        return tensor;
+      },
+      py::arg("group"), py::arg("tensor"), py::call_guard<py::gil_scoped_release>(),
+      "distributed/tree_reduce.h: in place, the sum over `group` as the binary tree over ranks.");
+  m.def(
+      "tree_reduce_scatter",
+      [](const Group& group, at::Tensor output, const at::Tensor& input) {
+        auto work = distributed::tree_reduce_scatter(*group, output, input);
+        if (work) work->wait();
+        return output;
+      },
+      py::arg("group"), py::arg("output"), py::arg("input"),
+      py::call_guard<py::gil_scoped_release>(),
+      "distributed/tree_reduce.h: block `rank` of `input` summed over `group` by the tree.");
+  m.def(
+      "exact_norm",
+      [](const std::vector<at::Tensor>& pieces, std::optional<Group> group) {
+        return distributed::exact_norm(pieces, group ? group->get() : nullptr);
+      },
+      py::arg("pieces"), py::arg("group") = py::none(), py::call_guard<py::gil_scoped_release>(),
+      "distributed/exact_norm.h: the L2 norm of pieces split over `group`, summed exactly.");
+  m.def("pairwise_sum_rows", &distributed::pairwise_sum_rows, py::arg("stacked"),
+        "distributed/tree_reduce.h: the rows summed as the balanced binary tree over the index.");
+  py::class_<distributed::PairwiseGradients>(
+      m, "PairwiseGradients",
+      "distributed/tree_reduce.h: leaves (lists of tensors, taken) summed as the balanced binary "
+      "tree over the push index.")
+      .def(py::init<>())
+      .def("push", &distributed::PairwiseGradients::push, py::arg("leaf"))
+      .def("finish", &distributed::PairwiseGradients::finish)
+      .def_property_readonly("count", &distributed::PairwiseGradients::count)
+      .def_property_readonly("partial_sums", &distributed::PairwiseGradients::partial_sums);
   m.def(
       "clip_grad_norm_over_mesh",
       [](std::vector<at::Tensor> split, std::vector<at::Tensor> replicated,

@@ -52,6 +52,13 @@ ZeroOptimizer::ZeroOptimizer(ZeroOptions options) : options_(std::move(options))
   dp_size_ = group_size(options_.group);
   rank_ = options_.group ? options_.group->getRank() : 0;
   if (options_.loss_scaler) scaler_ = std::make_unique<LossScaler>(*options_.loss_scaler);
+  if (options_.deterministic) check_deterministic();
+}
+
+void ZeroOptimizer::check_deterministic() const {
+  TORCH_CHECK_VALUE((dp_size_ & (dp_size_ - 1)) == 0, "ZeRO: deterministic needs a ",
+                    "power-of-two data-parallel group (the gradients' summation tree), got ",
+                    dp_size_, " ranks; use 1, 2, 4, 8, ..");
 }
 
 std::shared_ptr<ZeroOptimizer> ZeroOptimizer::create(std::vector<at::Tensor> params,
@@ -150,8 +157,9 @@ void ZeroOptimizer::init_partitioned(std::vector<at::Tensor> params) {
   }
   masters_ = {master};
   allocate_state(master, partition_numel_);
-  if (options_.stage == 2) {
-    grad_partition_ = at::zeros({partition_numel_}, params_[0].options());
+  if (reduces_in_backward()) {
+    grad_partition_ = at::zeros({partition_numel_}, params_[0].options().dtype(reduce_type()));
+    bucket_sums_.resize(buckets_.size());
     std::weak_ptr<ZeroOptimizer> weak = weak_from_this();
     for (size_t i = 0; i < params_.size(); ++i) {
       if (!params_[i].requires_grad()) continue;
@@ -235,19 +243,25 @@ void ZeroOptimizer::launch_reduce(int b) {
     numels.push_back(params_[i].numel());
   }
   if (!any) grads[0] = at::zeros({numels[0]}, params_[0].options());
-  const int64_t bytes = bucket.layout.total_numel() * params_[0].element_size();
+  const int64_t bytes = bucket.layout.total_numel() * c10::elementSize(reduce_type());
   at::Tensor& scratch = reduce_buffers_[reduces_issued_++ % reduce_buffers_.size()];
   if (!scratch.defined() || scratch.numel() < bytes) {
     scratch = at::empty({bytes}, params_[0].options().dtype(at::kByte));
   }
-  at::Tensor input = scratch.narrow(0, 0, bytes).view(params_[0].scalar_type());
-  shardwise::reduce_scatter_copy_in_(grads, numels, world_, 1.0 / predivide_factor(), input);
+  at::Tensor input = scratch.narrow(0, 0, bytes).view(reduce_type());
+  const bool tree = options_.deterministic;  // sums: no pre-divide
+  shardwise::reduce_scatter_copy_in_(grads, numels, world_, tree ? 1.0 : 1.0 / predivide_factor(),
+                                     input);
   for (int64_t i : bucket.params) params_[i].mutable_grad() = at::Tensor();  // frees .grad
   Reduction reduction{b, input, {}};  // world 1: reduced in place
   if (world_ > 1) {
     reduction.output = at::empty({bucket.layout.shard_numel()}, input.options());
-    reduction.work = options_.group->_reduce_scatter_base(reduction.output, input);
-  } else if (dp_size_ > 1) {  // stage 0: all-reduce the whole bucket
+    reduction.work =
+        tree ? distributed::tree_reduce_scatter(*options_.group, reduction.output, input)
+             : options_.group->_reduce_scatter_base(reduction.output, input);
+  } else if (dp_size_ > 1 && tree) {  // stage 0: all-reduce the whole bucket
+    distributed::tree_all_reduce_(*options_.group, input);
+  } else if (dp_size_ > 1) {
     std::vector<at::Tensor> tensors{input};
     reduction.work = options_.group->allreduce(tensors);
   }
@@ -261,7 +275,16 @@ void ZeroOptimizer::finish_oldest() {
   Reduction reduction = std::move(in_flight_.front());
   in_flight_.pop_front();
   if (reduction.work) reduction.work->wait();
-  bucket_view(grad_partition_, reduction.bucket).add_(reduction.output);
+  at::Tensor target = bucket_view(grad_partition_, reduction.bucket);
+  if (!options_.deterministic) {
+    target.add_(reduction.output);
+    return;
+  }
+  // A leaf of the bucket's tree over micro-batches (a copy: world 1 reduces in the scratch).
+  distributed::PairwiseGradients& sum = bucket_sums_[reduction.bucket];
+  sum.push({world_ == 1 ? reduction.output.clone() : reduction.output});
+  std::vector<at::Tensor> out{target};
+  sum.total_into(out);
 }
 
 void ZeroOptimizer::finalize_backward() {

@@ -45,6 +45,7 @@
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
 #include <vector>
 
+#include "distributed/tree_reduce.h"
 #include "sharding/flat_layout.h"
 #include "zero/loss_scaler.h"
 
@@ -91,6 +92,14 @@ struct ZeroOptions {
   // prescale_gradients = the data-parallel size. 0: the data-parallel size.
   double gradient_predivide_factor = 0.0;
   std::optional<LossScalerOptions> loss_scaler;  // fp16 only
+  // Deterministic training (the same bits at every data-parallel size): every stage reduces each
+  // micro-batch during backward (stages 0 and 1 too), in float32, by the tree over the rank index
+  // (distributed/tree_reduce.h); the micro-batches' reduced partitions are added by the tree over
+  // their index, restarted by zero_grad; gradients are summed, not averaged (the caller divides
+  // the loss by the global micro-batch count), so gradient_predivide_factor, which splits the
+  // average's division, has nothing to split; the clip norm is summed exactly. Power-of-two
+  // groups.
+  bool deterministic = false;
   OptimizerOptions optimizer;
   ZeroTensorParallel tensor_parallel;
 };
@@ -221,7 +230,14 @@ class ZeroOptimizer : public std::enable_shared_from_this<ZeroOptimizer> {
   std::vector<PieceInfo> pieces_;
   std::vector<at::Tensor> masters_;  // local mode: the shards; partitioned: one flat partition
   std::vector<std::vector<at::Tensor>> state_;  // per master: exp_avg, exp_avg_sq / momentum
-  at::Tensor grad_partition_;                   // stage 2
+  at::Tensor grad_partition_;                   // stage 2 (every stage when deterministic)
+  // deterministic: per bucket, this step's reduced shards summed as the tree over micro-batches
+  std::vector<distributed::PairwiseGradients> bucket_sums_;
+  bool reduces_in_backward() const { return options_.stage == 2 || options_.deterministic; }
+  at::ScalarType reduce_type() const {  // deterministic: every addition in float32
+    return options_.deterministic ? at::kFloat : params_[0].scalar_type();
+  }
+  void check_deterministic() const;
   std::deque<Reduction> in_flight_;
   int max_in_flight_ = 0;
   std::array<at::Tensor, 2> reduce_buffers_;

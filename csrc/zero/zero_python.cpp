@@ -34,6 +34,7 @@ ZeroOptions options_of(const py::dict& d,
   o.offload_optimizer = d["offload_optimizer"].cast<bool>();
   if (d.contains("pin_memory")) o.pin_memory = d["pin_memory"].cast<bool>();
   o.gradient_clipping = d["gradient_clipping"].cast<double>();
+  if (d.contains("deterministic")) o.deterministic = d["deterministic"].cast<bool>();
   if (d.contains("gradient_predivide_factor")) {
     o.gradient_predivide_factor = d["gradient_predivide_factor"].cast<double>();
   }

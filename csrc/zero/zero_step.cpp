@@ -7,6 +7,7 @@
 
 #include <cmath>
 
+#include "distributed/exact_norm.h"
 #include "optim/lamb_ops.h"
 #include "sharding/shard_ops.h"
 #include "tensor_parallel/grad_norm.h"
@@ -51,6 +52,10 @@ bool ZeroOptimizer::any_overflow(const std::vector<at::Tensor>& grads) const {
 // zero), so the squares are summed over the group; stage 0 gradients are already complete.
 double ZeroOptimizer::global_norm(const std::vector<at::Tensor>& grads) const {
   if (options_.tensor_parallel.group) return tensor_parallel_norm(grads);
+  if (options_.deterministic) {  // exact: the same bits however the partitions fall
+    const bool split = dp_size_ > 1 && (local_ || world_ > 1);
+    return distributed::exact_norm(grads, split ? options_.group.get() : nullptr);
+  }
   at::Tensor squares = at::zeros({1}, grads[0].options().dtype(at::kDouble));
   for (const at::Tensor& grad : grads) {
     squares.add_(at::linalg_vector_norm(grad, 2, {}, false, at::kFloat).to(at::kDouble).pow(2));
@@ -177,7 +182,7 @@ bool ZeroOptimizer::step() {
   if (local_) {
     grads = local_grads();
   } else {
-    if (options_.stage < 2) reduce_all_now();
+    if (!reduces_in_backward()) reduce_all_now();
     grads = {grad_partition_};
   }
   const double loss_scale = this->loss_scale();
@@ -187,7 +192,9 @@ bool ZeroOptimizer::step() {
     return false;
   }
   double grad_scale = 1.0 / loss_scale;
-  if (!local_) grad_scale *= predivide_factor() / dp_size_;  // the rest of the average
+  if (!local_ && !options_.deterministic) {
+    grad_scale *= predivide_factor() / dp_size_;  // the rest of the average
+  }
   if (options_.gradient_clipping > 0) {
     last_norm_ = global_norm(grads) * grad_scale;
     const double coef = options_.gradient_clipping / (last_norm_ + 1e-6);
@@ -287,7 +294,8 @@ void ZeroOptimizer::zero_grad() {
     return;
   }
   for (at::Tensor& p : params_) p.mutable_grad() = at::Tensor();
-  if (options_.stage == 2) {
+  for (auto& sum : bucket_sums_) sum.clear();  // the next step starts new trees
+  if (reduces_in_backward()) {
     grad_partition_.zero_();
   } else {
     grad_partition_ = at::Tensor();

@@ -279,6 +279,79 @@ def check_ddp_matches_gloo(rank, world, gloo):
         torch.testing.assert_close(results["shardwise"], results["gloo"], rtol=1e-6, atol=1e-7)
 
 
+def _adversarial_leaves(count: int, numel: int) -> torch.Tensor:
+    """[count, numel] float32 values +-(1 + f) * 2^e, e in [-30, 30]: every association of their
+    sum shows in the bits."""
+    g = torch.Generator().manual_seed(7)
+    exponents = torch.randint(-30, 31, (count, numel), generator=g).float()
+    signs = torch.randint(0, 2, (count, numel), generator=g).float() * 2 - 1
+    return signs * (1 + torch.rand(count, numel, generator=g)) * torch.exp2(exponents)
+
+
+def check_tree_reductions_do_not_depend_on_the_world(rank, world, gloo):
+    """Catches a deterministic reduction whose bits depend on the world size, the backend or
+    the algorithm (ring order, segmenting): 8 leaves, each rank summing its contiguous block
+    pairwise, then the tree all-reduce / reduce-scatter over the shardwise backend and over
+    gloo (the fallback) give the one-rank pairwise sum bit for bit, in float32 and (widened,
+    rounded once) bfloat16; the plain all-reduce does not. World 3: refused, naming the fix."""
+    from shardwise import _C
+
+    leaves = _adversarial_leaves(8, 3001)
+    if world & (world - 1):
+        try:
+            _C.tree_all_reduce_(dist.group.WORLD, leaves[0].clone())
+        except ValueError as e:
+            assert "power-of-two group size, got 3" in str(e), e
+            return
+        raise AssertionError("a world of 3 was not refused")
+    block = leaves.view(world, 8 // world, -1)[rank]
+    expected = _C.pairwise_sum_rows(leaves)
+    plain = _C.pairwise_sum_rows(block)
+    dist.all_reduce(plain)
+    # two operands have one association; from 4 on the plain all-reduce (ring) differs
+    assert not torch.equal(plain, expected) or world <= 2, "the inputs do not show association"
+    for group in (dist.group.WORLD, gloo):
+        mine = _C.tree_all_reduce_(group, _C.pairwise_sum_rows(block))
+        assert torch.equal(mine, expected), group
+        share = expected.numel() // world
+        flat = _C.pairwise_sum_rows(block)[: share * world]
+        out = _C.tree_reduce_scatter(group, torch.empty(share), flat)
+        assert torch.equal(out, expected[rank * share : (rank + 1) * share]), group
+        half = leaves.bfloat16()
+        got = _C.tree_all_reduce_(group, half[rank].clone())
+        assert torch.equal(got, _C.pairwise_sum_rows(half[:world]).bfloat16()), group
+
+
+def check_deterministic_engines_refuse_what_breaks_the_tree(rank, world, gloo):
+    """Catches an engine that accepts deterministic=True and then cannot keep it: a group whose
+    size the tree does not split (world 3), FSDP's no_sync (a running sum over micro-batches)
+    and ZeRO's gradient_predivide_factor (nothing is divided in the mode), each refused with
+    the fix before any gradient is reduced."""
+    from shardwise.fsdp import FullyShardedDataParallel
+    from shardwise.zero import ZeroEngine
+
+    def refused(build, text):
+        try:
+            build()
+        except ValueError as e:
+            assert text in str(e), e
+            return
+        raise AssertionError(f"not refused: {text}")
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Linear(8, 2))
+    if world & (world - 1):
+        refused(lambda: FullyShardedDataParallel(model, deterministic=True), "power-of-two")
+        return
+    fsdp = FullyShardedDataParallel(model, deterministic=True)
+    with fsdp.no_sync():
+        refused(lambda: fsdp(torch.randn(4, 8)).sum().backward(), "leave no_sync out")
+    config = {"train_micro_batch_size_per_gpu": 1, "gradient_predivide_factor": 2.0,
+              "zero_optimization": {"stage": 2}}  # fmt: skip
+    other = torch.nn.Linear(8, 2)
+    refused(lambda: ZeroEngine(other, config, deterministic=True), "gradient_predivide_factor")
+
+
 def check_unsupported_dtype_names_it(rank, world, gloo):
     """Catches: unsupported input reaching the transport instead of a clear error."""
     try:

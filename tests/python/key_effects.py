@@ -150,6 +150,10 @@ EFFECTS: dict[str, tuple[str, ...]] = {
     "train:training.compile": (
         "tests/distributed/test_train_compile.py::test_compiled_blocks_train_as_eager",
     ),
+    "train:training.deterministic": (
+        "tests/distributed/test_train_deterministic.py::test_every_world_size_gives_the_same_bits",
+        "tests/distributed/test_train_deterministic.py::test_without_the_mode_the_world_size_shows",
+    ),
     "train:training.log_every": (TK + "test_log_every_picks_the_logged_steps",),
     "train:training.device_hour_price": (TK + "test_device_hour_price_prices_the_device_hours",),
     "train:training.checkpoint.asynchronous": (

@@ -170,3 +170,24 @@ def test_lamb_with_hybrid_sharding_or_zero_over_tp_is_refused_before_start():
     assert "strategy zero and a tp axis" in message
     cfg = load("distributed.world_size=4", "distributed.strategy=fsdp", "training.optimizer=lamb")
     assert cfg.training.optimizer == "lamb"
+
+
+def test_deterministic_refuses_what_its_tree_does_not_cover():
+    """training.deterministic: each refusal names the key and the fix, before anything runs
+    (an accepted option the mode would ignore, or a world its tree cannot split, would break
+    the bit-identity the mode promises)."""
+    on = "training.deterministic=true"
+    cases = [
+        (("distributed.world_size=3", "distributed.strategy=ddp"), "power-of-two data-parallel"),
+        (("distributed.world_size=2", "distributed.pipeline_parallel_size=2"), "the pipeline"),
+        (("training.mixed_precision=fp16",), "covers fp32 and bf16"),
+        (("training.gradient_accumulation_steps=2", "training.sync_gradients_every=1"),
+         "training.sync_gradients_every=1 with training.deterministic"),
+        (("distributed.world_size=2", "distributed.strategy=ddp", "distributed.ddp_comm_hook=bf16"),
+         "distributed.ddp_comm_hook=bf16 with training.deterministic"),
+        (("distributed.strategy=fsdp", "training.optimizer=lamb"), "use adamw, or ddp"),
+    ]  # fmt: skip
+    for overrides, expected in cases:
+        message = error_of(on, *overrides)
+        assert expected in message, (overrides, message)
+    assert load(on, "distributed.world_size=4", "distributed.strategy=zero").training.deterministic

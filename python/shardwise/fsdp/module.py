@@ -63,6 +63,10 @@ class FullyShardedDataParallel(nn.Module):
         state_dict_type: full_state_dict, sharded_state_dict or local_state_dict.
         process_group: the data-parallel ranks (default: the world).
         mesh: (replicas, shards) for hybrid_shard (default: shard within the host).
+        deterministic: the same bits at every data-parallel size (docs/deterministic.md):
+            gradients summed (divide the loss by the global micro-batch count), by the tree
+            over ranks and over micro-batches (``zero_grad(set_to_none=True)`` starts a
+            step's), the clip norm summed exactly. Power-of-two groups; no ``no_sync``.
 
     torch FSDP's own arguments work too (``torch_args.py``): ``sharding_strategy`` as a
     ``ShardingStrategy``, ``backward_prefetch`` as a ``BackwardPrefetch`` (or None),
@@ -97,6 +101,7 @@ class FullyShardedDataParallel(nn.Module):
         limit_all_gathers: bool = True,
         ignored_modules=None,
         param_init_fn=None,
+        deterministic: bool = False,
     ):
         super().__init__()
         for name, value in (("ignored_modules", ignored_modules), ("param_init_fn", param_init_fn)):
@@ -157,6 +162,7 @@ class FullyShardedDataParallel(nn.Module):
                 cpu_offload,
                 keep_low_precision_grads=mixed and policy.keep_low_precision_grads,
                 pin_memory=pin_memory,
+                deterministic=deterministic,
             )
             self._unit_params.append(params)
             self._unit_names.append(name)
@@ -277,11 +283,19 @@ class FullyShardedDataParallel(nn.Module):
 UNIT_KEYS = ("fsdp_auto_wrap_policy", "fsdp_transformer_layer_cls", "fsdp_min_num_params")
 
 
-def wrap(module: nn.Module, config, *, process_group=None, one_unit: bool = False) -> nn.Module:
+def wrap(
+    module: nn.Module,
+    config,
+    *,
+    process_group=None,
+    one_unit: bool = False,
+    deterministic: bool = False,
+) -> nn.Module:
     """Wraps ``module`` as the ``distributed:`` section of a config says (the FSDP config keys).
     Returns the module unchanged when ``use_fsdp`` is false. ``one_unit``: ``module`` is one
     unit (a pipeline stage); the wrapping keys a mapping gives are named in a warning, and
-    hybrid sharding, which needs its own mesh, is refused."""
+    hybrid sharding, which needs its own mesh, is refused. ``deterministic``: the engine's
+    deterministic mode (``FullyShardedDataParallel``'s argument)."""
     cfg = config if isinstance(config, FSDPConfig) else FSDPConfig.from_mapping(config)
     _check_other_parallelisms(cfg.extra)
     if not cfg.use_fsdp:
@@ -322,6 +336,7 @@ def wrap(module: nn.Module, config, *, process_group=None, one_unit: bool = Fals
         state_dict_type=cfg.fsdp_state_dict_type,
         process_group=process_group,
         mesh=mesh_axes(cfg.mesh_shape) if cfg.mesh_shape is not None else None,
+        deterministic=deterministic,
     )
 
 

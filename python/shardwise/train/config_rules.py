@@ -394,8 +394,47 @@ def _check_sync_every(cfg: TrainConfig) -> None:
         )
 
 
+def _check_deterministic(cfg: TrainConfig) -> None:
+    """training.deterministic: a data-parallel size the tree divides, and the strategies and
+    precisions whose reductions follow the tree."""
+    t, d = cfg.training, cfg.distributed
+    if not t.deterministic:
+        return
+    size = cfg.data_parallel_size
+    if size & (size - 1):
+        raise ValueError(
+            f"training.deterministic=true needs a power-of-two data-parallel size (the "
+            f"gradients' summation tree), got {size}; run on 1, 2, 4 or 8 data ranks"
+        )
+    if d.strategy == "pipeline":
+        raise ValueError(
+            "training.deterministic=true covers distributed.strategy ddp, fsdp and zero so far; "
+            "the pipeline reduces its gradients in an order that depends on the world size: "
+            "use ddp, fsdp or zero, or leave training.deterministic out"
+        )
+    if d.strategy in ("fsdp", "zero") and t.optimizer == "lamb":
+        raise ValueError(
+            f"training.deterministic=true with strategy {d.strategy} and training.optimizer="
+            "lamb: LAMB's trust-ratio norms add the shards' partial sums; use adamw, or ddp"
+        )
+    if cfg.mixed_precision == "fp16":
+        raise ValueError(
+            "training.deterministic=true covers fp32 and bf16 (fp16's loss scale is outside "
+            "the contract); set training.mixed_precision to no or bf16"
+        )
+    for key, value in (("training.sync_gradients_every", t.sync_gradients_every),
+                       ("distributed.ddp_comm_hook", None if d.ddp_comm_hook == "no"
+                        else d.ddp_comm_hook)):  # fmt: skip
+        if value is not None:
+            raise ValueError(
+                f"{key}={value} with training.deterministic=true: the deterministic mode "
+                f"reduces every micro-batch in float32 through its tree; leave {key} out"
+            )
+
+
 def _check_training(cfg: TrainConfig) -> None:
     _check_sync_every(cfg)
+    _check_deterministic(cfg)
     d = cfg.distributed
     if d.ddp_comm_hook != "no" and d.strategy != "ddp":
         raise ValueError(

@@ -145,6 +145,10 @@ class TrainingSection(_Section):
     initial_loss_scale_power: int = Field(16, ge=0, le=64)
     gradient_checkpointing: bool = False
     compile: bool = False
+    # bitwise-identical training at every data-parallel size (docs/deterministic.md): micro-
+    # batch m of a global batch is the same samples whatever rank computes it, the gradients
+    # of the global batch's micro-batches are summed in one tree over m, one intra-op thread
+    deterministic: bool = False
     # the update: AdamW, or LAMB (DeepSpeed's FusedLamb: AdamW's direction scaled per parameter
     # by ||param|| / ||direction||, for large batches); betas and weight decay shared
     optimizer: Literal["adamw", "lamb"] = "adamw"

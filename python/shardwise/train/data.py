@@ -24,8 +24,11 @@ Stream
     seeded from ``(seed, epoch)`` only. Global batch ``b`` of the epoch is the permutation slice
     ``[b * micro_batch * W, (b + 1) * micro_batch * W)``, and data rank ``r`` takes positions
     ``r, r + W, r + 2W, ...`` of that slice, so the data ranks read disjoint windows whose union
-    is the global batch. Every rank has the same number of batches per epoch (windows that do
-    not fill a whole global batch are dropped), which keeps collectives in lockstep. Pipeline
+    is the global batch (``contiguous``, deterministic training: rank ``r`` reads positions
+    ``[r * micro_batch, (r + 1) * micro_batch)`` instead, micro-batch ``r`` of the slice, so
+    a micro-batch's windows do not depend on ``W``). Every rank has the same number of
+    batches per epoch (windows that do not fill a whole global batch are dropped), which keeps
+    collectives in lockstep. Pipeline
     stages of one data-parallel replica pass the same ``data_rank`` and therefore see the same
     batches. The position is ``state() == {"epoch": e, "index": i}`` (the next batch to
     produce); ``load_state`` restores it, so a resumed run continues with exactly the next batch.
@@ -103,12 +106,14 @@ class TokenStream:
         data_world: int = 1,
         seed: int = 0,
         shuffle: bool = True,
+        contiguous: bool = False,
     ):
         # The stream is C++ (csrc/data/token_stream.h), so the C++ trainer reads the same
         # batches; it validates the arguments (ValueError naming the bad one).
         self._native = _C.TokenStream(
-            tokens.reshape(-1), seq_len, micro_batch, data_rank, data_world, seed, shuffle
-        )
+            tokens.reshape(-1), seq_len, micro_batch, data_rank, data_world, seed, shuffle,
+            contiguous,
+        )  # fmt: skip
         self.batches_per_epoch = self._native.batches_per_epoch
 
     def window_order(self, epoch: int) -> torch.Tensor:

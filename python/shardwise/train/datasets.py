@@ -134,10 +134,13 @@ def collate(pairs: Sequence[tuple[torch.Tensor, torch.Tensor]], where: str):
 class MapStream:
     """The batches of a map-style dataset for one data rank (the order: C++ ``BatchOrder``)."""
 
-    def __init__(self, dataset, rows, data_rank, data_world, seed, shuffle=True, name="dataset"):
+    def __init__(self, dataset, rows, data_rank, data_world, seed, shuffle=True, name="dataset",
+                 contiguous=False):  # fmt: skip
         self.dataset, self.name = dataset, name
         try:
-            self._order = _C.BatchOrder(len(dataset), rows, data_rank, data_world, seed, shuffle)
+            self._order = _C.BatchOrder(
+                len(dataset), rows, data_rank, data_world, seed, shuffle, contiguous
+            )
         except ValueError as error:
             raise ValueError(
                 f"{name}: {error}; give more items or lower the micro-batch size"
@@ -170,10 +173,12 @@ class IterableStream:
     """The batches of an iterable dataset for one data rank: each ``rows × data_world`` items in
     the dataset's own order are a global batch, of which this rank reads its positions."""
 
-    def __init__(self, dataset, rows, data_rank, data_world, name="dataset"):
+    def __init__(self, dataset, rows, data_rank, data_world, name="dataset", contiguous=False):
         self.dataset, self.name, self.global_rows = dataset, name, rows * data_world
         # this rank's positions in a global batch: the BatchOrder rule, unshuffled
-        self.positions = _C.BatchOrder(self.global_rows, rows, data_rank, data_world, 0, False)
+        self.positions = _C.BatchOrder(
+            self.global_rows, rows, data_rank, data_world, 0, False, contiguous
+        )
         self.positions = self.positions.batch_items(0, 0).tolist()
         self.epoch, self.index, self._items = 0, 0, None
         self._cache: list = []  # the first global batches, for eval (read the same each time)
@@ -234,9 +239,11 @@ class IterableStream:
         self.epoch, self.index, self._items = int(state["epoch"]), int(state["index"]), None
 
 
-def stream(dataset, rows, data_rank, data_world, seed, shuffle=True, name="dataset"):
+def stream(dataset, rows, data_rank, data_world, seed, shuffle=True, name="dataset",
+           contiguous=False):  # fmt: skip
     """The batch stream of ``dataset`` for this data rank (``MapStream`` or
-    ``IterableStream``)."""
+    ``IterableStream``); ``contiguous``: micro-batch ``data_rank`` of each global batch
+    (C++ ``data/batch_order.h``, deterministic training)."""
     if is_map_style(dataset):
-        return MapStream(dataset, rows, data_rank, data_world, seed, shuffle, name)
-    return IterableStream(dataset, rows, data_rank, data_world, name)
+        return MapStream(dataset, rows, data_rank, data_world, seed, shuffle, name, contiguous)
+    return IterableStream(dataset, rows, data_rank, data_world, name, contiguous)

@@ -51,6 +51,7 @@ class StrategyOptions:
     initial_loss_scale: float = 2.0**16
     checkpointing: bool = False
     compile: bool = False  # training.compile: the blocks' forwards under torch.compile
+    deterministic: bool = False  # training.deterministic: the tree reductions, no DDP wrapper
     optimizer: str = "adamw"  # training.optimizer: adamw | lamb
     fsdp: dict = field(default_factory=dict)  # the FSDP config keys
     zero: dict = field(default_factory=dict)  # DeepSpeed keys
@@ -79,6 +80,7 @@ class StrategyOptions:
             initial_loss_scale=2.0**t.initial_loss_scale_power,
             checkpointing=cfg.activation_checkpointing,
             compile=t.compile,
+            deterministic=t.deterministic,
             optimizer=t.optimizer,
             fsdp=fsdp_keys(d.fsdp or {}, cfg.mixed_precision),
             zero=dict(d.zero or {}),
@@ -455,7 +457,8 @@ def data_parallel(par: Parallel) -> None:
         cfg = FSDPConfig.from_mapping(
             {**o.fsdp, "use_fsdp": True, "gradient_checkpointing": o.checkpointing}
         )
-        wrapped = wrap(model, cfg, process_group=par.axes.data_group)
+        wrapped = wrap(model, cfg, process_group=par.axes.data_group,
+                       deterministic=o.deterministic)  # fmt: skip
         named = dict(model.named_parameters())
         par.owned = {
             k: (n, a, c, par.tp_runs(n, named[n])) for k, (n, a, c) in _fsdp_slots(wrapped).items()
@@ -463,7 +466,8 @@ def data_parallel(par: Parallel) -> None:
         par.autocast = "no" if cfg.fsdp_mixed_precision else o.precision
     else:
         wrapped = model
-        if par.axes.data_size > 1:
+        # deterministic: the step reduces each micro-batch itself, by the tree (no DDP buckets)
+        if par.axes.data_size > 1 and not o.deterministic:
             wrapped = nn.parallel.DistributedDataParallel(model, process_group=par.axes.data_group)
             if o.ddp_comm_hook != "no":
                 wrapped.register_comm_hook(par.axes.data_group, COMM_HOOKS[o.ddp_comm_hook])
@@ -497,7 +501,8 @@ def _zero(par: Parallel) -> None:
         **o.zero,
     }
     group = par.axes.data_group or dist.group.WORLD
-    par.engine = ZeroEngine(par.gpt, config, group, par.axes.tp_group, o.zero_auto)
+    par.engine = ZeroEngine(par.gpt, config, group, par.axes.tp_group, o.zero_auto,
+                            deterministic=o.deterministic)  # fmt: skip
     par.stages = {0: par.engine}
     par.autocast = "no"  # the engine casts the model itself
 

@@ -25,6 +25,7 @@ import torch.distributed as dist
 from .. import _C
 from ..optim import FusedAdamW, FusedLamb
 from ..pieces import Slot
+from . import deterministic
 from .parallelize import Axes, Parallel, StrategyOptions, autocast_context, mesh_axes, parallelize
 
 
@@ -120,6 +121,16 @@ class TrainStep:
         """One optimizer step at ``lr`` (a DeepSpeed ``scheduler`` in the ZeRO config overrides
         it: the returned ``lr`` is the one used)."""
         self.phase_seconds = {}
+        if self.options.deterministic:  # the same bits at every data-parallel size
+            start = time.perf_counter()
+            local, mean = deterministic.forward_backward(
+                self.par, batches, self.optimizer_step_count(), self.data_group
+            )
+            middle = time.perf_counter()
+            norm = self._update(lr, len(batches))
+            end = time.perf_counter()
+            self.phase_seconds.update(forward_backward=middle - start, optimizer=end - middle)
+            return {"loss": mean, "local_loss": local, "grad_norm": norm, "lr": lr}
         total = self._forward_backward(batches)
         scheduler = getattr(self.engine, "lr_scheduler", None)
         if scheduler is not None:
@@ -215,6 +226,8 @@ class TrainStep:
         par, axes = self.par, self.axes
         if par.kind == "fsdp" and par.pipe is None and axes.tp_group is None:
             return float(par.forward.clip_grad_norm_(max_norm or math.inf))  # FSDP's own layout
+        if self.options.deterministic and par.pipe is None and axes.tp_group is None:
+            return deterministic.clip_grad_norm_(params, max_norm)
         held, split = [p for p in params if p.grad is not None], par.split
         counted = [p for p in held if id(p) != par.head_copy]
         return _C.clip_grad_norm_over_mesh(

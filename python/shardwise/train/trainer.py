@@ -98,6 +98,9 @@ class TrainingRun:
         self.rank, self.world = init_distributed(d.backend, cfg.launch_env(), d.timeout_s)
         self.device_notes = _checked_devices(self.device, self.world, t.allow_mixed_devices)
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // _local_world(self.world)))
+        if t.deterministic:  # a BLAS may split a reduction over its threads: one, everywhere
+            torch.set_num_threads(1)
+            torch.use_deterministic_algorithms(True)
         self.options = StrategyOptions.from_config(cfg)
         self.stepper = step_mod.build(d.strategy, self.options, self.world)
         group = self.stepper.data_group
@@ -110,7 +113,7 @@ class TrainingRun:
             self.tokenizer, train_tokens, val_tokens = load_data(cfg.data, self.gpt)
             self.stream = data_mod.TokenStream(
                 train_tokens, self.gpt.seq_len, rows, self.data_rank, self.data_world,
-                cfg.data_seed,
+                cfg.data_seed, contiguous=t.deterministic,
             )  # fmt: skip
             self.val_stream = validation_stream(
                 val_tokens, self.gpt.seq_len, rows, self.data_rank, self.data_world
@@ -119,8 +122,9 @@ class TrainingRun:
             self.tokenizer = None
             place = (rows, self.data_rank, self.data_world)
             self.stream = datasets.stream(
-                train_dataset, *place, cfg.data_seed, name="train_dataset"
-            )
+                train_dataset, *place, cfg.data_seed, name="train_dataset",
+                contiguous=t.deterministic,
+            )  # fmt: skip
             self.val_stream = None
             if eval_dataset is not None:
                 self.val_stream = datasets.stream(
@@ -144,7 +148,9 @@ class TrainingRun:
             "step": self.step,
             "optimizer_step": s.optimizer_step_count(),
             "rng": torch.get_rng_state(),
-            "data": self.stream.state(),
+            # the position and the global batch's windows it counts in (a resume at another
+            # data-parallel size converts it)
+            "data": {**self.stream.state(), "global_rows": self.stream_rows * self.data_world},
         }
         if s.engine is not None:  # ZeRO's own pieces
             payload["zero"] = s.payload()
@@ -216,10 +222,22 @@ class TrainingRun:
         mine = payloads[self.rank] if self.rank < saved_world else payloads[0]
         if saved_world == self.world:  # the same ranks: this rank's own random stream
             torch.set_rng_state(mine["rng"])
-        self.stream.load_state(payloads[0]["data"])
+        self.stream.load_state(self._stream_position(payloads[0]["data"]))
         self.step = int(payloads[0]["step"])
         self.sinks.note(f"resumed from {path} (step {self.step}, saved by {saved_world} ranks)")
         return True
+
+    def _stream_position(self, saved: dict) -> dict:
+        """The saved stream position in this run's global batches: the same windows read, when
+        the data-parallel size (so the global batch's windows) changed; a position between two
+        batches rounds down, with a note."""
+        here = self.stream_rows * self.data_world
+        there = int(saved.get("global_rows", here))
+        read = int(saved["index"]) * there
+        if read % here:
+            self.sinks.note(f"resumed position rounded down: {read} windows read is not a whole "
+                            f"number of global batches of {here}")  # fmt: skip
+        return {"epoch": int(saved["epoch"]), "index": read // here}
 
     # --- the loop --------------------------------------------------------------------------
 

@@ -33,6 +33,7 @@ class ZeroEngine(nn.Module):
         auto: Mapping | None = None,
         client_optimizer: torch.optim.Optimizer | None = None,
         client_scheduler=None,
+        deterministic: bool = False,
     ):
         """``process_group``: the data-parallel ranks (default: the world). ``tp_group``: the
         tensor-parallel ranks of a model ``tensor_parallel.parallelize`` has cut; the gradient
@@ -42,7 +43,10 @@ class ZeroEngine(nn.Module):
         ``client_optimizer``: DeepSpeed's client optimizer, whose hyperparameters the config's
         optimizer section holds (``client_optimizer.py``); the engine follows its ``lr`` (read
         before each step, written by ``set_lr``). ``client_scheduler``: a scheduler on it
-        (DeepSpeed's ``lr_scheduler=``), stepped after every applied step."""
+        (DeepSpeed's ``lr_scheduler=``), stepped after every applied step. ``deterministic``:
+        the same bits at every data-parallel size (docs/deterministic.md): every stage reduces
+        each micro-batch by the tree, gradients are summed (``backward`` divides the loss by
+        the global micro-batch count), the clip norm is summed exactly."""
         super().__init__()
         self.client_optimizer = client_optimizer
         self.tp_group = tp_group
@@ -52,6 +56,16 @@ class ZeroEngine(nn.Module):
         filled = auto_from_hidden_size(hidden) if isinstance(hidden, int) else {}
         self.config = zero_config.load(config, world, {**filled, **(auto or {})})
         native = self.config["native"]
+        if deterministic:
+            if native["gradient_predivide_factor"] != 1.0:  # prescale_gradients gives 0
+                raise zero_config.ConfigError(
+                    "gradient_predivide_factor / prescale_gradients with deterministic=True: "
+                    "the deterministic mode sums the gradients (nothing is divided; the loss "
+                    "is divided by the global micro-batch count); leave them out"
+                )
+            native["deterministic"] = True
+        self.deterministic = deterministic
+        self.world = world
         self.stage = native["stage"]
         self.accumulation = self.config["gradient_accumulation_steps"]
         self.dtype = (
@@ -91,6 +105,7 @@ class ZeroEngine(nn.Module):
             cpu_offload=native["offload_optimizer"] or native["offload_param"],
             pin_memory=native["pin_memory"],
             process_group=group,
+            deterministic=self.deterministic,
         )
         shards, pieces = [], []
         for owned in fsdp.owned_slices():
@@ -120,7 +135,10 @@ class ZeroEngine(nn.Module):
 
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of ``loss`` times the fp16 loss scale / gradient_accumulation_steps."""
-        (loss * (self.optimizer.loss_scale() / self.accumulation)).backward()
+        if self.deterministic:  # summed over the ranks: the global micro-batch count
+            (loss * self.optimizer.loss_scale() / (self.accumulation * self.world)).backward()
+        else:
+            (loss * (self.optimizer.loss_scale() / self.accumulation)).backward()
         self.micro_steps += 1
 
     def is_gradient_accumulation_boundary(self) -> bool:

@@ -22,6 +22,38 @@ std::vector<BatchOrder> ranks_of(int64_t items, int64_t micro, int world, int64_
   return ranks;
 }
 
+// Deterministic training: micro-batch m of a step of 8 micro-batches (world W, accumulation
+// 8 / W: stream batch j of the step, rank r, m = j * W + r) is the same items, in the same order,
+// at every world. Catches a strided split, whose micro-batches change with the world size.
+TEST(BatchOrder, ContiguousMicroBatchesDoNotDependOnTheWorld) {
+  const int64_t micro = 3, items = 200, steps = 2, per_step = 8;
+  std::vector<std::vector<at::Tensor>> by_world;
+  for (int world : {1, 2, 4, 8}) {
+    std::vector<BatchOrder> ranks;
+    for (int r = 0; r < world; ++r)
+      ranks.emplace_back(items, BatchOrderOptions{micro, r, world, 5, true, /*contiguous=*/true});
+    std::vector<at::Tensor> micro_batches(steps * per_step);
+    const int64_t accumulation = per_step / world;
+    for (int64_t t = 0; t < steps; ++t) {
+      for (int64_t j = 0; j < accumulation; ++j) {
+        for (int r = 0; r < world; ++r) {
+          micro_batches[t * per_step + j * world + r] =
+              ranks[r].batch_items(0, t * accumulation + j);
+        }
+      }
+    }
+    by_world.push_back(micro_batches);
+  }
+  for (size_t w = 1; w < by_world.size(); ++w) {
+    for (size_t m = 0; m < by_world[0].size(); ++m) {
+      EXPECT_TRUE(at::equal(by_world[w][m], by_world[0][m])) << "world index " << w << " m " << m;
+    }
+  }
+  // The strided split does differ (so the test can tell them apart).
+  BatchOrder strided(items, BatchOrderOptions{micro, 0, 2, 5});
+  EXPECT_FALSE(at::equal(strided.batch_items(0, 0), by_world[0][0]));
+}
+
 // Catches ranks that overlap or miss items of a global batch, and a split that depends on the
 // world size (the global batch must be the same slice of the epoch's order at every world).
 TEST(BatchOrder, TheRanksSplitEachGlobalBatchOfTheSameOrder) {

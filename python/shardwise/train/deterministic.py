@@ -1,0 +1,85 @@
+"""The deterministic mode's forward and backward (``training.deterministic``): the same bits at
+every data-parallel size.
+
+A global batch is ``M = accumulation × W`` micro-batches; rank ``r`` computes micro-batch
+``m = j·W + r`` in accumulation step ``j`` (the contiguous data order of C++
+``data/batch_order.h``: the same samples whichever rank computes it). Each micro-batch's loss is
+divided by ``M`` (not by the local count), its dropout seeded by ``(seed, step, m)``. Its
+gradients, flattened in float32, are summed over the data ranks by the tree over the rank index
+(``_C.tree_all_reduce_``, C++ ``distributed/tree_reduce.h``), and the ``accumulation`` results
+by the same tree over ``j`` (``_C.PairwiseGradients``): together the balanced binary tree over
+``m``, whatever ``W`` is. The loss reported is the exact sum (``math.fsum``) of the ``M`` losses
+over ``M``.
+
+Under FSDP and ZeRO the engines do the same in C++ (``UnitOptions::deterministic``,
+``ZeroOptions::deterministic``): the tree reduce-scatter of each micro-batch, the tree over
+micro-batches of the reduced shards, and the clip's norm summed exactly
+(``distributed/exact_norm.h``).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+import torch.distributed as dist
+
+from .. import _C
+from .parallelize import Parallel, autocast_context
+
+
+def micro_batch_seed(seed: int, step: int, micro_batch: int) -> int:
+    """The generator seed of micro-batch ``micro_batch`` of optimizer step ``step``."""
+    return (seed * 1_000_003 + step * 65_537 + micro_batch) % (2**63)
+
+
+def forward_backward(par: Parallel, batches, step: int, group) -> tuple[float, float]:
+    """Gradients of the global batch's mean loss into ``p.grad`` (float32 sums, cast to the
+    parameters' dtype; FSDP's and ZeRO's engines sum their shards themselves); returns (this
+    rank's mean loss, the global batch's mean loss)."""
+    size = dist.get_world_size(group) if group is not None else 1
+    rank = dist.get_rank(group) if group is not None else 0
+    total = len(batches) * size
+    params = [p for p in par.params if p.requires_grad]
+    tree = _C.PairwiseGradients()
+    losses = []
+    for j, (x, y) in enumerate(batches):
+        torch.manual_seed(micro_batch_seed(par.options.seed, step, j * size + rank))
+        with autocast_context(par.autocast, par.options.device):
+            loss = par.gpt.cross_entropy(par.forward(x), y)
+        (loss / total).backward()
+        losses.append(loss.detach().double())
+        if par.kind != "ddp":  # the engine reduces by the tree itself
+            continue
+        flat = torch.cat([_grad(p).reshape(-1).float() for p in params])
+        for p in params:
+            p.grad = None
+        if size > 1:
+            _C.tree_all_reduce_(group, flat)
+        tree.push([flat])
+    if par.kind == "ddp":
+        summed, offset = tree.finish()[0], 0
+        for p in params:
+            p.grad = summed[offset : offset + p.numel()].view_as(p).to(p.dtype)
+            offset += p.numel()
+    mine = torch.stack(losses)
+    every = [mine] if size == 1 else [torch.empty_like(mine) for _ in range(size)]
+    if size > 1:
+        dist.all_gather(every, mine, group=group)
+    values = [v for t in every for v in t.tolist()]
+    return math.fsum(mine.tolist()) / len(mine), math.fsum(values) / total
+
+
+def clip_grad_norm_(params: list[torch.Tensor], max_norm: float | None) -> float:
+    """Replicated gradients' norm summed exactly (``_C.exact_norm``, as FSDP's engine sums its
+    shards in this mode, so the strategies agree too), the clip as the engine applies it."""
+    grads = [p.grad for p in params if p.grad is not None]
+    norm = _C.exact_norm(grads)
+    coefficient = (max_norm or math.inf) / (norm + 1e-6)
+    if coefficient < 1.0:
+        torch._foreach_mul_(grads, coefficient)
+    return norm
+
+
+def _grad(p: torch.Tensor) -> torch.Tensor:
+    return p.grad if p.grad is not None else torch.zeros_like(p)
