@@ -30,7 +30,7 @@ ifdef CUDA_HOME
 export PYTORCH_NVCC ?= ccache $(CUDA_HOME)/bin/nvcc
 endif
 
-.PHONY: demo demo-cpp test test-cpp test-python test-cpu-torch test-torch-oldest test-package test-package-slow build venv \
+.PHONY: demo demo-cpp test test-all test-cpp test-python test-cpu-torch test-torch-oldest test-package test-package-slow build venv \
 	cpu-venv oldest-venv \
 	test-conformance test-conformance-world8 test-conformance-ci test-sanitize test-sanitize-core fuzz fuzz-build fuzz-ci soak \
 	system-deps bench test-gpu gpu-diagnose gpu-wheels train-fsdp \
@@ -107,6 +107,10 @@ test-package: test-cpp test-cpu-torch build ## the installed C++ package, consum
 
 test-package-slow: test-cpp build ## tests/package's 8-process checks: both trainers place dp x pp x tp alike
 	$(PY) -m pytest -ra -p no:cacheprovider -m slow tests/package
+
+test-all: test test-package-slow ## every suite, the 8-process ones too (deterministic training at world 8)
+	SHARDWISE_TEST_ALL=1 $(PY) -m pytest -ra -p no:cacheprovider \
+		tests/distributed/test_train_deterministic.py -k world_8
 
 test-python: build ## pytest: ops, exhaustive casts, distributed (multi-process)
 	$(PY) -m pytest -ra tests/python $(wildcard tests/distributed) || { rc=$$?; \

@@ -181,6 +181,7 @@ set(SHARDWISE_TORCH_TEST_SOURCES
   tests/cpp/torch/test_tensor_parallel_libtorch.cc
   tests/cpp/torch/test_grad_scaler_libtorch.cc
   tests/cpp/torch/test_fully_shard_libtorch.cc
+  tests/cpp/torch/test_deterministic_libtorch.cc
   tests/cpp/torch/test_training_checkpoint_libtorch.cc
   tests/cpp/torch/test_training_composition_libtorch.cc
   tests/cpp/torch/test_run_stats_libtorch.cc

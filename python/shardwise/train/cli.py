@@ -110,6 +110,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"shardwise-train: refusing a run that will not fit: {refused.note}", file=sys.stderr)
         print("(pass --ignore-memory-check to run anyway)", file=sys.stderr)
         return 3
+    import torch.distributed as dist
+
+    if dist.is_initialized():  # gloo's worker threads abort the interpreter's teardown otherwise
+        dist.destroy_process_group()
     return 0
 
 
