@@ -100,6 +100,8 @@ class TrainingRun:
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // _local_world(self.world)))
         if t.deterministic:  # a BLAS may split a reduction over its threads: one, everywhere
             torch.set_num_threads(1)
+            # cuBLAS picks a fixed workspace only when told so, before its first call
+            os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True)
         self.options = StrategyOptions.from_config(cfg)
         self.stepper = step_mod.build(d.strategy, self.options, self.world)
