@@ -29,6 +29,13 @@ CollectiveOptions with(const CollectiveOptions& base,
 
 size_t bytes_of(const at::Tensor& t) { return t.numel() * t.element_size(); }
 
+// The deterministic tree's group: a power-of-two size, refused before anything is queued.
+void check_tree_group(int size, const char* op) {
+  TORCH_CHECK_VALUE((size & (size - 1)) == 0, "shardwise backend: ", op,
+                    ": the deterministic tree needs a power-of-two group size, got ", size,
+                    "; use a group of 1, 2, 4, 8, .. ranks");
+}
+
 void check_same_shape(const at::Tensor& expected,
                       const at::Tensor& got,
                       const char* op,
@@ -74,10 +81,7 @@ ShardwiseBackend::Work ShardwiseBackend::allreduce(Tensors& tensors,
 ShardwiseBackend::Work ShardwiseBackend::tree_allreduce(at::Tensor& tensor,
                                                         const c10d::AllreduceOptions& opts) {
   check_cpu({tensor}, "tree_all_reduce", "tensor");
-  TORCH_CHECK_VALUE((size_ & (size_ - 1)) == 0,
-                    "shardwise backend: tree_all_reduce: the deterministic "
-                    "tree needs a power-of-two group size, got ",
-                    size_, "; use a group of 1, 2, 4, 8, .. ranks");
+  check_tree_group(size_, "tree_all_reduce");
   const auto dtype = datatype_of(tensor, "tree_all_reduce");
   const auto op = reduce_op_of(opts.reduceOp, tensor, "tree_all_reduce");
   Tensors tensors{tensor};
@@ -326,10 +330,7 @@ ShardwiseBackend::Work ShardwiseBackend::_reduce_scatter_base(
 ShardwiseBackend::Work ShardwiseBackend::tree_reduce_scatter(
     at::Tensor& output, at::Tensor& input, const c10d::ReduceScatterOptions& opts) {
   check_cpu({output, input}, "tree_reduce_scatter", "tensors");
-  TORCH_CHECK_VALUE((size_ & (size_ - 1)) == 0,
-                    "shardwise backend: tree_reduce_scatter: the deterministic "
-                    "tree needs a power-of-two group size, got ",
-                    size_, "; use a group of 1, 2, 4, 8, .. ranks");
+  check_tree_group(size_, "tree_reduce_scatter");
   TORCH_CHECK_VALUE(
       input.numel() == output.numel() * size_ && output.scalar_type() == input.scalar_type(),
       "shardwise backend: tree_reduce_scatter: input has ", input.numel(), " elements of ",

@@ -35,4 +35,17 @@ double exact_norm(const std::vector<at::Tensor>& pieces, c10d::ProcessGroup* gro
   return std::sqrt(ExactSquareSum::value(limbs));
 }
 
+double clip_grad_norm_exact_(const std::vector<at::Tensor>& grads,
+                             double max_norm,
+                             c10d::ProcessGroup* group) {
+  const double norm = exact_norm(grads, group);
+  const double coefficient = max_norm / (norm + 1e-6);
+  if (coefficient < 1.0) {
+    for (const auto& g : grads) {
+      if (g.defined()) at::Tensor(g).mul_(coefficient);
+    }
+  }
+  return norm;
+}
+
 }  // namespace shardwise::distributed

@@ -14,4 +14,10 @@ namespace shardwise::distributed {
 // exact in the bins). `group` null or of one rank: this rank's pieces only.
 double exact_norm(const std::vector<at::Tensor>& pieces, c10d::ProcessGroup* group);
 
+// Clips `grads` in place by their exact norm over `group` (scaled by max_norm / (norm + 1e-6)
+// when that is below 1, as torch's clip_grad_norm_); returns the norm.
+double clip_grad_norm_exact_(const std::vector<at::Tensor>& grads,
+                             double max_norm,
+                             c10d::ProcessGroup* group);
+
 }  // namespace shardwise::distributed

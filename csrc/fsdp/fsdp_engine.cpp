@@ -293,12 +293,7 @@ double FsdpEngine::clip_grad_norm_(double max_norm, double norm_type) {
   }
   const bool deterministic = !units_.empty() && units_[0]->options().deterministic;
   if (deterministic && !infinite) {  // the exact sum: the same bits however the shards fall
-    const double norm = distributed::exact_norm(grads, group.get());
-    const double coefficient = max_norm / (norm + 1e-6);
-    if (coefficient < 1.0) {
-      for (auto& g : grads) g.mul_(coefficient);
-    }
-    return norm;
+    return distributed::clip_grad_norm_exact_(grads, max_norm, group.get());
   }
   at::Device device = grads.empty() ? at::Device(at::kCPU) : grads[0].device();
   at::Tensor total = at::zeros({1}, at::TensorOptions().dtype(at::kFloat).device(device));

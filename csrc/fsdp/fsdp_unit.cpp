@@ -278,7 +278,6 @@ void FsdpUnit::check_deterministic(int data_parallel) {
                     "gradients are added in the parameters' dtype; drop keep_low_precision_grads");
   pre_divide_ = post_divide_ = 1;  // sums: the loss is divided by the global micro-batch count
   reduce_dtype_ = dtype_;          // one dtype for every addition of the tree
-  micro_batch_sums_ = std::make_unique<distributed::PairwiseGradients>();
 }
 
 void FsdpUnit::reduce_gradients(bool sync, at::Tensor* scratch) {
@@ -416,9 +415,9 @@ void FsdpUnit::add_micro_batch(const at::Tensor& reduced, bool first) {
   for (const auto& grad : grad_views_) leaf.push_back(at::empty_like(grad));
   shardwise::reduce_scatter_copy_out_(reduced, numels_, shard_size_, shard_rank_, 1.0, leaf,
                                       /*accumulate=*/false);
-  if (first) micro_batch_sums_ = std::make_unique<distributed::PairwiseGradients>();
-  micro_batch_sums_->push(std::move(leaf));
-  micro_batch_sums_->total_into(grad_views_);
+  if (first) micro_batch_sums_.clear();
+  micro_batch_sums_.push(std::move(leaf));
+  micro_batch_sums_.total_into(grad_views_);
 }
 
 at::Tensor FsdpUnit::reduce_buffer(at::Tensor* scratch) const {

@@ -182,7 +182,7 @@ class FsdpUnit {
   std::vector<at::Tensor> full_views_;
   std::vector<at::Tensor> unsynced_grads_;  // accumulated full gradients (no_sync)
   // deterministic: this step's reduced gradient shards, summed as the tree over micro-batches
-  std::unique_ptr<distributed::PairwiseGradients> micro_batch_sums_;
+  distributed::PairwiseGradients micro_batch_sums_;
 
   bool unsharded_ = false;
   bool pending_gather_ = false;

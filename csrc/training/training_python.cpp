@@ -60,12 +60,13 @@ void bind_training(py::module& m) {
       py::call_guard<py::gil_scoped_release>(),
       "distributed/tree_reduce.h: block `rank` of `input` summed over `group` by the tree.");
   m.def(
-      "exact_norm",
-      [](const std::vector<at::Tensor>& pieces, std::optional<Group> group) {
-        return distributed::exact_norm(pieces, group ? group->get() : nullptr);
+      "clip_grad_norm_exact_",
+      [](const std::vector<at::Tensor>& grads, double max_norm, std::optional<Group> group) {
+        return distributed::clip_grad_norm_exact_(grads, max_norm, group ? group->get() : nullptr);
       },
-      py::arg("pieces"), py::arg("group") = py::none(), py::call_guard<py::gil_scoped_release>(),
-      "distributed/exact_norm.h: the L2 norm of pieces split over `group`, summed exactly.");
+      py::arg("grads"), py::arg("max_norm"), py::arg("group") = py::none(),
+      py::call_guard<py::gil_scoped_release>(),
+      "distributed/exact_norm.h: clips by the exact norm over `group`; returns the norm.");
   m.def("pairwise_sum_rows", &distributed::pairwise_sum_rows, py::arg("stacked"),
         "distributed/tree_reduce.h: the rows summed as the balanced binary tree over the index.");
   py::class_<distributed::PairwiseGradients>(

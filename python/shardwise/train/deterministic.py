@@ -71,14 +71,10 @@ def forward_backward(par: Parallel, batches, step: int, group) -> tuple[float, f
 
 
 def clip_grad_norm_(params: list[torch.Tensor], max_norm: float | None) -> float:
-    """Replicated gradients' norm summed exactly (``_C.exact_norm``, as FSDP's engine sums its
-    shards in this mode, so the strategies agree too), the clip as the engine applies it."""
+    """Replicated gradients clipped by their exact norm (C++ ``clip_grad_norm_exact_``, which
+    FSDP's engine runs over its shards in this mode, so the strategies agree too)."""
     grads = [p.grad for p in params if p.grad is not None]
-    norm = _C.exact_norm(grads)
-    coefficient = (max_norm or math.inf) / (norm + 1e-6)
-    if coefficient < 1.0:
-        torch._foreach_mul_(grads, coefficient)
-    return norm
+    return _C.clip_grad_norm_exact_(grads, max_norm or math.inf)
 
 
 def _grad(p: torch.Tensor) -> torch.Tensor:

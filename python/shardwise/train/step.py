@@ -121,17 +121,15 @@ class TrainStep:
         """One optimizer step at ``lr`` (a DeepSpeed ``scheduler`` in the ZeRO config overrides
         it: the returned ``lr`` is the one used)."""
         self.phase_seconds = {}
+        mean = None
         if self.options.deterministic:  # the same bits at every data-parallel size
             start = time.perf_counter()
-            local, mean = deterministic.forward_backward(
+            total, mean = deterministic.forward_backward(
                 self.par, batches, self.optimizer_step_count(), self.data_group
             )
-            middle = time.perf_counter()
-            norm = self._update(lr, len(batches))
-            end = time.perf_counter()
-            self.phase_seconds.update(forward_backward=middle - start, optimizer=end - middle)
-            return {"loss": mean, "local_loss": local, "grad_norm": norm, "lr": lr}
-        total = self._forward_backward(batches)
+            self.phase_seconds["forward_backward"] = time.perf_counter() - start
+        else:
+            total = self._forward_backward(batches)
         scheduler = getattr(self.engine, "lr_scheduler", None)
         if scheduler is not None:
             lr = self.engine.get_lr()[0]
@@ -144,7 +142,8 @@ class TrainStep:
             loss = torch.tensor([total if self.par.is_last else 0.0], dtype=torch.float64)
             dist.all_reduce(loss, group=self.axes.pipeline_group)
             total = loss.item()
-        mean = _mean_over(total, self.data_group)
+        if mean is None:
+            mean = _mean_over(total, self.data_group)
         return {"loss": mean, "local_loss": total, "grad_norm": norm, "lr": lr}
 
     def eval_loss(self, batches) -> float:

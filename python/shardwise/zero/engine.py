@@ -65,7 +65,6 @@ class ZeroEngine(nn.Module):
                 )
             native["deterministic"] = True
         self.deterministic = deterministic
-        self.world = world
         self.stage = native["stage"]
         self.accumulation = self.config["gradient_accumulation_steps"]
         self.dtype = (
@@ -136,7 +135,8 @@ class ZeroEngine(nn.Module):
     def backward(self, loss: torch.Tensor) -> None:
         """Backward of ``loss`` times the fp16 loss scale / gradient_accumulation_steps."""
         if self.deterministic:  # summed over the ranks: the global micro-batch count
-            (loss * self.optimizer.loss_scale() / (self.accumulation * self.world)).backward()
+            micro_batches = self.train_batch_size() // self.train_micro_batch_size_per_gpu()
+            (loss * self.optimizer.loss_scale() / micro_batches).backward()
         else:
             (loss * (self.optimizer.loss_scale() / self.accumulation)).backward()
         self.micro_steps += 1
