@@ -80,6 +80,7 @@ class TreeRounds {
     size_t bytes = 0;
     for (int b : list) {
       const auto c = detail::chunk_of(total_, t_.size(), b);
+      if (c.count == 0) continue;  // fewer elements than ranks: nothing to copy
       std::memcpy(out + bytes, work_ + c.offset * element_, c.count * element_);
       bytes += c.count * element_;
     }
@@ -103,6 +104,7 @@ class TreeRounds {
     size_t at = 0;
     for (int b : recv_list) {
       const auto c = detail::chunk_of(total_, t_.size(), b);
+      if (c.count == 0) continue;  // (an empty message's buffer may be null)
       char* target = work_ + c.offset * element_;
       if (reduce) {
         reduce_into(target, received.data() + at, c.count, wide_, ReduceOp::kSum);

@@ -54,7 +54,8 @@ Vec pairwise(int first, int last, size_t count) {  // leaves [first, last)
 }
 
 bool same_bits(const Vec& a, const Vec& b) {
-  return a.size() == b.size() && std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0;
+  return a.size() == b.size() &&
+         (a.empty() || std::memcmp(a.data(), b.data(), a.size() * sizeof(float)) == 0);
 }
 
 CollectiveOptions options_for(Datatype dtype = Datatype::kFloat32) {
