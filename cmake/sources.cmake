@@ -112,6 +112,7 @@ set(SHARDWISE_TORCH_SOURCES
   csrc/pipeline/executor.cpp
   csrc/pipeline/deferred_linear.cpp
   csrc/pipeline/pipeline.cpp
+  csrc/pipeline/microbatch_tree.cpp
   csrc/pipeline/tied_parameters.cpp
   csrc/pipeline/split_by_time.cpp
   csrc/pipeline/block_stages.cpp
@@ -176,6 +177,7 @@ set(SHARDWISE_TORCH_TEST_SOURCES
   tests/cpp/torch/test_fsdp_libtorch.cc
   tests/cpp/torch/test_fsdp_lanes_libtorch.cc
   tests/cpp/torch/test_zero_libtorch.cc
+  tests/cpp/torch/test_pipeline_deterministic_libtorch.cc
   tests/cpp/torch/test_pipeline_libtorch.cc
   tests/cpp/torch/test_checkpoint_pieces_libtorch.cc
   tests/cpp/torch/test_tensor_parallel_libtorch.cc

@@ -82,13 +82,19 @@ void PipelineExecutor::forward(const Action& a,
   st.input = input;
   const auto index = std::find(stage_ids_.begin(), stage_ids_.end(), a.stage) - stage_ids_.begin();
   at::Tensor output;
+  if (options_.before_forward) options_.before_forward(a.stage, a.microbatch);
   {
     WeightGradStore::Capture capture(weight_grads_.get());  // deferred_linear layers find it
     output = stages_[index](input);
   }
   if (a.stage == s.num_stages - 1) {
-    st.loss = options_.loss(output, a.microbatch) / s.num_microbatches;
+    const at::Tensor loss = options_.loss(output, a.microbatch);
+    const double divisor =
+        options_.loss_divisor > 0 ? options_.loss_divisor : double(s.num_microbatches);
+    st.loss = loss / divisor;
     result.loss += st.loss.item<double>();
+    result.losses.resize(s.num_microbatches);
+    result.losses[a.microbatch] = loss.item<double>();
     if (evaluating_) stash_.erase({a.stage, a.microbatch});
   } else {
     st.output = output;
@@ -241,6 +247,7 @@ StepResult PipelineExecutor::run(const std::vector<Action>& list,
         options_.before_last_backward(list[k].stage);
       }
       backward(list[k]);
+      if (options_.after_backward) options_.after_backward(list[k].stage, list[k].microbatch);
     }
     result.times.push_back({begin, now()});
     ++k;

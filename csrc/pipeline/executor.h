@@ -46,6 +46,15 @@ struct ExecutorOptions {
   // Optional: runs right before the last backward of each stage in the step (where a
   // data-parallel or FSDP wrapper of that stage turns its gradient sync back on).
   std::function<void(int stage)> before_last_backward;
+  // Optional: runs right before each forward F(s, i) (where a caller seeds the randomness of
+  // stage s for microbatch i, e.g. dropout by microbatch rather than by rank).
+  std::function<void(int stage, int microbatch)> before_forward;
+  // Optional: runs right after each backward B(s, i) (the deterministic mode takes microbatch
+  // i's gradients of stage s there: pipeline/microbatch_tree.h).
+  std::function<void(int stage, int microbatch)> after_backward;
+  // The loss of each microbatch is divided by this; 0: by the number of microbatches (the mean
+  // over this step's). The deterministic mode divides by the global batch's microbatch count.
+  double loss_divisor = 0;
 };
 
 struct StepResult {
@@ -53,6 +62,9 @@ struct StepResult {
   // Measured start and end (seconds since the step began) of each action of this rank.
   std::vector<std::pair<double, double>> times;
   int peak_stashed = 0;  // most microbatch-stages stashed at once on this rank
+  // Each microbatch's loss before the division, by microbatch (on the last stage's rank; else
+  // empty): what an exact sum over a global batch adds up.
+  std::vector<double> losses;
 };
 
 class PipelineExecutor {

@@ -11,6 +11,14 @@
 //   gradients are averaged over it in one all-reduce. A stage with `set_gradient_sync` (an
 //   FSDP-sharded stage) reduces its own gradients instead: its sync is off during the step and
 //   turned on right before its last backward, and it is left out of the average.
+//
+// `deterministic`: the same bits at every pipeline and data-parallel degree. Each microbatch's
+// loss is divided by the global batch's microbatch count (num_microbatches x data-parallel size
+// x accumulation); the microbatches' gradients are summed as the tree over the microbatch index
+// (pipeline/microbatch_tree.h), then over the data-parallel ranks by the tree all-reduce
+// (distributed/tree_reduce.h), without a division; clip_grad_norm_ takes the exact norm.
+// Refused with it: FSDP-sharded stages, split-backward schedules (zb_h1) and a schedule whose
+// backwards of a stage are not in microbatch order.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -23,6 +31,7 @@
 #include <vector>
 
 #include "pipeline/executor.h"
+#include "pipeline/microbatch_tree.h"
 #include "pipeline/tied_parameters.h"
 
 namespace shardwise::pipeline {
@@ -44,6 +53,12 @@ struct PipelineOptions {
   std::vector<TiedParameter> tied;
   // The last stage's loss of one microbatch (a scalar, averaged over the microbatch).
   std::function<at::Tensor(const at::Tensor& output, const at::Tensor& target)> loss;
+  // Optional: runs right before each stage forward (ExecutorOptions::before_forward).
+  std::function<void(int stage, int microbatch)> before_forward;
+  bool deterministic = false;  // see above
+  // Deterministic mode: how many step() calls make one optimizer step (the caller sums their
+  // gradients as the tree over the call index, e.g. distributed::PairwiseGradients).
+  int accumulation = 1;
 };
 
 class Pipeline {
@@ -78,11 +93,14 @@ class Pipeline {
   at::Tensor parameter(int stage, const std::string& name) const;
   std::vector<at::Tensor> microbatches(const at::Tensor& batch, const char* what) const;
   void average_replicated_gradients();
+  void check_deterministic() const;
+  void reduce_tree_sums();  // deterministic: the data-parallel tree, then the parameters' dtype
 
   PipelineOptions options_;
   std::vector<PipelineStage> stages_;
   std::vector<at::Tensor> targets_;  // this step's, per microbatch
   std::unique_ptr<PipelineExecutor> executor_;
+  std::unique_ptr<MicrobatchTree> tree_;  // deterministic mode only
 };
 
 }  // namespace shardwise::pipeline

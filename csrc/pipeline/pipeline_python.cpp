@@ -125,7 +125,9 @@ void bind_pipeline(py::module& m) {
                        const Schedule& schedule, int rank, std::optional<Group> group,
                        std::optional<Group> data_parallel_group,
                        const std::vector<std::tuple<int, std::string, int, std::string>>& tied,
-                       std::function<at::Tensor(const at::Tensor&, const at::Tensor&)> loss) {
+                       std::function<at::Tensor(const at::Tensor&, const at::Tensor&)> loss,
+                       bool deterministic, int accumulation,
+                       std::optional<std::function<void(int, int)>> before_forward) {
              const size_t n = stage_ids.size();
              TORCH_CHECK_VALUE(
                  forwards.size() == n && parameters.size() == n && gradient_syncs.size() == n,
@@ -143,12 +145,17 @@ void bind_pipeline(py::module& m) {
              for (const auto& [a, name_a, b, name_b] : tied)
                o.tied.push_back({a, name_a, b, name_b});
              o.loss = std::move(loss);
+             o.deterministic = deterministic;
+             o.accumulation = accumulation;
+             if (before_forward) o.before_forward = *before_forward;
              py::gil_scoped_release release;  // the tied exchange waits for other processes
              return std::make_shared<Pipeline>(std::move(stages), std::move(o));
            }),
            py::arg("stage_ids"), py::arg("forwards"), py::arg("parameters"),
            py::arg("gradient_syncs"), py::arg("schedule"), py::arg("rank"), py::arg("group"),
-           py::arg("data_parallel_group"), py::arg("tied"), py::arg("loss"))
+           py::arg("data_parallel_group"), py::arg("tied"), py::arg("loss"),
+           py::arg("deterministic") = false, py::arg("accumulation") = 1,
+           py::arg("before_forward") = py::none())
       .def("step",
            [](Pipeline& p, std::optional<at::Tensor> inputs, std::optional<at::Tensor> targets) {
              StepResult r;
@@ -158,7 +165,8 @@ void bind_pipeline(py::module& m) {
                r = p.step(inputs.value_or(at::Tensor()), targets.value_or(at::Tensor()));
              }
              return py::dict(py::arg("loss") = r.loss, py::arg("times") = r.times,
-                             py::arg("peak_stashed") = r.peak_stashed);
+                             py::arg("peak_stashed") = r.peak_stashed,
+                             py::arg("losses") = r.losses);
            })
       .def("evaluate",
            [](Pipeline& p, std::optional<at::Tensor> inputs, std::optional<at::Tensor> targets) {

@@ -5,6 +5,8 @@
 
 #include <vector>
 
+#include "distributed/tree_reduce.h"
+
 namespace shardwise::pipeline {
 namespace {
 
@@ -81,6 +83,32 @@ void sum_tied_gradients(const TiedParameter& tied, const TiedContext& context) {
   context.group->recv(in, s.peer, kTiedTag)->wait();
   sent->wait();
   param.mutable_grad() = grad + in[0];
+}
+
+at::Tensor sum_tied_gradients_by_microbatch(const TiedParameter& tied,
+                                            const TiedContext& context,
+                                            const std::vector<at::Tensor>& a,
+                                            const std::vector<at::Tensor>& b) {
+  const Sides s = sides_of(tied, context);
+  if (!s.here) return {};
+  at::Tensor mine = at::stack(s.is_a ? a : b);
+  at::Tensor theirs;
+  if (s.both_here) {
+    theirs = at::stack(b);
+  } else {
+    std::vector<at::Tensor> out{mine};
+    std::vector<at::Tensor> in{at::empty_like(mine)};
+    auto sent = context.group->send(out, s.peer, kTiedTag);
+    context.group->recv(in, s.peer, kTiedTag)->wait();
+    sent->wait();
+    theirs = in[0];
+  }
+  TORCH_CHECK(theirs.sizes() == mine.sizes(), "tied parameters ", tied.name_a, " / ", tied.name_b,
+              ": ", theirs.size(0), " microbatch gradients from the other stage, ", mine.size(0),
+              " here");
+  distributed::PairwiseGradients tree;
+  for (int64_t k = 0; k < mine.size(0); ++k) tree.push({mine[k] + theirs[k]});
+  return tree.finish()[0];
 }
 
 }  // namespace shardwise::pipeline

@@ -9,6 +9,7 @@
 #include <functional>
 #include <string>
 #include <torch/csrc/distributed/c10d/ProcessGroup.hpp>
+#include <vector>
 
 #include "pipeline/schedule.h"
 
@@ -37,5 +38,14 @@ void copy_tied_values(const TiedParameter& tied, const TiedContext& context);
 // Both copies' gradients := their sum (a missing gradient counts as zeros): one exchange between
 // the two ranks; nothing on other ranks.
 void sum_tied_gradients(const TiedParameter& tied, const TiedContext& context);
+
+// The deterministic mode's sum (pipeline/microbatch_tree.h): `a` and `b` are stage a's and stage
+// b's copy's gradients by microbatch (float32; empty for a stage not on this rank). Returns the
+// balanced binary tree over the microbatch index of a[k] + b[k], the same bits on both ranks (an
+// IEEE addition commutes): one exchange of the m gradients between the two ranks.
+at::Tensor sum_tied_gradients_by_microbatch(const TiedParameter& tied,
+                                            const TiedContext& context,
+                                            const std::vector<at::Tensor>& a,
+                                            const std::vector<at::Tensor>& b);
 
 }  // namespace shardwise::pipeline

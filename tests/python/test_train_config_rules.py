@@ -172,6 +172,9 @@ def test_lamb_with_hybrid_sharding_or_zero_over_tp_is_refused_before_start():
     assert cfg.training.optimizer == "lamb"
 
 
+PP2 = ("distributed.world_size=2", "distributed.pipeline_parallel_size=2")
+
+
 def test_deterministic_refuses_what_its_tree_does_not_cover():
     """training.deterministic: each refusal names the key and the fix, before anything runs
     (an accepted option the mode would ignore, or a world its tree cannot split, would break
@@ -179,7 +182,10 @@ def test_deterministic_refuses_what_its_tree_does_not_cover():
     on = "training.deterministic=true"
     cases = [
         (("distributed.world_size=3", "distributed.strategy=ddp"), "power-of-two data-parallel"),
-        (("distributed.world_size=2", "distributed.pipeline_parallel_size=2"), "the pipeline"),
+        ((*PP2, 'model.mesh_shape=[[2,2],["fsdp","pp"]]', "distributed.world_size=4"),
+         "use a dp axis instead"),
+        ((*PP2, "distributed.pipeline.schedule=zb_h1"), "split backwards"),
+        ((*PP2, "distributed.pipeline.num_microbatches=3"), "num_microbatches=3 with"),
         (("training.mixed_precision=fp16",), "covers fp32 and bf16"),
         (("training.gradient_accumulation_steps=2", "training.sync_gradients_every=1"),
          "training.sync_gradients_every=1 with training.deterministic"),
@@ -191,3 +197,4 @@ def test_deterministic_refuses_what_its_tree_does_not_cover():
         message = error_of(on, *overrides)
         assert expected in message, (overrides, message)
     assert load(on, "distributed.world_size=4", "distributed.strategy=zero").training.deterministic
+    assert load(on, *PP2, "distributed.pipeline.num_microbatches=4").training.deterministic

@@ -202,6 +202,15 @@ class Pipeline:
     ``tied``: (stage a, name in stage a, stage b, name in stage b); stage b starts from stage a's
     values and after every step both gradients are their sum. FSDP-sharded stages
     (``shardwise.FullyShardedDataParallel``) reduce their own gradients in their last backward.
+
+    ``deterministic``: the same bits at every pipeline and data-parallel degree (C++
+    ``PipelineOptions::deterministic``): each microbatch's loss divided by the global batch's
+    microbatch count (``num_microbatches`` × data-parallel size × ``accumulation``, the number
+    of ``step`` calls per optimizer step, whose gradients the caller sums by the tree over the
+    call index), the microbatches' gradients summed as the tree over their index, the replicas'
+    by the tree all-reduce; ``last["losses"]`` holds each microbatch's loss.
+    ``before_forward(stage, microbatch)``: called right before each stage forward (to seed a
+    microbatch's randomness).
     """
 
     def __init__(
@@ -214,6 +223,9 @@ class Pipeline:
         rank: int | None = None,
         data_parallel_group: dist.ProcessGroup | None = None,
         tied: Sequence[tuple[int, str, int, str]] = (),
+        deterministic: bool = False,
+        accumulation: int = 1,
+        before_forward: Callable[[int, int], None] | None = None,
     ):
         if group is None and schedule.num_ranks > 1:
             group = dist.group.WORLD
@@ -235,6 +247,9 @@ class Pipeline:
             data_parallel_group,
             self.tied,
             loss_fn,
+            deterministic,
+            accumulation,
+            before_forward,
         )
         self.last = None
 

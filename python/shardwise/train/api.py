@@ -224,8 +224,8 @@ def memory_check(cfg: TrainConfig, device_bytes: int) -> tuple[bool, str]:
 
 def _plan_row(cfg: TrainConfig) -> str:
     strategy = cfg.distributed.strategy
-    if strategy == "pipeline":
-        return "pipeline"
+    if strategy == "pipeline":  # one stage holds the whole model, as DDP does
+        return "pipeline" if cfg.distributed.pipeline_parallel_size > 1 else "ddp"
     if strategy == "zero":
         stage = cfg.zero_config()["zero_optimization"]["stage"]
         return {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}[stage]

@@ -407,11 +407,7 @@ def _check_deterministic(cfg: TrainConfig) -> None:
             f"gradients' summation tree), got {size}; run on 1, 2, 4 or 8 data ranks"
         )
     if d.strategy == "pipeline":
-        raise ValueError(
-            "training.deterministic=true covers distributed.strategy ddp, fsdp and zero so far; "
-            "the pipeline reduces its gradients in an order that depends on the world size: "
-            "use ddp, fsdp or zero, or leave training.deterministic out"
-        )
+        _check_deterministic_pipeline(cfg)
     if d.strategy in ("fsdp", "zero") and t.optimizer == "lamb":
         raise ValueError(
             f"training.deterministic=true with strategy {d.strategy} and training.optimizer="
@@ -430,6 +426,30 @@ def _check_deterministic(cfg: TrainConfig) -> None:
                 f"{key}={value} with training.deterministic=true: the deterministic mode "
                 f"reduces every micro-batch in float32 through its tree; leave {key} out"
             )
+
+
+def _check_deterministic_pipeline(cfg: TrainConfig) -> None:
+    """The pipeline's deterministic mode (C++ ``PipelineOptions::deterministic``): replicated
+    stages, whole backwards in microbatch order, a tree-shaped global batch."""
+    p = cfg.distributed.pipeline
+    if cfg.layout().axis_size("fsdp") > 1:
+        raise ValueError(
+            "training.deterministic=true with FSDP-sharded pipeline stages: the mode covers "
+            "replicated stages; use a dp axis instead of the fsdp axis"
+        )
+    if p.schedule == "zb_h1":
+        raise ValueError(
+            "distributed.pipeline.schedule=zb_h1 with training.deterministic=true: its split "
+            "backwards leave no point where a microbatch's gradients are whole; use 1f1b, "
+            "gpipe or interleaved_1f1b"
+        )
+    microbatches = p.num_microbatches or cfg.distributed.pipeline_parallel_size
+    if microbatches & (microbatches - 1):
+        raise ValueError(
+            f"distributed.pipeline.num_microbatches={microbatches} with training.deterministic="
+            "true: the gradients' tree over the global batch needs a power of two; use 1, 2, "
+            "4 or 8"
+        )
 
 
 def _check_training(cfg: TrainConfig) -> None:

@@ -4,7 +4,8 @@ every data-parallel size.
 A global batch is ``M = accumulation × W`` micro-batches; rank ``r`` computes micro-batch
 ``m = j·W + r`` in accumulation step ``j`` (the contiguous data order of C++
 ``data/batch_order.h``: the same samples whichever rank computes it). Each micro-batch's loss is
-divided by ``M`` (not by the local count), its dropout seeded by ``(seed, step, m)``. Its
+divided by ``M`` (not by the local count), its dropout seeded by ``(seed, step, m, block)``
+(``seeds.py``). Its
 gradients, flattened in float32, are summed over the data ranks by the tree over the rank index
 (``_C.tree_all_reduce_``, C++ ``distributed/tree_reduce.h``), and the ``accumulation`` results
 by the same tree over ``j`` (``_C.PairwiseGradients``): together the balanced binary tree over
@@ -28,15 +29,12 @@ from .. import _C
 from .parallelize import Parallel, autocast_context
 
 
-def micro_batch_seed(seed: int, step: int, micro_batch: int) -> int:
-    """The generator seed of micro-batch ``micro_batch`` of optimizer step ``step``."""
-    return (seed * 1_000_003 + step * 65_537 + micro_batch) % (2**63)
-
-
 def forward_backward(par: Parallel, batches, step: int, group) -> tuple[float, float]:
     """Gradients of the global batch's mean loss into ``p.grad`` (float32 sums, cast to the
     parameters' dtype; FSDP's and ZeRO's engines sum their shards themselves); returns (this
     rank's mean loss, the global batch's mean loss)."""
+    if par.pipe is not None:
+        return _pipeline_forward_backward(par, batches, step, group)
     size = dist.get_world_size(group) if group is not None else 1
     rank = dist.get_rank(group) if group is not None else 0
     total = len(batches) * size
@@ -44,7 +42,7 @@ def forward_backward(par: Parallel, batches, step: int, group) -> tuple[float, f
     tree = _C.PairwiseGradients()
     losses = []
     for j, (x, y) in enumerate(batches):
-        torch.manual_seed(micro_batch_seed(par.options.seed, step, j * size + rank))
+        par.seeds.start(step, j * size + rank)
         with autocast_context(par.autocast, par.options.device):
             loss = par.gpt.cross_entropy(par.forward(x), y)
         (loss / total).backward()
@@ -68,6 +66,39 @@ def forward_backward(par: Parallel, batches, step: int, group) -> tuple[float, f
         dist.all_gather(every, mine, group=group)
     values = [v for t in every for v in t.tolist()]
     return math.fsum(mine.tolist()) / len(mine), math.fsum(values) / total
+
+
+def _pipeline_forward_backward(par: Parallel, batches, step: int, group) -> tuple[float, float]:
+    """The pipeline (C++ ``PipelineOptions::deterministic``) sums each step's microbatches as the
+    tree over their index and the data ranks; the accumulation steps ``j`` are the tree's upper
+    levels (micro-batch ``m = (j·W + r)·c + k`` of ``c`` per step). Returns (this rank's mean
+    loss on the last stage, else 0; the global batch's mean loss)."""
+    params = [p for p in par.params if p.requires_grad]
+    tree, losses = _C.PairwiseGradients(), []
+    size = dist.get_world_size(group) if group is not None else 1
+    rank = dist.get_rank(group) if group is not None else 0
+    c = par.pipe.schedule.num_microbatches
+    for j, (x, y) in enumerate(batches):
+        par.seeds.step, par.seeds.first = step, (j * size + rank) * c
+        par.pipe.step(x, y)
+        losses += par.pipe.last["losses"]
+        if len(batches) > 1:
+            tree.push([_grad(p).float() for p in params])
+            for p in params:
+                p.grad = None
+    if len(batches) > 1:
+        for p, summed in zip(params, tree.finish(), strict=True):
+            p.grad = summed.to(p.dtype)
+    count = len(batches) * c
+    mine = torch.tensor(losses if par.is_last else [0.0] * count, dtype=torch.float64)
+    if par.axes.pipeline_group is not None:  # the last stage's losses to every stage
+        dist.all_reduce(mine, group=par.axes.pipeline_group)
+    every = [mine] if size == 1 else [torch.empty_like(mine) for _ in range(size)]
+    if size > 1:
+        dist.all_gather(every, mine, group=group)
+    values = [v for t in every for v in t.tolist()]
+    local = math.fsum(mine.tolist()) / count if par.is_last else 0.0
+    return local, math.fsum(values) / (count * size)
 
 
 def clip_grad_norm_(params: list[torch.Tensor], max_norm: float | None) -> float:

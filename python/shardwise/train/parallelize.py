@@ -31,6 +31,7 @@ from torch import nn
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from ..models.gpt import GPT, GPTConfig
+from .seeds import BlockSeeds
 
 DATA_PARALLEL = ("ddp", "fsdp", "zero")  # what runs over the data axis
 
@@ -194,6 +195,7 @@ class Parallel:
     tied: tuple[str, str] | None = None  # gpt_blocks' tied embedding/head names
     aliases: dict[str, str] = field(default_factory=dict)  # state-dict key -> tied param name
     pipe: object = None  # the pipeline.Pipeline over the wrapped stages
+    seeds: object = None  # seeds.BlockSeeds (deterministic mode)
     engine: object = None  # zero.ZeroEngine
     head_copy: int | None = None  # id of the last stage's copy of a tied embedding
     autocast: str = "no"  # the forward's autocast: no, bf16 or fp16
@@ -251,6 +253,8 @@ def parallelize(options: StrategyOptions, axes: Axes, kind: str, pipeline: bool)
     model = build_model(options)
     tensor_parallel(model, options, axes)
     par = split_pipeline(model, options, axes, kind, pipeline)
+    if options.deterministic:  # dropout by (step, micro-batch, block), whatever the cut
+        par.seeds = BlockSeeds(list(model.blocks), options.seed)
     if not (kind == "fsdp" and not par.pipelined):  # FSDP's units checkpoint themselves
         checkpoint_activations(model, options)
     compile_blocks(model, options)
@@ -548,6 +552,9 @@ def _pipeline_data_parallel(par: Parallel) -> None:
         rank=axes.pipeline_rank,
         data_parallel_group=axes.data_group,
         tied=ties,
+        deterministic=par.options.deterministic,
+        accumulation=par.options.accumulation,
+        before_forward=par.seeds.before_stage_forward if par.seeds is not None else None,
     )
     par.params = [t for st in par.stages.values() for t in st.parameters()]
 

@@ -200,7 +200,8 @@ class TrainStep:
             stepped = self.engine.optimizer.step()
             return float(self.engine.optimizer.last_grad_norm()) if stepped else math.inf
         params = [p for p in self.par.params if p.grad is not None]
-        if self.par.pipe is not None and micro_batches > 1:  # the executor sums them
+        if self.par.pipe is not None and micro_batches > 1 and not self.options.deterministic:
+            # the executor sums them (the deterministic pipeline divides by the global count)
             torch._foreach_div_([p.grad for p in params], micro_batches)
         if self.scaler is not None and self.scaler.update(
             self.scaler.unscale_([p.grad for p in params])
@@ -225,7 +226,9 @@ class TrainStep:
         par, axes = self.par, self.axes
         if par.kind == "fsdp" and par.pipe is None and axes.tp_group is None:
             return float(par.forward.clip_grad_norm_(max_norm or math.inf))  # FSDP's own layout
-        if self.options.deterministic and par.pipe is None and axes.tp_group is None:
+        if self.options.deterministic and axes.tp_group is None:
+            if par.pipe is not None:  # the exact norm over the stages, the head's copy once
+                return par.pipe.clip_grad_norm_(max_norm or math.inf)
             return deterministic.clip_grad_norm_(params, max_norm)
         held, split = [p for p in params if p.grad is not None], par.split
         counted = [p for p in held if id(p) != par.head_copy]
