@@ -221,15 +221,16 @@ PYBIND11_MODULE(_C, m) {
         "The training data stream (data/token_stream.h): the same batches in C++ "
         "and Python.")
         .def(py::init([](const at::Tensor& tokens, int64_t seq_len, int64_t micro_batch,
-                         int data_rank, int data_world, int64_t seed, bool shuffle,
-                         bool contiguous) {
+                         int data_rank, int data_world, int64_t seed, bool shuffle, bool contiguous,
+                         int64_t batches_per_step) {
                shardwise::data::TokenStreamOptions options{
-                   seq_len, micro_batch, data_rank, data_world, seed, shuffle, contiguous};
+                   seq_len, micro_batch, data_rank,  data_world,
+                   seed,    shuffle,     contiguous, batches_per_step};
                return TokenStream(tokens, options);
              }),
              py::arg("tokens"), py::arg("seq_len"), py::arg("micro_batch"), py::arg("data_rank"),
              py::arg("data_world"), py::arg("seed"), py::arg("shuffle"),
-             py::arg("contiguous") = false)
+             py::arg("contiguous") = false, py::arg("batches_per_step") = 1)
         .def("next", &TokenStream::next)
         .def("batch", &TokenStream::batch)
         .def("batch_windows", &TokenStream::batch_windows)
@@ -243,13 +244,13 @@ PYBIND11_MODULE(_C, m) {
                            "Which items each data rank reads, batch after batch "
                            "(data/batch_order.h): the sampling rule of the training data.")
         .def(py::init([](int64_t num_items, int64_t micro_batch, int data_rank, int data_world,
-                         int64_t seed, bool shuffle, bool contiguous) {
-               return BatchOrder(num_items,
-                                 {micro_batch, data_rank, data_world, seed, shuffle, contiguous});
+                         int64_t seed, bool shuffle, bool contiguous, int64_t batches_per_step) {
+               return BatchOrder(num_items, {micro_batch, data_rank, data_world, seed, shuffle,
+                                             contiguous, batches_per_step});
              }),
              py::arg("num_items"), py::arg("micro_batch"), py::arg("data_rank"),
              py::arg("data_world"), py::arg("seed"), py::arg("shuffle"),
-             py::arg("contiguous") = false)
+             py::arg("contiguous") = false, py::arg("batches_per_step") = 1)
         .def("next", &BatchOrder::next)
         .def("batch_items", &BatchOrder::batch_items)
         .def("order", &BatchOrder::order)

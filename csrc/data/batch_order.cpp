@@ -21,26 +21,35 @@ uint64_t epoch_seed(int64_t seed, int64_t epoch) {
 
 }  // namespace
 
-int64_t BatchOrder::whole_batches(int64_t num_items, int64_t micro_batch, int data_world) {
-  return num_items / (micro_batch * data_world);
+int64_t BatchOrder::whole_batches(int64_t num_items,
+                                  int64_t micro_batch,
+                                  int data_world,
+                                  int64_t batches_per_step) {
+  return num_items / (micro_batch * data_world * batches_per_step) * batches_per_step;
 }
 
 BatchOrder::BatchOrder(int64_t num_items, BatchOrderOptions options)
     : num_items_(num_items), options_(options) {
-  if (options.micro_batch < 1 || options.data_world < 1) {
-    throw std::invalid_argument("BatchOrderOptions: micro_batch and data_world must be positive");
+  if (options.micro_batch < 1 || options.data_world < 1 || options.batches_per_step < 1) {
+    throw std::invalid_argument(
+        "BatchOrderOptions: micro_batch, data_world and batches_per_step must be positive");
   }
   if (options.data_rank < 0 || options.data_rank >= options.data_world) {
     throw std::invalid_argument("BatchOrderOptions: data_rank " +
                                 std::to_string(options.data_rank) + " outside [0, " +
                                 std::to_string(options.data_world) + ")");
   }
-  batches_per_epoch_ = whole_batches(num_items, options.micro_batch, options.data_world);
+  batches_per_epoch_ =
+      whole_batches(num_items, options.micro_batch, options.data_world, options.batches_per_step);
   if (batches_per_epoch_ < 1) {
-    throw std::invalid_argument(std::to_string(num_items) +
-                                " items: fewer than one global batch (" +
-                                std::to_string(options.micro_batch) + " x " +
-                                std::to_string(options.data_world) + " data ranks)");
+    throw std::invalid_argument(
+        std::to_string(num_items) + " items: fewer than one global batch (" +
+        std::to_string(options.micro_batch) + " x " + std::to_string(options.data_world) +
+        " data ranks" +
+        (options.batches_per_step > 1
+             ? " x " + std::to_string(options.batches_per_step) + " batches per step"
+             : std::string()) +
+        ")");
   }
 }
 

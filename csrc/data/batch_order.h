@@ -13,6 +13,11 @@
 // micro_batch) of the slice instead, so the micro-batch a rank computes is micro-batch r of the
 // global batch's data_world: global batch b's micro-batch m is the same items whatever
 // data_world is, and the training step can sum the micro-batches in a tree over m.
+//
+// `batches_per_step` (deterministic training: the gradient-accumulation steps): an epoch keeps
+// whole training steps of batches_per_step global batches, dropping the items that do not fill
+// one. A step reads micro_batch * data_world * batches_per_step items whatever the split, so the
+// epoch ends at the same item at every data_world and the next epoch reads the same batches.
 #pragma once
 
 #include <ATen/core/Tensor.h>
@@ -28,6 +33,7 @@ struct BatchOrderOptions {
   int64_t seed = 0;
   bool shuffle = true;
   bool contiguous = false;
+  int64_t batches_per_step = 1;
 };
 
 class BatchOrder {
@@ -36,8 +42,12 @@ class BatchOrder {
   // outside [0, data_world), or the items do not fill one global batch.
   BatchOrder(int64_t num_items, BatchOrderOptions options);
 
-  // Whole global batches of micro_batch * data_world in num_items (0 when none fits).
-  static int64_t whole_batches(int64_t num_items, int64_t micro_batch, int data_world);
+  // Global batches of micro_batch * data_world in num_items, in whole steps of
+  // batches_per_step (0 when no step fits).
+  static int64_t whole_batches(int64_t num_items,
+                               int64_t micro_batch,
+                               int data_world,
+                               int64_t batches_per_step = 1);
 
   // The items of `epoch` in global order (the same on every rank).
   at::Tensor order(int64_t epoch) const;

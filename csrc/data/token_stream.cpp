@@ -37,20 +37,28 @@ namespace {
 // The windows of seq_len + 1 tokens in `tokens` (starting every seq_len tokens), checked to
 // fill one global batch, as the items of a BatchOrder.
 BatchOrder windows_of(const at::Tensor& tokens, const TokenStreamOptions& options) {
-  if (options.seq_len < 1 || options.micro_batch < 1 || options.data_world < 1) {
+  if (options.seq_len < 1 || options.micro_batch < 1 || options.data_world < 1 ||
+      options.batches_per_step < 1) {
     throw std::invalid_argument(
-        "TokenStreamOptions: seq_len, micro_batch and data_world must be positive");
+        "TokenStreamOptions: seq_len, micro_batch, data_world and batches_per_step must be "
+        "positive");
   }
   const int64_t num_windows = (tokens.numel() - 1) / options.seq_len;
-  if (BatchOrder::whole_batches(num_windows, options.micro_batch, options.data_world) < 1) {
+  if (BatchOrder::whole_batches(num_windows, options.micro_batch, options.data_world,
+                                options.batches_per_step) < 1) {
     throw std::invalid_argument(
         std::to_string(tokens.numel()) + " tokens make " + std::to_string(num_windows) +
         " windows of " + std::to_string(options.seq_len) + ": fewer than one global batch (" +
         std::to_string(options.micro_batch) + " x " + std::to_string(options.data_world) +
-        " data ranks)");
+        " data ranks" +
+        (options.batches_per_step > 1
+             ? " x " + std::to_string(options.batches_per_step) + " batches per step"
+             : std::string()) +
+        ")");
   }
-  return BatchOrder(num_windows, {options.micro_batch, options.data_rank, options.data_world,
-                                  options.seed, options.shuffle, options.contiguous});
+  return BatchOrder(num_windows,
+                    {options.micro_batch, options.data_rank, options.data_world, options.seed,
+                     options.shuffle, options.contiguous, options.batches_per_step});
 }
 
 }  // namespace

@@ -34,7 +34,8 @@ struct TokenStreamOptions {
   int data_world = 1;
   int64_t seed = 0;
   bool shuffle = true;
-  bool contiguous = false;  // data/batch_order.h: micro-batch r of each global batch
+  bool contiguous = false;       // data/batch_order.h: micro-batch r of each global batch
+  int64_t batches_per_step = 1;  // data/batch_order.h: an epoch of whole training steps
 };
 
 class TokenStream {

@@ -89,8 +89,8 @@ void PipelineExecutor::forward(const Action& a,
   }
   if (a.stage == s.num_stages - 1) {
     const at::Tensor loss = options_.loss(output, a.microbatch);
-    const double divisor =
-        options_.loss_divisor > 0 ? options_.loss_divisor : double(s.num_microbatches);
+    const double divisor = options_.loss_divisor > 0 && !evaluating_ ? options_.loss_divisor
+                                                                     : double(s.num_microbatches);
     st.loss = loss / divisor;
     result.loss += st.loss.item<double>();
     result.losses.resize(s.num_microbatches);

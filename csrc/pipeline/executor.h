@@ -52,8 +52,9 @@ struct ExecutorOptions {
   // Optional: runs right after each backward B(s, i) (the deterministic mode takes microbatch
   // i's gradients of stage s there: pipeline/microbatch_tree.h).
   std::function<void(int stage, int microbatch)> after_backward;
-  // The loss of each microbatch is divided by this; 0: by the number of microbatches (the mean
-  // over this step's). The deterministic mode divides by the global batch's microbatch count.
+  // The loss of each microbatch is divided by this in step(); 0: by the number of microbatches
+  // (the mean over this step's; evaluate() always). The deterministic mode divides by the
+  // global batch's microbatch count.
   double loss_divisor = 0;
 };
 

@@ -173,6 +173,12 @@ void bind_pipeline(py::module& m) {
              py::gil_scoped_release release;  // the stage and loss callables take it back
              return p.evaluate(inputs.value_or(at::Tensor()), targets.value_or(at::Tensor())).loss;
            })
+      .def(
+          "evaluate_losses",
+          [](Pipeline& p, std::optional<at::Tensor> inputs, std::optional<at::Tensor> targets) {
+            py::gil_scoped_release release;
+            return p.evaluate(inputs.value_or(at::Tensor()), targets.value_or(at::Tensor())).losses;
+          })
       .def("clip_grad_norm_", &Pipeline::clip_grad_norm_, py::arg("max_norm"),
            py::call_guard<py::gil_scoped_release>());
   m.def(

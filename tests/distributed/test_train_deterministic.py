@@ -14,9 +14,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from train_runs import copy_until, losses, run, train
+from train_runs import copy_until, losses, run, train, val_losses
 
-STEPS = ("training.max_steps=8", "training.micro_batch_size=2", "training.eval_every=0",
+STEPS = ("training.max_steps=8", "training.micro_batch_size=2", "training.eval_every=4",
          "training.checkpoint.every_steps=4")  # fmt: skip
 MICRO_BATCHES = 4  # per global batch (8 at world 8)
 # 8 processes on a CI machine's 2 cores take minutes: `make test-all` runs them
@@ -85,13 +85,15 @@ def test_every_world_size_gives_the_same_bits(name):
     """Catches a gradient sum whose association depends on the world size (DDP's buckets, a
     ring all-reduce, autograd's running += over the accumulation), micro-batches whose samples
     depend on it (the strided split), a loss divided by the local micro-batch count, dropout
-    seeded by rank and a reported loss averaged in rank order."""
+    seeded by rank, a reported loss averaged in rank order, and an eval loss over a number of
+    windows that grows with the world (eval_batches global batches of micro_batch x W)."""
     runs = {w: _deterministic(name, w) for w in (1, 2, 4)}
     reference_out, reference = runs[1]
-    assert len(reference) == 8
+    assert len(reference) == 8 and len(val_losses(reference)) == 2
     for world, (out, recs) in runs.items():
         assert _digest(out) == _digest(reference_out), f"world {world}"
         assert losses(recs) == losses(reference), f"world {world}"
+        assert val_losses(recs) == val_losses(reference), f"world {world}"
 
 
 def test_every_strategy_gives_the_same_bits():
@@ -114,6 +116,22 @@ def test_world_8_gives_the_bits_of_world_1(name):
     one, _ = _deterministic(name, 1, "training.gradient_accumulation_steps=8")
     eight, _ = _deterministic(name, 8, "training.gradient_accumulation_steps=1")
     assert _digest(eight) == _digest(one)
+
+
+def test_an_epoch_ends_on_the_same_window_at_every_world_size(tmp_path):
+    """A corpus of 44 windows holds 5 steps of 8 (4 dropped), so steps 6 to 8 read epoch 1.
+    Catches an epoch that drops per global batch of ``micro_batch × W`` windows (none at world
+    1, 4 at world 4): epoch 1 would start at another window and the runs part after step 5."""
+    corpus = tmp_path / "corpus.txt"
+    corpus.write_bytes(bytes(range(32, 127)) * 9 + b"x" * 45)  # 900 bytes, 720 train tokens
+    small = (f"data.path={corpus}", "data.seq_len=16", "data.val_fraction=0.2")
+    digests = set()
+    for world in (1, 4):
+        out, recs, _ = run(f"det_epoch_{world}", world, "ddp.yaml", *STEPS, *small,
+                           "training.deterministic=true", _accumulation(world))  # fmt: skip
+        assert len(recs) == 8
+        digests.add(_digest(out))
+    assert len(digests) == 1
 
 
 def test_without_the_mode_the_world_size_shows():

@@ -11,9 +11,9 @@ import hashlib
 from pathlib import Path
 
 import pytest
-from train_runs import copy_until, losses, run, train
+from train_runs import copy_until, losses, run, train, val_losses
 
-STEPS = ("training.max_steps=8", "training.eval_every=0", "training.checkpoint.every_steps=4",
+STEPS = ("training.max_steps=8", "training.eval_every=4", "training.checkpoint.every_steps=4",
          "training.deterministic=true")  # fmt: skip
 PIPELINE = ("distributed.strategy=pipeline",)
 
@@ -72,13 +72,14 @@ def test_every_pipeline_degree_gives_the_bits_of_one_process(name):
     """Catches autograd's running += over a stage's microbatches (schedule order instead of the
     tree), the tied embedding's two copies summed after their trees instead of per micro-batch,
     the replicas averaged by a ring (or divided after the sum), a loss divided by the local
-    microbatch count, a clip norm summed in float over the stages, and dropout seeded where a
-    stage starts instead of per block."""
+    microbatch count, a clip norm summed in float over the stages, dropout seeded where a
+    stage starts instead of per block, and an eval loss averaged per pipeline step."""
     world, overrides, reference = CASES[name]
     ref_out, ref = _reference(*reference)
     out, recs, _ = run(f"detpp_{name}", world, "ddp.yaml", *STEPS, *overrides)
-    assert len(ref) == 8
+    assert len(ref) == 8 and len(val_losses(ref)) == 2
     assert losses(recs) == losses(ref)
+    assert val_losses(recs) == val_losses(ref)
     assert _digest(out) == _digest(ref_out)
 
 

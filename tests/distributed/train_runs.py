@@ -98,6 +98,10 @@ def losses(recs: list[dict]) -> dict[int, float]:
     return {r["step"]: r["loss"] for r in recs}
 
 
+def val_losses(recs: list[dict]) -> dict[int, float]:
+    return {r["step"]: r["val_loss"] for r in recs if "val_loss" in r}
+
+
 def assert_continues(recs: list[dict], ref: list[dict], steps: list[int], rel: float) -> None:
     """The resumed run logged exactly ``steps``, each with the reference run's loss."""
     ours, theirs = losses(recs), losses(ref)

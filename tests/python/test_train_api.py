@@ -163,6 +163,32 @@ def test_two_data_ranks_read_the_one_rank_global_batches(iterable):
 
 
 @pytest.mark.parametrize("iterable", [False, True])
+def test_a_deterministic_epoch_ends_on_the_same_item_at_every_world(iterable):
+    """contiguous + batches_per_step: 26 items hold 3 steps of 8 (2 dropped) at world 1
+    (accumulation 4) and world 4 (accumulation 1), so step 4 (epoch 1) reads the same items.
+    Catches an epoch (or a pass of an iterable dataset) that ends per global batch: at world 1
+    it would keep all 26 items and start epoch 1 elsewhere."""
+    rows = [torch.full((3,), i) for i in range(26)]
+
+    def steps(world: int, whole_steps: bool) -> list[list[int]]:
+        per_step = 4 // world
+        streams = [datasets.stream(_dataset(rows, iterable), 2, r, world, seed=3,
+                                   contiguous=True,
+                                   batches_per_step=per_step if whole_steps else 1)
+                   for r in range(world)]  # fmt: skip
+        out = []
+        for _ in range(4):  # micro-batch m = j * world + r of each step, in m order
+            batches = [next(s)[0][:, 0].tolist() for _ in range(per_step) for s in streams]
+            out.append(sum(batches, []))
+        return out
+
+    one = steps(1, True)
+    assert one == steps(4, True)
+    assert len(set(sum(one[:3], []))) == 24  # epoch 0: no item twice
+    assert steps(1, False)[3] != steps(4, False)[3]  # the control: per-batch epochs differ
+
+
+@pytest.mark.parametrize("iterable", [False, True])
 def test_a_stream_resumes_at_its_saved_position(iterable):
     dataset = _dataset([torch.full((3,), i) for i in range(10)], iterable)
     first = datasets.stream(dataset, 2, 1, 2, seed=5)

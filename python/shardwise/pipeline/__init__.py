@@ -262,6 +262,10 @@ class Pipeline:
         forwards only; nothing is accumulated). On the last stage's rank; 0.0 elsewhere."""
         return self._pipeline.evaluate(inputs, targets)
 
+    def evaluate_losses(self, inputs: torch.Tensor | None, targets: torch.Tensor | None):
+        """As ``evaluate``, each microbatch's loss (on the last stage's rank; [] elsewhere)."""
+        return self._pipeline.evaluate_losses(inputs, targets)
+
     def clip_grad_norm_(self, max_norm: float) -> float:
         """Clips this pipeline's gradients to ``max_norm`` as torch.nn.utils.clip_grad_norm_
         clips the unpipelined model's (the 2-norm over every stage, a tied pair counted once;

@@ -27,8 +27,10 @@ Stream
     is the global batch (``contiguous``, deterministic training: rank ``r`` reads positions
     ``[r * micro_batch, (r + 1) * micro_batch)`` instead, micro-batch ``r`` of the slice, so
     a micro-batch's windows do not depend on ``W``). Every rank has the same number of
-    batches per epoch (windows that do not fill a whole global batch are dropped), which keeps
-    collectives in lockstep. Pipeline
+    batches per epoch (windows that do not fill a whole global batch are dropped; with
+    ``batches_per_step``, a whole training step of that many global batches, so a deterministic
+    run's epoch ends on the same window at every ``W``), which keeps collectives in lockstep.
+    Pipeline
     stages of one data-parallel replica pass the same ``data_rank`` and therefore see the same
     batches. The position is ``state() == {"epoch": e, "index": i}`` (the next batch to
     produce); ``load_state`` restores it, so a resumed run continues with exactly the next batch.
@@ -107,12 +109,13 @@ class TokenStream:
         seed: int = 0,
         shuffle: bool = True,
         contiguous: bool = False,
+        batches_per_step: int = 1,
     ):
         # The stream is C++ (csrc/data/token_stream.h), so the C++ trainer reads the same
         # batches; it validates the arguments (ValueError naming the bad one).
         self._native = _C.TokenStream(
             tokens.reshape(-1), seq_len, micro_batch, data_rank, data_world, seed, shuffle,
-            contiguous,
+            contiguous, batches_per_step,
         )  # fmt: skip
         self.batches_per_epoch = self._native.batches_per_epoch
 

@@ -135,12 +135,13 @@ class MapStream:
     """The batches of a map-style dataset for one data rank (the order: C++ ``BatchOrder``)."""
 
     def __init__(self, dataset, rows, data_rank, data_world, seed, shuffle=True, name="dataset",
-                 contiguous=False):  # fmt: skip
+                 contiguous=False, batches_per_step=1):  # fmt: skip
         self.dataset, self.name = dataset, name
         try:
             self._order = _C.BatchOrder(
-                len(dataset), rows, data_rank, data_world, seed, shuffle, contiguous
-            )
+                len(dataset), rows, data_rank, data_world, seed, shuffle, contiguous,
+                batches_per_step,
+            )  # fmt: skip
         except ValueError as error:
             raise ValueError(
                 f"{name}: {error}; give more items or lower the micro-batch size"
@@ -173,8 +174,10 @@ class IterableStream:
     """The batches of an iterable dataset for one data rank: each ``rows × data_world`` items in
     the dataset's own order are a global batch, of which this rank reads its positions."""
 
-    def __init__(self, dataset, rows, data_rank, data_world, name="dataset", contiguous=False):
+    def __init__(self, dataset, rows, data_rank, data_world, name="dataset", contiguous=False,
+                 batches_per_step=1):  # fmt: skip
         self.dataset, self.name, self.global_rows = dataset, name, rows * data_world
+        self.batches_per_step = batches_per_step  # a pass ends on a whole training step
         # this rank's positions in a global batch: the BatchOrder rule, unshuffled
         self.positions = _C.BatchOrder(
             self.global_rows, rows, data_rank, data_world, 0, False, contiguous
@@ -185,11 +188,15 @@ class IterableStream:
 
     def _global_batches(self):
         chunk: list = []
+        step: list = []  # a training step's global batches, yielded once all are there
         for item in self.dataset:
             chunk.append(item)
             if len(chunk) == self.global_rows:
-                yield chunk
+                step.append(chunk)
                 chunk = []
+            if len(step) == self.batches_per_step:
+                yield from step
+                step = []
 
     def _read(self, chunk: list, number: int):
         pairs = [item_pair(chunk[p], f"{self.name} item {number * self.global_rows + p}")
@@ -240,10 +247,13 @@ class IterableStream:
 
 
 def stream(dataset, rows, data_rank, data_world, seed, shuffle=True, name="dataset",
-           contiguous=False):  # fmt: skip
+           contiguous=False, batches_per_step=1):  # fmt: skip
     """The batch stream of ``dataset`` for this data rank (``MapStream`` or
-    ``IterableStream``); ``contiguous``: micro-batch ``data_rank`` of each global batch
-    (C++ ``data/batch_order.h``, deterministic training)."""
+    ``IterableStream``); ``contiguous``: micro-batch ``data_rank`` of each global batch, and
+    ``batches_per_step``: an epoch of whole training steps (C++ ``data/batch_order.h``,
+    deterministic training)."""
     if is_map_style(dataset):
-        return MapStream(dataset, rows, data_rank, data_world, seed, shuffle, name, contiguous)
-    return IterableStream(dataset, rows, data_rank, data_world, name, contiguous)
+        return MapStream(dataset, rows, data_rank, data_world, seed, shuffle, name, contiguous,
+                         batches_per_step)  # fmt: skip
+    return IterableStream(dataset, rows, data_rank, data_world, name, contiguous,
+                          batches_per_step)  # fmt: skip

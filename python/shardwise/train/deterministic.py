@@ -60,12 +60,8 @@ def forward_backward(par: Parallel, batches, step: int, group) -> tuple[float, f
         for p in params:
             p.grad = summed[offset : offset + p.numel()].view_as(p).to(p.dtype)
             offset += p.numel()
-    mine = torch.stack(losses)
-    every = [mine] if size == 1 else [torch.empty_like(mine) for _ in range(size)]
-    if size > 1:
-        dist.all_gather(every, mine, group=group)
-    values = [v for t in every for v in t.tolist()]
-    return math.fsum(mine.tolist()) / len(mine), math.fsum(values) / total
+    mine, values = _gathered(par, torch.stack(losses).tolist(), len(losses), group)
+    return math.fsum(mine) / len(mine), math.fsum(values) / total
 
 
 def _pipeline_forward_backward(par: Parallel, batches, step: int, group) -> tuple[float, float]:
@@ -89,16 +85,37 @@ def _pipeline_forward_backward(par: Parallel, batches, step: int, group) -> tupl
     if len(batches) > 1:
         for p, summed in zip(params, tree.finish(), strict=True):
             p.grad = summed.to(p.dtype)
-    count = len(batches) * c
+    mine, values = _gathered(par, losses, len(batches) * c, group)
+    local = math.fsum(mine) / len(mine) if par.is_last else 0.0
+    return local, math.fsum(values) / len(values)
+
+
+def eval_loss(par: Parallel, batches, group) -> float:
+    """The eval loss without gradients: each micro-batch's (each pipeline microbatch's) loss,
+    gathered over the pipeline and data ranks, summed exactly over their count."""
+    losses = []
+    for x, y in batches:
+        if par.pipe is not None:
+            losses += par.pipe.evaluate_losses(x, y)
+        else:
+            with autocast_context(par.autocast, par.options.device):
+                losses.append(par.gpt.cross_entropy(par.forward(x), y).item())
+    count = len(batches) * (par.pipe.schedule.num_microbatches if par.pipe is not None else 1)
+    _, values = _gathered(par, losses, count, group)
+    return math.fsum(values) / len(values)
+
+
+def _gathered(par: Parallel, losses: list[float], count: int, group):
+    """(this rank's ``count`` losses, every data rank's): a pipeline's are on its last stage,
+    shared with the other stages first (the others add zeros)."""
     mine = torch.tensor(losses if par.is_last else [0.0] * count, dtype=torch.float64)
-    if par.axes.pipeline_group is not None:  # the last stage's losses to every stage
+    if par.pipe is not None and par.axes.pipeline_group is not None:
         dist.all_reduce(mine, group=par.axes.pipeline_group)
+    size = dist.get_world_size(group) if group is not None else 1
     every = [mine] if size == 1 else [torch.empty_like(mine) for _ in range(size)]
     if size > 1:
         dist.all_gather(every, mine, group=group)
-    values = [v for t in every for v in t.tolist()]
-    local = math.fsum(mine.tolist()) / count if par.is_last else 0.0
-    return local, math.fsum(values) / (count * size)
+    return mine.tolist(), [v for t in every for v in t.tolist()]
 
 
 def clip_grad_norm_(params: list[torch.Tensor], max_norm: float | None) -> float:

@@ -111,28 +111,30 @@ class TrainingRun:
         rows = t.micro_batch_size
         if d.strategy == "pipeline":  # the pipeline cuts its batch into microbatches
             rows *= d.pipeline.num_microbatches
+        # deterministic: an epoch ends on the same item at every data-parallel size
+        order = {"contiguous": t.deterministic,
+                 "batches_per_step": t.gradient_accumulation_steps if t.deterministic else 1}  # fmt: skip
         if train_dataset is None:
             self.tokenizer, train_tokens, val_tokens = load_data(cfg.data, self.gpt)
             self.stream = data_mod.TokenStream(
                 train_tokens, self.gpt.seq_len, rows, self.data_rank, self.data_world,
-                cfg.data_seed, contiguous=t.deterministic,
+                cfg.data_seed, **order,
             )  # fmt: skip
             self.val_stream = validation_stream(
-                val_tokens, self.gpt.seq_len, rows, self.data_rank, self.data_world
+                val_tokens, self.gpt.seq_len, rows, self.data_rank, self.data_world, order
             )
         else:
             self.tokenizer = None
             place = (rows, self.data_rank, self.data_world)
             self.stream = datasets.stream(
-                train_dataset, *place, cfg.data_seed, name="train_dataset",
-                contiguous=t.deterministic,
+                train_dataset, *place, cfg.data_seed, name="train_dataset", **order
             )  # fmt: skip
             self.val_stream = None
             if eval_dataset is not None:
                 self.val_stream = datasets.stream(
-                    eval_dataset, *place, 0, shuffle=False, name="eval_dataset"
+                    eval_dataset, *place, 0, shuffle=False, name="eval_dataset", **order
                 )
-        self.stream_rows = rows
+        self.stream_rows, self.batches_per_step = rows, order["batches_per_step"]
         self.saver = None  # the background writer, with its own process group (collective)
         if t.checkpoint.asynchronous:
             self.saver = async_checkpoint.AsyncSaver(d.timeout_s)
@@ -412,8 +414,10 @@ class TrainingRun:
 
     def evaluate(self) -> float:
         """The eval loss over the first ``eval_batches`` validation batches (the same ones every
-        time, so the values are comparable; collective)."""
-        n = min(self.cfg.training.eval_batches, self.val_stream.batches_per_epoch)
+        time, so the values are comparable; collective). Deterministic: ``eval_batches``
+        global batches of a training step, whatever the data-parallel size."""
+        per_step = self.batches_per_step
+        n = min(self.cfg.training.eval_batches * per_step, self.val_stream.batches_per_epoch)
         batches = [self.val_stream.batch(0, i) for i in range(n)]
         return self.stepper.eval_loss([device_mod.to_device(b, self.device) for b in batches])
 
@@ -498,11 +502,13 @@ def load_data(data, gpt: GPTConfig) -> tuple[object, torch.Tensor, torch.Tensor]
     return tokenizer, train, val
 
 
-def validation_stream(val: torch.Tensor, seq_len: int, rows: int, rank: int, world: int):
-    """The eval batches' stream (in order, not shuffled); ValueError naming the keys to change
-    when the validation tokens do not fill one global batch."""
+def validation_stream(val: torch.Tensor, seq_len: int, rows: int, rank: int, world: int,
+                      order: dict):  # fmt: skip
+    """The eval batches' stream (in order, not shuffled; ``order``: the training stream's
+    contiguous and batches_per_step); ValueError naming the keys to change when the validation
+    tokens do not fill one global batch."""
     try:
-        return data_mod.TokenStream(val, seq_len, rows, rank, world, 0, shuffle=False)
+        return data_mod.TokenStream(val, seq_len, rows, rank, world, 0, shuffle=False, **order)
     except ValueError as error:
         raise ValueError(
             f"the validation tokens are too few for one eval batch ({error}); raise "

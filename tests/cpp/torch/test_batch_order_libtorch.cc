@@ -54,6 +54,44 @@ TEST(BatchOrder, ContiguousMicroBatchesDoNotDependOnTheWorld) {
   EXPECT_FALSE(at::equal(strided.batch_items(0, 0), by_world[0][0]));
 }
 
+// The micro-batches of `steps` training steps of 8 micro-batches at `world` (accumulation
+// 8 / world), read with next() across epoch ends, in micro-batch order m = j * world + r.
+std::vector<at::Tensor> read_steps(int world, int64_t items, int64_t steps, bool whole_steps) {
+  const int64_t micro = 3, per_step = 8, accumulation = per_step / world;
+  std::vector<BatchOrder> ranks;
+  for (int r = 0; r < world; ++r) {
+    ranks.emplace_back(items, BatchOrderOptions{micro, r, world, 5, true, /*contiguous=*/true,
+                                                whole_steps ? accumulation : 1});
+  }
+  std::vector<at::Tensor> out(steps * per_step);
+  for (int64_t t = 0; t < steps; ++t) {
+    for (int64_t j = 0; j < accumulation; ++j) {
+      for (int r = 0; r < world; ++r) out[t * per_step + j * world + r] = ranks[r].next();
+    }
+  }
+  return out;
+}
+
+// batches_per_step: 200 items hold 8 whole steps of 24 (8 dropped) at every world, so steps 9
+// and 10 (epoch 1) read the same items at world 1, 2, 4 and 8. Catches an epoch that drops per
+// global batch of micro x world (2 items at world 1, 8 at world 8): epoch 1 would start at
+// another step and read other items.
+TEST(BatchOrder, EpochsOfWholeStepsEndOnTheSameItemAtEveryWorld) {
+  const auto one = read_steps(1, 200, 10, true);
+  for (int world : {2, 4, 8}) {
+    const auto other = read_steps(world, 200, 10, true);
+    for (size_t m = 0; m < one.size(); ++m) {
+      EXPECT_TRUE(at::equal(other[m], one[m])) << "world " << world << " m " << m;
+    }
+  }
+  BatchOrder whole(200, BatchOrderOptions{3, 0, 2, 5, true, true, 4});
+  EXPECT_EQ(whole.batches_per_epoch(), 32);  // 8 steps of 4 batches
+  // Without it world 1's epoch ends mid-step and its epoch 1 differs (the test can fail).
+  const auto per_batch = read_steps(1, 200, 10, false), eight = read_steps(8, 200, 10, false);
+  EXPECT_FALSE(at::equal(per_batch.back(), eight.back()));
+  EXPECT_THROW(BatchOrder(20, BatchOrderOptions{3, 0, 1, 5, true, true, 8}), std::invalid_argument);
+}
+
 // Catches ranks that overlap or miss items of a global batch, and a split that depends on the
 // world size (the global batch must be the same slice of the epoch's order at every world).
 TEST(BatchOrder, TheRanksSplitEachGlobalBatchOfTheSameOrder) {
