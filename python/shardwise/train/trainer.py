@@ -112,8 +112,8 @@ class TrainingRun:
         if d.strategy == "pipeline":  # the pipeline cuts its batch into microbatches
             rows *= d.pipeline.num_microbatches
         # deterministic: an epoch ends on the same item at every data-parallel size
-        order = {"contiguous": t.deterministic,
-                 "batches_per_step": t.gradient_accumulation_steps if t.deterministic else 1}  # fmt: skip
+        per_step = t.gradient_accumulation_steps if t.deterministic else 1
+        order = {"contiguous": t.deterministic, "batches_per_step": per_step}
         if train_dataset is None:
             self.tokenizer, train_tokens, val_tokens = load_data(cfg.data, self.gpt)
             self.stream = data_mod.TokenStream(
