@@ -198,6 +198,39 @@ def test_pipeline_and_tensor_parallel_runs_match_one_process(
     _python_gpt_loads(state)
 
 
+@pytest.mark.parametrize(
+    ("layout", "processes"),
+    [
+        (["--micro-batch", "2", "--accumulation", "2"], 2),
+        (["--micro-batch", "2", "--strategy", "zero2"], 4),
+        (["--micro-batch", "8", "--pp", "2", "--microbatches", "4"], 2),
+        (["--micro-batch", "4", "--pp", "2", "--microbatches", "2"], 4),
+    ],
+    ids=["fsdp-dp2", "zero2-dp4", "pp2", "pp2-dp2"],
+)
+def test_deterministic_runs_give_the_bits_of_one_process(
+    pip_train_gpt, corpus, layout, processes, tmp_path
+):
+    """--deterministic: a global batch of 4 micro-batches of 2 rows, as FSDP on one process
+    (accumulation 4) and split over data ranks or pipeline stages: every exported tensor and every
+    logged loss is the same bits. Catches C++ engines whose deterministic option is not passed
+    (FSDP, ZeRO, the pipeline), a strided data split, a loss divided by the local count, and a
+    logged loss averaged in rank order."""
+    model = [*MODEL[:-2], "--deterministic"]  # one intra-op thread: the mode sets it
+    common = ["--data", str(corpus), *model]
+    one = tmp_path / "one.safetensors"
+    single = _run([str(pip_train_gpt), *common, "--micro-batch", "2", "--accumulation", "4",
+                   "--save", str(one)])  # fmt: skip
+    launch = [str(TORCHRUN), "--no-python", "--standalone", f"--nproc_per_node={processes}"]
+    split = tmp_path / "split.safetensors"
+    output = _run([*launch, str(pip_train_gpt), *common, *layout, "--save", str(split)])
+    assert _losses(output) == _losses(single) and len(_losses(single)) == 4, output
+    state, reference = _read_safetensors(split), _read_safetensors(one)
+    assert sorted(state) == sorted(reference)
+    for name, value in reference.items():
+        assert torch.equal(state[name].view(torch.int32), value.view(torch.int32)), name
+
+
 def _python_trainer(out_dir: Path, steps: int, strategy: str) -> dict[int, float]:
     """shardwise-train at world 2 on the C++ trainer's model and schedule (FSDP or ZeRO-2, fp32,
     AdamW at lr 1e-3 with cosine decay, clip 1.0), checkpointing every 3 steps into
@@ -353,6 +386,9 @@ def test_bad_flags_are_named_before_anything_runs(train_gpt, corpus):
         (["--pp", "2", "--microbatches", "3"], "must be a multiple of --microbatches 3"),
         (["--pp", "2"], "1 × 2 = 2 > WORLD_SIZE=1"),
         (["--schedule", "zb"], "--schedule zb: use 1f1b or gpipe"),
+        (["--pp", "2", "--accumulation", "2"], "--accumulation with --pp"),
+        (["--deterministic", "--tp", "2"], "--deterministic with --tp"),
+        (["--deterministic", "--threads", "2"], "--deterministic runs one intra-op thread"),
         ([], "--data is required"),
     ]:
         data = ["--data", str(corpus)] if flags or message != "--data is required" else []

@@ -17,7 +17,8 @@ struct Flags {
   std::string data;
   int64_t steps = 100, micro_batch = 8, seq_len = 128, dim = 192, layers = 4, heads = 6;
   int64_t seed = 0, log_every = 10, threads = 0, pp = 1, microbatches = 4, tp = 1;
-  int64_t warmup_steps = 0, save_every = 50, keep_last = 3;
+  int64_t warmup_steps = 0, save_every = 50, keep_last = 3, accumulation = 1;
+  bool deterministic = false;  // the same bits at every data-parallel (and pipeline) size
   std::string checkpoint_dir;  // resumable checkpoints (shardwise-train's format); empty: none
   std::string checkpoint_mode = "sync";  // async: written by a background thread
   double lr = 1e-3, clip = 1.0;
@@ -33,9 +34,11 @@ inline const char* kUsage =
     "                 [--threads N] [--save MODEL.safetensors]\n"
     "                 [--pp STAGES [--microbatches N] [--schedule 1f1b|gpipe]] [--tp N]\n"
     "                 [--warmup-steps N] [--checkpoint-dir DIR [--save-every N] [--keep-last N]\n"
-    "                 [--checkpoint-mode sync|async]]\n";
+    "                 [--checkpoint-mode sync|async]] [--accumulation N] [--deterministic]\n";
 
-using FlagField = std::variant<int64_t Flags::*, double Flags::*, std::string Flags::*>;
+// A bool field is a switch: the flag alone, without a value.
+using FlagField =
+    std::variant<int64_t Flags::*, double Flags::*, std::string Flags::*, bool Flags::*>;
 
 // Every flag and the field it sets.
 inline const std::map<std::string, FlagField>& flag_fields() {
@@ -52,7 +55,8 @@ inline const std::map<std::string, FlagField>& flag_fields() {
       {"--lr", &Flags::lr},                   {"--clip", &Flags::clip},
       {"--dtype", &Flags::dtype},             {"--strategy", &Flags::strategy},
       {"--schedule", &Flags::schedule},       {"--checkpoint-dir", &Flags::checkpoint_dir},
-      {"--save", &Flags::save},               {"--checkpoint-mode", &Flags::checkpoint_mode}};
+      {"--save", &Flags::save},               {"--checkpoint-mode", &Flags::checkpoint_mode},
+      {"--accumulation", &Flags::accumulation}, {"--deterministic", &Flags::deterministic}};
   // clang-format on
   return fields;
 }
@@ -110,6 +114,21 @@ inline void check_relations(const Flags& f) {
   if (f.pp > f.layers + 2) {
     fail("--pp " + n(f.pp) + ": at most --layers + 2 (" + n(f.layers + 2) + ") stages");
   }
+  if (f.pp > 1 && f.accumulation > 1) {
+    fail(
+        "--accumulation with --pp: the pipeline's --microbatches are its accumulation; leave "
+        "--accumulation out");
+  }
+  if (f.deterministic && f.tp > 1) {
+    fail(
+        "--deterministic with --tp: tensor parallelism changes the matmuls' own reduction "
+        "order, outside the mode's contract; leave one of them out");
+  }
+  if (f.deterministic && f.threads > 1) {
+    fail(
+        "--deterministic runs one intra-op thread (a BLAS may split a reduction over its "
+        "threads); leave --threads out");
+  }
 }
 
 // Throws std::invalid_argument naming the flag and the fix for a bad or conflicting value.
@@ -141,6 +160,10 @@ inline Flags parse(int argc, char** argv) {
     if (field == flag_fields().end()) {
       throw std::invalid_argument("unknown flag " + flag + "\n" + kUsage);
     }
+    if (const auto* on = std::get_if<bool Flags::*>(&field->second)) {
+      f.** on = true;
+      continue;
+    }
     if (i + 1 >= argc) throw std::invalid_argument(flag + " needs a value\n" + kUsage);
     const std::string value = argv[++i];
     std::visit(
@@ -148,6 +171,8 @@ inline Flags parse(int argc, char** argv) {
           using T = std::decay_t<decltype(f.*member)>;
           if constexpr (std::is_same_v<T, std::string>) {
             f.*member = value;
+          } else if constexpr (std::is_same_v<T, bool>) {
+            f.*member = true;  // switches are handled above
           } else {
             f.*member = number<T>(flag, value);
           }

@@ -46,6 +46,7 @@ inline Strategy pipelined(GPT model,
   options.rank = cut->stage();
   options.group = mesh->group({"pp"});
   if (mesh->size("dp") > 1) options.data_parallel_group = mesh->group({"dp"});
+  options.deterministic = flags.deterministic;  // the trees over microbatches and replicas
   options.tied = {{0, "embed.weight", pp - 1, "head.weight"}};
   options.loss = gpt_loss;
   if (sharded) {
@@ -54,17 +55,26 @@ inline Strategy pipelined(GPT model,
   auto pipeline = std::make_shared<shardwise::pipeline::Pipeline>(
       std::vector<shardwise::pipeline::PipelineStage>{cut->mine()}, options);
   auto optimizer = fused_adamw(pipeline->parameters(), flags);
+  // (no accumulation with --pp: the divisor is the pipeline's own; each microbatch's loss back)
   auto backward = [pipeline, last = cut->stage() == pp - 1](const torch::Tensor& inputs,
-                                                            const torch::Tensor& targets) {
+                                                            const torch::Tensor& targets, double) {
     const auto result = pipeline->step(inputs, targets);
-    return last ? torch::tensor(result.loss, torch::kFloat64) : torch::Tensor();
+    return last ? torch::tensor(result.losses, torch::kFloat64) : torch::Tensor();
+  };
+  auto clip = [cut, pipeline, group = options.group, exact = flags.deterministic](double norm) {
+    if (exact) {
+      pipeline->clip_grad_norm_(norm);  // the exact norm (no tp in the mode)
+    } else {
+      cut->clip_grad_norm(norm, group);
+    }
   };
   return {backward,
-          [cut, group = options.group](double max_norm) { cut->clip_grad_norm(max_norm, group); },
+          clip,
           optimizer,
           [mesh, cut] { return cut->full_state(*mesh); },
           mesh->coordinate("dp"),
           mesh->size("dp"),
           shardwise::training::adamw_checkpoint(cut->slots(mesh), optimizer),
-          mesh->layout().describe()};
+          mesh->layout().describe(),
+          options.data_parallel_group};
 }

@@ -7,6 +7,11 @@
 //
 //   torchrun --no-python --standalone --nproc_per_node=2 ./train_gpt --data corpus.txt
 //
+// --accumulation N: each step reads N micro-batches per data rank. --deterministic: the same bits
+// (weights, logged losses) at every data-parallel size and pipeline size for a fixed global batch
+// (--micro-batch x --accumulation x data ranks; with --pp, --micro-batch is cut into
+// --microbatches): contiguous micro-batches, the engines' tree reductions, one intra-op thread.
+//
 // Without torchrun it runs as one process. Rank 0 prints "step N loss L tokens/s T" every
 // --log-every steps (the loss averaged over ranks) and a final "summary" line with the mean
 // tokens/s (from the median step time of the slowest rank, the first step left out) and the
@@ -44,6 +49,35 @@ std::string config_text(const Flags& f) {
          "}\n";
 }
 
+// The step's loss for the log: the mean of this rank's micro-batch losses (undefined where none).
+// Deterministic: every data rank's micro-batch losses added left to right in the global order
+// m = (j * W + r) * c + k (accumulation step j, data rank r, pipeline microbatch k), returned on
+// data rank 0 only, so the logged value does not depend on W.
+torch::Tensor step_loss(const std::vector<torch::Tensor>& losses,
+                        const Strategy& strategy,
+                        bool deterministic) {
+  if (losses.empty() || !losses[0].defined()) return {};
+  const torch::Tensor mine = torch::stack(losses);  // [accumulation, microbatches]
+  if (!deterministic) return mine.mean();
+  std::vector<torch::Tensor> every{mine};
+  if (strategy.data_group) {
+    std::vector<std::vector<at::Tensor>> out(1);
+    for (int r = 0; r < strategy.data_world; ++r) out[0].push_back(torch::empty_like(mine));
+    std::vector<at::Tensor> in{mine};
+    strategy.data_group->allgather(out, in)->wait();
+    every = out[0];
+  }
+  double sum = 0;
+  for (int64_t j = 0; j < mine.size(0); ++j) {
+    for (const torch::Tensor& rank : every) {
+      const auto row = rank.accessor<double, 2>()[j];
+      for (int64_t k = 0; k < mine.size(1); ++k) sum += row[k];
+    }
+  }
+  if (strategy.data_rank != 0) return {};
+  return torch::tensor(sum / static_cast<double>(mine.numel() * every.size()), torch::kFloat64);
+}
+
 // Loads the newest checkpoint under --checkpoint-dir; the steps already done (0: none).
 int64_t resume(const Flags& flags,
                const Strategy& strategy,
@@ -57,6 +91,10 @@ int64_t resume(const Flags& flags,
 
 int run(const Flags& flags) {
   if (flags.threads > 0) torch::set_num_threads(static_cast<int>(flags.threads));
+  if (flags.deterministic) {  // a BLAS may split a reduction over its threads
+    torch::set_num_threads(1);
+    at::globalContext().setDeterministicAlgorithms(true, false);
+  }
   auto world = shardwise::distributed::init_from_env_or_single();
   namespace training = shardwise::training;
   const auto& group = world.group;
@@ -74,11 +112,14 @@ int run(const Flags& flags) {
 
   auto [train, validation] =
       shardwise::data::split_tokens(shardwise::data::read_byte_tokens(flags.data));
-  shardwise::data::TokenStream stream(train, {.seq_len = flags.seq_len,
-                                              .micro_batch = flags.micro_batch,
-                                              .data_rank = strategy.data_rank,
-                                              .data_world = strategy.data_world,
-                                              .seed = flags.seed});
+  shardwise::data::TokenStream stream(
+      train, {.seq_len = flags.seq_len,
+              .micro_batch = flags.micro_batch,
+              .data_rank = strategy.data_rank,
+              .data_world = strategy.data_world,
+              .seed = flags.seed,
+              .contiguous = flags.deterministic,
+              .batches_per_step = flags.deterministic ? flags.accumulation : 1});
 
   int64_t first_step = 1;
   if (!flags.checkpoint_dir.empty()) first_step += resume(flags, strategy, stream, world);
@@ -91,12 +132,18 @@ int run(const Flags& flags) {
   }
   training::StepLog log(
       group, {flags.log_every, flags.steps,
-              static_cast<double>(flags.micro_batch * flags.seq_len) * strategy.data_world});
+              static_cast<double>(flags.micro_batch * flags.seq_len * flags.accumulation) *
+                  strategy.data_world});
+  // each micro-batch's loss over the global count (deterministic) or the local one (a mean)
+  const double divisor =
+      static_cast<double>(flags.accumulation) * (flags.deterministic ? strategy.data_world : 1);
   for (int64_t step = first_step; step <= flags.steps; ++step) {
     log.begin();
-    auto [inputs, targets] = stream.next();
+    std::vector<Strategy::Batch> batches;
+    for (int64_t j = 0; j < flags.accumulation; ++j) batches.push_back(stream.next());
     const double lr = training::warmup_cosine_lr(schedule, step);
-    print(world, log.end(step, strategy.step(inputs, targets, lr, flags.clip)));
+    const auto losses = strategy.step(batches, divisor, lr, flags.clip);
+    print(world, log.end(step, step_loss(losses, strategy, flags.deterministic)));
     if (!flags.checkpoint_dir.empty() && (step % flags.save_every == 0 || step == flags.steps)) {
       if (saver) {
         saver->save(step, strategy.checkpoint, stream);
