@@ -113,7 +113,7 @@ test-all: test test-package-slow ## every suite, the 8-process ones too (determi
 		tests/distributed/test_train_deterministic.py -k world_8
 
 test-python: build ## pytest: ops, exhaustive casts, distributed (multi-process)
-	$(PY) -m pytest -ra tests/python $(wildcard tests/distributed) || { rc=$$?; \
+	$(PY) -m pytest -ra --durations=30 tests/python $(wildcard tests/distributed) || { rc=$$?; \
 		[ $$rc -eq 5 ] && echo "pytest collected no tests: that is a failure here"; exit $$rc; }
 
 # PyTorch's own distributed suite (torch/testing/_internal/distributed/distributed_test.py from the
