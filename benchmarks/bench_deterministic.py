@@ -28,7 +28,16 @@ ROOT = Path(__file__).resolve().parents[1]
 STRATEGIES = {  # name: overrides on examples/configs/ddp.yaml
     "fsdp": ("distributed.strategy=fsdp",),
     "zero2": ("distributed.strategy=zero", "distributed.zero.zero_optimization.stage=2"),
+    # 2 stages (world 4: 2 pipelines data parallel), each step 2 microbatches of micro-batch rows
+    "pipeline": (
+        "distributed.strategy=pipeline",
+        "distributed.pipeline_parallel_size=2",
+        "distributed.pipeline.num_microbatches=2",
+    ),  # fmt: skip
 }
+# The limit's run where the strategy cannot run on one rank: the pipeline's two microbatches as
+# two accumulated micro-batches of the whole model.
+LIMITS = {"pipeline": ("training.gradient_accumulation_steps=2",)}
 
 
 def train(world: int, overrides: list[str]) -> list[dict]:
@@ -62,7 +71,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=2)
     parser.add_argument("--worlds", default="2,4")
     parser.add_argument("--backends", default="shardwise,gloo")
-    parser.add_argument("--strategies", default=",".join(STRATEGIES))
+    parser.add_argument("--strategies", default="fsdp,zero2")  # or pipeline
     parser.add_argument("--output", type=Path)
     args = parser.parse_args()
     base = [f"model.preset={args.model}", "training.mixed_precision=no",
@@ -72,7 +81,8 @@ def main() -> None:
             "training.lr_scaling=none"]  # fmt: skip
     rows = []
     for strategy in args.strategies.split(","):
-        one = [*base, *STRATEGIES[strategy], "training.deterministic=true"]  # one thread
+        alone = LIMITS.get(strategy, STRATEGIES[strategy])
+        one = [*base, *alone, "training.deterministic=true"]  # one thread
         limit = statistics.median(summary(train(1, one))[0] for _ in range(args.rounds))
         for world in (int(w) for w in args.worlds.split(",")):
             for backend in args.backends.split(","):
@@ -94,7 +104,8 @@ def main() -> None:
         f"# training.deterministic's cost, GPT `{args.model}` ({datetime.date.today()})",
         "",
         f"CPU, {cpu}; torch {torch.__version__}; fp32; micro-batch {args.micro_batch} per rank, "
-        f"no accumulation (global batch {args.micro_batch} x world); median of {args.rounds} "
+        f"no accumulation (global batch {args.micro_batch} x world; the pipeline: 2 stages, "
+        f"2 microbatches of {args.micro_batch} per step and pipeline); median of {args.rounds} "
         f"interleaved runs of {args.steps} steps (steps 3+); one intra-op thread per rank in "
         "both modes (the default gives cores / ranks, 1 here). Memory: peak RSS of the largest "
         "rank. Limit: the compute-only step (world 1, the same micro-batch).",
