@@ -28,6 +28,13 @@ int64_t BatchOrder::whole_batches(int64_t num_items,
   return num_items / (micro_batch * data_world * batches_per_step) * batches_per_step;
 }
 
+std::string BatchOrder::step_text(int64_t micro_batch, int data_world, int64_t batches_per_step) {
+  std::string text =
+      std::to_string(micro_batch) + " x " + std::to_string(data_world) + " data ranks";
+  if (batches_per_step > 1) text += " x " + std::to_string(batches_per_step) + " batches per step";
+  return text;
+}
+
 BatchOrder::BatchOrder(int64_t num_items, BatchOrderOptions options)
     : num_items_(num_items), options_(options) {
   if (options.micro_batch < 1 || options.data_world < 1 || options.batches_per_step < 1) {
@@ -44,12 +51,7 @@ BatchOrder::BatchOrder(int64_t num_items, BatchOrderOptions options)
   if (batches_per_epoch_ < 1) {
     throw std::invalid_argument(
         std::to_string(num_items) + " items: fewer than one global batch (" +
-        std::to_string(options.micro_batch) + " x " + std::to_string(options.data_world) +
-        " data ranks" +
-        (options.batches_per_step > 1
-             ? " x " + std::to_string(options.batches_per_step) + " batches per step"
-             : std::string()) +
-        ")");
+        step_text(options.micro_batch, options.data_world, options.batches_per_step) + ")");
   }
 }
 

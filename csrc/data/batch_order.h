@@ -23,6 +23,7 @@
 #include <ATen/core/Tensor.h>
 
 #include <cstdint>
+#include <string>
 
 namespace shardwise::data {
 
@@ -48,6 +49,8 @@ class BatchOrder {
                                int64_t micro_batch,
                                int data_world,
                                int64_t batches_per_step = 1);
+  // What one training step reads, for errors: "2 x 4 data ranks" (" x 2 batches per step").
+  static std::string step_text(int64_t micro_batch, int data_world, int64_t batches_per_step);
 
   // The items of `epoch` in global order (the same on every rank).
   at::Tensor order(int64_t epoch) const;

@@ -49,11 +49,7 @@ BatchOrder windows_of(const at::Tensor& tokens, const TokenStreamOptions& option
     throw std::invalid_argument(
         std::to_string(tokens.numel()) + " tokens make " + std::to_string(num_windows) +
         " windows of " + std::to_string(options.seq_len) + ": fewer than one global batch (" +
-        std::to_string(options.micro_batch) + " x " + std::to_string(options.data_world) +
-        " data ranks" +
-        (options.batches_per_step > 1
-             ? " x " + std::to_string(options.batches_per_step) + " batches per step"
-             : std::string()) +
+        BatchOrder::step_text(options.micro_batch, options.data_world, options.batches_per_step) +
         ")");
   }
   return BatchOrder(num_windows,

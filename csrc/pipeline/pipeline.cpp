@@ -69,6 +69,10 @@ Pipeline::Pipeline(std::vector<PipelineStage> stages, PipelineOptions options)
       if (s.id == stage && s.set_gradient_sync) s.set_gradient_sync(true);
     }
   };
+  TORCH_CHECK_VALUE(options_.deterministic || options_.accumulation == 1, "Pipeline: accumulation ",
+                    options_.accumulation,
+                    " is read by the deterministic mode only; leave it at 1 "
+                    "or set deterministic");
   if (options_.deterministic) {
     check_deterministic();
     o.loss_divisor = double(options_.schedule.num_microbatches) *

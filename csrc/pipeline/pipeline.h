@@ -57,7 +57,8 @@ struct PipelineOptions {
   std::function<void(int stage, int microbatch)> before_forward;
   bool deterministic = false;  // see above
   // Deterministic mode: how many step() calls make one optimizer step (the caller sums their
-  // gradients as the tree over the call index, e.g. distributed::PairwiseGradients).
+  // gradients as the tree over the call index, e.g. distributed::PairwiseGradients). Refused
+  // other than 1 without `deterministic` (the default mode divides by num_microbatches only).
   int accumulation = 1;
 };
 

@@ -443,7 +443,7 @@ def _check_deterministic_pipeline(cfg: TrainConfig) -> None:
             "backwards leave no point where a microbatch's gradients are whole; use 1f1b, "
             "gpipe or interleaved_1f1b"
         )
-    microbatches = p.num_microbatches or cfg.distributed.pipeline_parallel_size
+    microbatches = p.num_microbatches  # resolved by _check_pipeline
     if microbatches & (microbatches - 1):
         raise ValueError(
             f"distributed.pipeline.num_microbatches={microbatches} with training.deterministic="

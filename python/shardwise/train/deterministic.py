@@ -75,7 +75,7 @@ def _pipeline_forward_backward(par: Parallel, batches, step: int, group) -> tupl
     rank = dist.get_rank(group) if group is not None else 0
     c = par.pipe.schedule.num_microbatches
     for j, (x, y) in enumerate(batches):
-        par.seeds.step, par.seeds.first = step, (j * size + rank) * c
+        par.seeds.start_pipeline_call(step, (j * size + rank) * c)
         par.pipe.step(x, y)
         losses += par.pipe.last["losses"]
         if len(batches) > 1:

@@ -553,7 +553,7 @@ def _pipeline_data_parallel(par: Parallel) -> None:
         data_parallel_group=axes.data_group,
         tied=ties,
         deterministic=par.options.deterministic,
-        accumulation=par.options.accumulation,
+        accumulation=par.options.accumulation if par.options.deterministic else 1,
         before_forward=par.seeds.before_stage_forward if par.seeds is not None else None,
     )
     par.params = [t for st in par.stages.values() for t in st.parameters()]

@@ -45,6 +45,11 @@ class BlockSeeds:
         self.step, self.micro_batch = step, micro_batch
         torch.manual_seed(micro_batch_seed(self.seed, step, micro_batch))
 
+    def start_pipeline_call(self, step: int, first: int) -> None:
+        """A pipeline step call of optimizer step ``step`` whose microbatch 0 is global
+        micro-batch ``first``."""
+        self.step, self.first = step, first
+
     def before_stage_forward(self, stage: int, microbatch: int) -> None:
         """The pipeline's ``before_forward``: microbatch ``microbatch`` of this step call (stage
         0 starts it, as the unpipelined forward does)."""

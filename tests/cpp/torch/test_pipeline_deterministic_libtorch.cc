@@ -140,6 +140,13 @@ TEST(PipelineDeterministicLibTorch, RefusesWhatItsTreeDoesNotCover) {
   } catch (const c10::ValueError& e) {
     EXPECT_NE(std::string(e.what()).find("power of two"), std::string::npos) << e.what();
   }
+  o.deterministic = false;  // accumulation is the mode's: refused rather than ignored
+  try {
+    pp::Pipeline pipe({st}, o);
+    FAIL() << "accumulation without the mode accepted";
+  } catch (const c10::ValueError& e) {
+    EXPECT_NE(std::string(e.what()).find("deterministic mode only"), std::string::npos) << e.what();
+  }
 }
 
 }  // namespace
