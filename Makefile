@@ -16,6 +16,10 @@ CPU_PY := $(CPU_VENV)/bin/python
 OLDEST_PY := $(OLDEST_VENV)/bin/python
 CMAKE_BUILD ?= build/cmake
 JOBS ?= $(shell nproc)
+# Each suite's command runs through scripts/suite_times.py: `make test` ends with the table of
+# what ran, how long and how many tests (build/suite-times.tsv).
+TIMED = $(PYTHON) $(CURDIR)/scripts/suite_times.py run
+export SUITE_TIMES ?= $(CURDIR)/build/suite-times.tsv
 
 export CCACHE_DIR ?= $(CACHE)/ccache
 export CCACHE_BASEDIR := $(CURDIR)
@@ -36,7 +40,11 @@ endif
 	system-deps bench test-gpu gpu-diagnose gpu-wheels train-fsdp \
 	format lint clean
 
-test: build lint test-cpp test-python test-cpu-torch test-torch-oldest test-package test-conformance-ci test-sanitize-core fuzz-ci ## build, then run every test suite
+test: times-reset build lint test-cpp test-python test-cpu-torch test-torch-oldest test-package test-conformance-ci test-sanitize-core fuzz-ci ## build, then run every test suite
+	@$(PYTHON) scripts/suite_times.py report
+
+times-reset:
+	@$(PYTHON) scripts/suite_times.py reset
 
 demo: build ## 2-process CPU training of the bundled GPT (FSDP, bf16), ~2 minutes: outputs/demo/
 	rm -rf outputs/demo
@@ -74,7 +82,7 @@ $(CACHE)/venv-%/.complete:
 	rm -rf $(@D)
 	$(PYTHON) -m venv $(@D)
 	$(@D)/bin/pip install -q --upgrade pip
-	$(@D)/bin/pip install -q -r $(if $(findstring venv-cpu-,$(@D)),requirements/libtorch-cpu.txt,$(if \
+	$(TIMED) "setup: $(notdir $(@D))" -- $(@D)/bin/pip install -q -r $(if $(findstring venv-cpu-,$(@D)),requirements/libtorch-cpu.txt,$(if \
 		$(findstring venv-oldest-,$(@D)),requirements/torch-oldest.txt,requirements/dev.txt))
 	touch $@
 
@@ -85,14 +93,14 @@ $(EXTRAS): $(VENV)/.complete
 	touch $@
 
 build: system-deps venv $(EXTRAS) ## the Python extension, editable, CUDA sources included when possible
-	$(PY) -m pip install -q --no-build-isolation --no-deps -e .
+	$(TIMED) "build: extension" -- $(PY) -m pip install -q --no-build-isolation --no-deps -e .
 	$(PY) -c "import shardwise; print('shardwise', shardwise.__version__, 'CPU ISA', shardwise.detected_cpu_isa())"
 
 test-cpp: system-deps cpu-venv ## GoogleTest: the torch-free core and the LibTorch-linked library
 	cmake -S . -B $(CMAKE_BUILD) -G Ninja -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
 		-DCMAKE_PREFIX_PATH="$$($(CPU_PY) -c 'import torch; print(torch.utils.cmake_prefix_path)')"
-	cmake --build $(CMAKE_BUILD) -j $(JOBS)
-	ctest --test-dir $(CMAKE_BUILD) --output-on-failure -j $(JOBS)
+	$(TIMED) "build: test-cpp" -- cmake --build $(CMAKE_BUILD) -j $(JOBS)
+	$(TIMED) test-cpp -- ctest --test-dir $(CMAKE_BUILD) --output-on-failure -j $(JOBS)
 
 # The C++ package from its users' side (tests/package): examples/cpp/train_gpt built out of tree
 # against cmake --install's prefix and pip's copy (CPU torch), against the editable install (CUDA
@@ -101,9 +109,9 @@ test-package: test-cpp test-cpu-torch build ## the installed C++ package, consum
 	cmake --install $(CMAKE_BUILD) --prefix $(CMAKE_BUILD)/install > /dev/null
 	SHARDWISE_INSTALL_PREFIX=$(CURDIR)/$(CMAKE_BUILD)/install \
 	SHARDWISE_OTHER_TORCH="$$($(PY) -c 'import torch; print(torch.utils.cmake_prefix_path)')" \
-		$(CPU_PY) -m pytest -ra -p no:cacheprovider -m "not slow" tests/package
+		$(TIMED) "test-package (CPU torch)" -- $(CPU_PY) -m pytest -ra -p no:cacheprovider -m "not slow" tests/package
 	SHARDWISE_OTHER_TORCH="$$($(CPU_PY) -c 'import torch; print(torch.utils.cmake_prefix_path)')" \
-		$(PY) -m pytest -ra -p no:cacheprovider -m "not slow" tests/package
+		$(TIMED) "test-package (dev torch)" -- $(PY) -m pytest -ra -p no:cacheprovider -m "not slow" tests/package
 
 test-package-slow: test-cpp build ## tests/package's 8-process checks: both trainers place dp x pp x tp alike
 	$(PY) -m pytest -ra -p no:cacheprovider -m slow tests/package
@@ -113,7 +121,7 @@ test-all: test test-package-slow ## every suite, the 8-process ones too (determi
 		tests/distributed/test_train_deterministic.py -k world_8
 
 test-python: build ## pytest: ops, exhaustive casts, distributed (multi-process)
-	$(PY) -m pytest -ra --durations=30 tests/python $(wildcard tests/distributed) || { rc=$$?; \
+	$(TIMED) test-python -- $(PY) -m pytest -ra --durations=30 tests/python $(wildcard tests/distributed) || { rc=$$?; \
 		[ $$rc -eq 5 ] && echo "pytest collected no tests: that is a failure here"; exit $$rc; }
 
 # PyTorch's own distributed suite (torch/testing/_internal/distributed/distributed_test.py from the
@@ -130,7 +138,7 @@ test-conformance-world8: build ## torch's tests that need 8 ranks (skip_if_small
 	$(PY) tests/conformance/run.py --out $(CONFORMANCE) --world 8 --decorated skip_if_small_worldsize
 
 test-conformance-ci: build ## the CI sample of torch's distributed suite (tests/conformance/ci_subset.txt)
-	$(PY) tests/conformance/run.py --out $(CONFORMANCE)/ci --subset ci
+	$(TIMED) test-conformance-ci -- $(PY) tests/conformance/run.py --out $(CONFORMANCE)/ci --subset ci
 
 # Sanitizers (GCC): the torch-free core and its tests under AddressSanitizer + UndefinedBehavior-
 # Sanitizer, and the transports and collectives under ThreadSanitizer (in make test); the
@@ -146,11 +154,11 @@ TSAN_TESTS := Collectives|ShmTransport|TcpTransport|StreamOrder
 SANITIZE_SLOW := OnAllFloats|MatchesCompilerConversion
 test-sanitize-core: system-deps ## ASan+UBSan on the torch-free core's tests, TSan on its transports/collectives
 	$(SANITIZE_CMAKE) -B $(SANITIZE_BUILD)/address -DSHARDWISE_WITH_TORCH=OFF -DSHARDWISE_SANITIZE=address,undefined
-	cmake --build $(SANITIZE_BUILD)/address -j $(JOBS)
-	ctest --test-dir $(SANITIZE_BUILD)/address --output-on-failure -j $(JOBS) -E '$(SANITIZE_SLOW)'
+	$(TIMED) "build: asan" -- cmake --build $(SANITIZE_BUILD)/address -j $(JOBS)
+	$(TIMED) "test-sanitize-core (asan)" -- ctest --test-dir $(SANITIZE_BUILD)/address --output-on-failure -j $(JOBS) -E '$(SANITIZE_SLOW)'
 	$(SANITIZE_CMAKE) -B $(SANITIZE_BUILD)/thread -DSHARDWISE_WITH_TORCH=OFF -DSHARDWISE_SANITIZE=thread
-	cmake --build $(SANITIZE_BUILD)/thread -j $(JOBS)
-	ctest --test-dir $(SANITIZE_BUILD)/thread --output-on-failure -j $(JOBS) -R '$(TSAN_TESTS)'
+	$(TIMED) "build: tsan" -- cmake --build $(SANITIZE_BUILD)/thread -j $(JOBS)
+	$(TIMED) "test-sanitize-core (tsan)" -- ctest --test-dir $(SANITIZE_BUILD)/thread --output-on-failure -j $(JOBS) -R '$(TSAN_TESTS)'
 
 test-sanitize: test-sanitize-core cpu-venv ## the above, the exhaustive casts, and the LibTorch library and its tests under ASan+UBSan (~45 min)
 	$(SANITIZE_CMAKE) -B $(SANITIZE_BUILD)/torch -DSHARDWISE_SANITIZE=address,undefined \
@@ -168,13 +176,13 @@ fuzz-build: system-deps
 		-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_BUILD_TYPE=RelWithDebInfo \
 		-DSHARDWISE_WITH_TORCH=OFF -DSHARDWISE_BUILD_TESTS=OFF -DSHARDWISE_FUZZ=ON \
 		-DSHARDWISE_SANITIZE=address,undefined
-	cmake --build $(FUZZ_BUILD) -j $(JOBS)
+	$(TIMED) "build: fuzz" -- cmake --build $(FUZZ_BUILD) -j $(JOBS)
 
 fuzz: fuzz-build ## every fuzz target for FUZZ_SECONDS (600) each, after its regression inputs
 	scripts/run_fuzzers.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
 
 fuzz-ci: fuzz-build ## every fuzz target for 20 s, after its regression inputs
-	scripts/run_fuzzers.sh $(FUZZ_BUILD) 20
+	$(TIMED) fuzz-ci -- scripts/run_fuzzers.sh $(FUZZ_BUILD) 20
 
 # Fault soak (outside CI): SOAK_TRIALS runs of shardwise-train at 2-4 ranks, a random rank
 # SIGKILLed at a random moment, then SOAK_LINK_CUTS runs over TCP between two network namespaces
@@ -194,15 +202,15 @@ soak: build ## SIGKILL and link-cut trials: hangs, leaks, lost checkpoints, dete
 STATIC_RUNTIME_CC := $(CURDIR)/tests/toolchain/static-runtime
 test-cpu-torch: system-deps cpu-venv ## the CPU-only build (GPU image's toolchain) against the CPU torch, and its op tests
 	CC=$(STATIC_RUNTIME_CC)/gcc CXX=$(STATIC_RUNTIME_CC)/g++ SHARDWISE_WITH_CUDA=0 \
-		$(CPU_PY) -m pip install -q --no-build-isolation --no-deps .
-	cd tests && $(CPU_PY) -m pytest -ra -m "not slow" python/test_cast_ops.py \
+		$(TIMED) "build: CPU torch" -- $(CPU_PY) -m pip install -q --no-build-isolation --no-deps .
+	cd tests && $(TIMED) test-cpu-torch -- $(CPU_PY) -m pytest -ra -m "not slow" python/test_cast_ops.py \
 		python/test_cxx_runtime.py
 
 # The oldest supported torch (requirements/torch-oldest.txt), CPU-only build: the op tests, the
 # C++ runtime's exception paths, and FSDP against one process and FSDP2 at world 2.
 test-torch-oldest: system-deps oldest-venv ## the build and the op and FSDP tests against the oldest supported torch
-	SHARDWISE_WITH_CUDA=0 $(OLDEST_PY) -m pip install -q --no-build-isolation --no-deps .
-	cd tests && $(OLDEST_PY) -m pytest -ra -m "not slow" python/test_cast_ops.py \
+	SHARDWISE_WITH_CUDA=0 $(TIMED) "build: oldest torch" -- $(OLDEST_PY) -m pip install -q --no-build-isolation --no-deps .
+	cd tests && $(TIMED) test-torch-oldest -- $(OLDEST_PY) -m pytest -ra -m "not slow" python/test_cast_ops.py \
 		python/test_cxx_runtime.py python/test_torch_versions.py distributed/test_fsdp.py -k "not -4]"
 
 bench: build ## benchmarks (with OpenMPI as an anchor); results land in benchmarks/results/

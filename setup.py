@@ -172,6 +172,10 @@ class BuildExt(cpp_extension.BuildExtension):
             use_prebuilt_library(Path(prebuilt).resolve(), package)
         else:
             build_library(package, ROOT / "build" / f"cmake-python-{flavour}", with_cuda)
+        # The module's objects in a lasting folder of the clone too: pip's editable build would
+        # compile in a temporary one outside it, which the compiler cache's base directory
+        # cannot rewrite, so no other clone (CI's) would hit the cache.
+        self.build_temp = str(ROOT / "build" / f"python-module-{flavour}")
         for ext in self.extensions:
             ext.library_dirs.append(str(package / "lib"))
             ext.libraries.append("shardwise")

@@ -9,6 +9,8 @@ import sys
 import tempfile
 from pathlib import Path
 
+import rank_pool
+
 WORKER = Path(__file__).with_name("worker.py")
 
 
@@ -46,15 +48,7 @@ def run_world(
             argv = [sys.executable, str(WORKER), scenario, out]
             if wrap is not None:
                 argv, env = wrap(rank, argv, env)
-            procs.append(
-                subprocess.Popen(
-                    argv,
-                    env=env,
-                    stdout=subprocess.PIPE,
-                    stderr=subprocess.STDOUT,
-                    text=True,
-                )
-            )
+            procs.append(rank_pool.popen(argv, env))
         logs = []
         for p in procs:
             try:

@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import rank_pool
 import torch
 from train_runs import with_import_changed
 
@@ -100,7 +100,7 @@ def _run(command: list[str], out: Path, reference: bool = False, **env_vars) -> 
     # as a user runs it: without pytest's variables
     env = {k: v for k, v in os.environ.items() if not k.startswith("PYTEST_")}
     env = dict(env, OMP_NUM_THREADS="1", **env_vars)
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
+    proc = rank_pool.run(command, env=env, capture_output=True, text=True, timeout=400)
     log = proc.stdout + proc.stderr
     # Accelerate's own gloo run sometimes aborts at exit, after its results are written (gloo's
     # threads at teardown): the reference is taken then, nothing of ours is excused

@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import rank_pool
 from train_runs import with_import_changed
 
 pytest.importorskip("deepspeed")
@@ -43,7 +43,7 @@ def _ours(tmp_path: Path) -> Path:
 
 def _run(command: list[str], out: Path, **env) -> dict:
     env = dict(os.environ, OMP_NUM_THREADS="1", **env)
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=400)
+    proc = rank_pool.run(command, env=env, capture_output=True, text=True, timeout=400)
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return json.loads((out / "result.json").read_text())
 

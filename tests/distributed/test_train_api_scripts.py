@@ -10,11 +10,11 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+import rank_pool
 from train_runs import copy_until, losses, records
 
 SCRIPT = Path(__file__).resolve().parent / "scripts" / "trainer_api.py"
@@ -31,7 +31,7 @@ def _train(out: Path, nproc: int, form: str, strategy: str) -> tuple[list[dict],
         launcher += ["-m", "torch.distributed.run", "--standalone", f"--nproc_per_node={nproc}"]
     command = [*launcher, str(SCRIPT), "--form", form, "--strategy", strategy, "--out", str(out)]
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    proc = rank_pool.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, f"{proc.stdout[-3000:]}\n{proc.stderr[-6000:]}"
     return records(out), json.loads((out / "result.json").read_text())
 
@@ -78,7 +78,7 @@ def test_the_python_example_trains_under_zero3(tmp_path):
                "--nproc_per_node=2", str(EXAMPLE), "--strategy", "zero", "--steps", "8",
                "--out", str(tmp_path / "out")]  # fmt: skip
     env = dict(os.environ, OMP_NUM_THREADS="1")
-    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=300)
+    proc = rank_pool.run(command, env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-6000:]
     first, last = records(tmp_path / "out")[0], records(tmp_path / "out")[-1]
     assert last["step"] == 8 and last["loss"] < first["loss"] and "val_loss" in last

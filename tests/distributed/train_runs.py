@@ -8,9 +8,10 @@ import functools
 import json
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
+
+import rank_pool
 
 ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = ROOT / "examples" / "configs"
@@ -64,7 +65,7 @@ def launch(
     output)."""
     env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     out.parent.mkdir(parents=True, exist_ok=True)
-    proc = subprocess.run(
+    proc = rank_pool.run(
         command(nproc, config, out, *overrides, script=script, torchrun=torchrun),
         env=env,
         capture_output=True,
