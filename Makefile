@@ -24,6 +24,9 @@ export SUITE_TIMES ?= $(CURDIR)/build/suite-times.tsv
 export CCACHE_DIR ?= $(CACHE)/ccache
 export CCACHE_BASEDIR := $(CURDIR)
 export CCACHE_NOHASHDIR := 1
+# -B moves only where the linker looks (tests/toolchain/static-runtime): out of the cache's key, so
+# test-cpu-torch's library objects are test-cpp's, compiled once (the same sources, flags, torch).
+export CCACHE_IGNOREOPTIONS := -B*
 export MAX_JOBS ?= $(JOBS)
 # Debian's ccache masquerade directory (installed by system-deps, so it may not exist yet).
 export PATH := /usr/lib/ccache:$(PATH)
@@ -196,12 +199,13 @@ soak: build ## SIGKILL and link-cut trials: hangs, leaks, lost checkpoints, dete
 	$(PY) tests/soak/soak.py --trials $(SOAK_TRIALS) --link-cuts $(SOAK_LINK_CUTS) \
 		--async-saves $(SOAK_ASYNC) --out $(SOAK)
 
-# Built with tests/toolchain/static-runtime/{gcc,g++}: this machine's compilers finding the C++
+# Built with tests/toolchain/static-runtime/{gcc,c++}: this machine's compilers finding the C++
 # runtime as a GPU image's compiler wrapper does (libstdc++.a first), so that the op tests, and
-# the exception paths of test_cxx_runtime.py, run against such a build here too.
+# the exception paths of test_cxx_runtime.py, run against such a build here too. c++ is the name
+# test-cpp's build compiles with, so the compiler cache serves its objects here.
 STATIC_RUNTIME_CC := $(CURDIR)/tests/toolchain/static-runtime
 test-cpu-torch: system-deps cpu-venv ## the CPU-only build (GPU image's toolchain) against the CPU torch, and its op tests
-	CC=$(STATIC_RUNTIME_CC)/gcc CXX=$(STATIC_RUNTIME_CC)/g++ SHARDWISE_WITH_CUDA=0 \
+	CC=$(STATIC_RUNTIME_CC)/gcc CXX=$(STATIC_RUNTIME_CC)/c++ SHARDWISE_WITH_CUDA=0 \
 		$(TIMED) "build: CPU torch" -- $(CPU_PY) -m pip install -q --no-build-isolation --no-deps .
 	cd tests && $(TIMED) test-cpu-torch -- $(CPU_PY) -m pytest -ra -m "not slow" python/test_cast_ops.py \
 		python/test_cxx_runtime.py
