@@ -28,7 +28,10 @@ export CCACHE_NOHASHDIR := 1
 # test-cpu-torch's library objects are test-cpp's, compiled once (the same sources, flags, torch).
 export CCACHE_IGNOREOPTIONS := -B*
 export MAX_JOBS ?= $(JOBS)
-# Debian's ccache masquerade directory (installed by system-deps, so it may not exist yet).
+# Debian's ccache masquerade directory (installed by system-deps, so it may not exist yet): CMake
+# finds c++ there, so every build compiles through ccache with the real compiler in its key.
+# (ccache as CMake's launcher in front of that c++ keyed the objects on ccache's own binary: the
+# same sources compiled by pip's build of the library missed them.)
 export PATH := /usr/lib/ccache:$(PATH)
 ifneq ($(wildcard /usr/local/cuda/bin/nvcc),)
 export CUDA_HOME ?= /usr/local/cuda
@@ -100,7 +103,7 @@ build: system-deps venv $(EXTRAS) ## the Python extension, editable, CUDA source
 	$(PY) -c "import shardwise; print('shardwise', shardwise.__version__, 'CPU ISA', shardwise.detected_cpu_isa())"
 
 test-cpp: system-deps cpu-venv ## GoogleTest: the torch-free core and the LibTorch-linked library
-	cmake -S . -B $(CMAKE_BUILD) -G Ninja -DCMAKE_CXX_COMPILER_LAUNCHER=ccache \
+	cmake -S . -B $(CMAKE_BUILD) -G Ninja \
 		-DCMAKE_PREFIX_PATH="$$($(CPU_PY) -c 'import torch; print(torch.utils.cmake_prefix_path)')"
 	$(TIMED) "build: test-cpp" -- cmake --build $(CMAKE_BUILD) -j $(JOBS)
 	$(TIMED) test-cpp -- ctest --test-dir $(CMAKE_BUILD) --output-on-failure -j $(JOBS)
@@ -148,7 +151,7 @@ test-conformance-ci: build ## the CI sample of torch's distributed suite (tests/
 # LibTorch-linked library and its tests under ASan + UBSan too (test-sanitize; LibTorch itself is
 # not instrumented). Every report is fatal (-fno-sanitize-recover), so a report fails the run.
 SANITIZE_BUILD := build/sanitize
-SANITIZE_CMAKE = cmake -S . -G Ninja -DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_BUILD_TYPE=RelWithDebInfo
+SANITIZE_CMAKE = cmake -S . -G Ninja -DCMAKE_BUILD_TYPE=RelWithDebInfo
 export ASAN_OPTIONS ?= detect_leaks=1:abort_on_error=1:strict_string_checks=1
 export UBSAN_OPTIONS ?= print_stacktrace=1
 export TSAN_OPTIONS ?= halt_on_error=1:second_deadlock_stack=1
@@ -176,7 +179,7 @@ FUZZ_BUILD := build/fuzz
 FUZZ_SECONDS ?= 600
 fuzz-build: system-deps
 	cmake -S . -B $(FUZZ_BUILD) -G Ninja -DCMAKE_CXX_COMPILER=clang++-14 \
-		-DCMAKE_CXX_COMPILER_LAUNCHER=ccache -DCMAKE_BUILD_TYPE=RelWithDebInfo \
+		-DCMAKE_BUILD_TYPE=RelWithDebInfo \
 		-DSHARDWISE_WITH_TORCH=OFF -DSHARDWISE_BUILD_TESTS=OFF -DSHARDWISE_FUZZ=ON \
 		-DSHARDWISE_SANITIZE=address,undefined
 	$(TIMED) "build: fuzz" -- cmake --build $(FUZZ_BUILD) -j $(JOBS)
