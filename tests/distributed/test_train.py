@@ -11,6 +11,7 @@ import subprocess
 import sys
 
 import pytest
+import rank_pool
 import torch
 from train_runs import (
     BASE,
@@ -182,7 +183,7 @@ def test_plot_renders_the_run(tmp_path):
     """shardwise-plot: loss, throughput and cost (device-hours) PNGs from a run's
     metrics.jsonl."""
     out, _, _ = strategy_run("ddp")
-    proc = subprocess.run(
+    proc = rank_pool.run(
         [sys.executable, "-m", "shardwise.train.plot", str(out)],
         capture_output=True,
         text=True,
@@ -195,7 +196,7 @@ def test_plot_renders_the_run(tmp_path):
 
 def single_process(*args: str) -> subprocess.CompletedProcess:
     """``python -m shardwise.train --config ddp.yaml ARGS`` in this process's environment."""
-    return subprocess.run(
+    return rank_pool.run(
         [sys.executable, "-m", "shardwise.train", "--config", str(CONFIGS / "ddp.yaml"), *args],
         capture_output=True,
         text=True,

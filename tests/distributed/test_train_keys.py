@@ -393,15 +393,15 @@ def test_pipeline_parallel_size_cuts_the_model_into_that_many_stages():
 def test_training_device_cuda_is_refused_without_a_gpu(tmp_path):
     """training.device=cuda on this machine (no GPU): exit 2 naming the key and the fix before
     any work; left unread, the run would train on the CPU as if asked to."""
-    import subprocess
     import sys
 
+    import rank_pool
     import torch
     from train_runs import CONFIGS
 
     if torch.cuda.is_available():
         pytest.skip("this machine has a GPU: training.device=cuda trains there")
-    proc = subprocess.run(
+    proc = rank_pool.run(
         [sys.executable, "-m", "shardwise.train", "--config", str(CONFIGS / "ddp.yaml"),
          "training.device=cuda", f"training.checkpoint.dir={tmp_path}"],
         capture_output=True, text=True, timeout=120,

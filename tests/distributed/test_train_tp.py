@@ -5,9 +5,8 @@ plain one in both directions."""
 
 from __future__ import annotations
 
-import subprocess
-
 import pytest
+import rank_pool
 from train_runs import assert_continues, command, copy_until, losses, run, train
 
 COMMON = ("training.max_steps=8", "training.checkpoint.every_steps=4")
@@ -177,7 +176,7 @@ def test_zero_tp_checkpoint_resumes_at_its_tp_size_only(tmp_path):
     assert_continues(recs, ref, [5, 6, 7, 8], 1e-5)
     out = tmp_path / "other"
     copy_until(src, out, 4)
-    proc = subprocess.run(
+    proc = rank_pool.run(
         command(2, "zero2.yaml", out, *COMMON),
         capture_output=True,
         text=True,
