@@ -74,8 +74,8 @@ class _Zygote:
         )
         line = self.proc.stdout.readline().strip()
         if line != "ready":
-            self.proc.kill()
-            raise RuntimeError(f"the launch pool's zygote did not start: {line}")
+            self.close()
+            raise RuntimeError(f"the launch pool's zygote did not start: {line or 'no word'}")
         atexit.register(self.close)
 
     def alive(self) -> bool:
@@ -155,7 +155,7 @@ def shutdown() -> None:
 
 
 def enabled() -> bool:
-    return os.environ.get("SHARDWISE_TEST_FRESH", "") in ("", "0")
+    return os.environ.get("SHARDWISE_TEST_FRESH", "") in ("", "0") and _unavailable is None
 
 
 def _forkable(argv: list[str], env: dict) -> bool:
@@ -168,7 +168,23 @@ def _forkable(argv: list[str], env: dict) -> bool:
         return False
     base = _zygote.env if _zygote is not None else dict(os.environ, OMP_NUM_THREADS="1")
     changed = {k for k in set(base) | set(env) if base.get(k) != env.get(k)}
-    return all(FORK_SAFE_VARIABLES.fullmatch(k) for k in changed)
+    return all(FORK_SAFE_VARIABLES.fullmatch(k) for k in changed) and _available()
+
+
+_unavailable: str | None = None
+
+
+def _available() -> bool:
+    """Whether a zygote runs (started here on first use); a zygote that cannot start (a module
+    that starts a thread when imported) turns the pool off for the session, said once."""
+    global _unavailable
+    if _unavailable is None:
+        try:
+            _pool()
+        except RuntimeError as error:
+            _unavailable = str(error)
+            print(f"launch pool off, every launch fresh: {error}", file=sys.stderr)
+    return _unavailable is None
 
 
 def _standalone_ranks(argv: list[str]) -> tuple[int, list[str]] | None:
