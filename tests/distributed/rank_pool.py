@@ -266,12 +266,12 @@ def run(
 def _run_forked(argv, rank_argvs, envs, env, cwd, timeout, stdout, stderr, text):
     """Forks one process per rank (torchrun's workers when ``envs`` is None, with the agent's
     store here), collects their output and statuses, and stops the others when one fails."""
-    store = None
+    store = errors = None  # torchrun's agent store and error files: its launches only
     unbuffered = envs is None or bool(env.get("PYTHONUNBUFFERED"))  # torchrun runs `python -u`
-    errors = tempfile.TemporaryDirectory(prefix="shardwise-pool-errors-")
     if envs is None:
         import torch.distributed as dist
 
+        errors = tempfile.TemporaryDirectory(prefix="shardwise-pool-errors-")
         store = dist.TCPStore("0.0.0.0", 0, is_master=True, wait_for_workers=False)
         envs = _rank_environments(len(rank_argvs), env, store.port, errors.name)
     pipes, owned = {}, [os.open(os.devnull, os.O_RDONLY)]
@@ -303,7 +303,8 @@ def _run_forked(argv, rank_argvs, envs, env, cwd, timeout, stdout, stderr, text)
         output = _collect(ranks, pipes, timeout, argv, text)
     finally:
         del store
-        errors.cleanup()
+        if errors is not None:
+            errors.cleanup()
     code = 1 if any(r.returncode != 0 for r in ranks) and len(ranks) > 1 else ranks[0].returncode
     return subprocess.CompletedProcess(argv, code, output.get("stdout"), output.get("stderr"))
 
