@@ -27,6 +27,9 @@ export CCACHE_NOHASHDIR := 1
 # -B moves only where the linker looks (tests/toolchain/static-runtime): out of the cache's key, so
 # test-cpu-torch's library objects are test-cpp's, compiled once (the same sources, flags, torch).
 export CCACHE_IGNOREOPTIONS := -B*
+# The precompiled torch headers (CMakeLists.txt's SHARDWISE_PRECOMPILE_HEADERS): the cache keys a
+# file on the .gch it loads, and caches the .gch itself; ccache needs these two to do either.
+export CCACHE_SLOPPINESS := pch_defines,time_macros
 export MAX_JOBS ?= $(JOBS)
 # Debian's ccache masquerade directory (installed by system-deps, so it may not exist yet): CMake
 # finds c++ there, so every build compiles through ccache with the real compiler in its key.

@@ -153,6 +153,12 @@ class BuildExt(cpp_extension.BuildExtension):
     """Builds the library first, then shardwise._C (the pybind11 glue) linked against it; the
     library lands in the package (shardwise/lib) beside the module, which finds it by RPATH."""
 
+    def finalize_options(self):
+        # A --build-temp given to build_ext itself is kept; otherwise (setuptools' default, or
+        # pip's temporary folder for an editable install) the module compiles in the clone.
+        self.requested_build_temp = self.build_temp
+        super().finalize_options()
+
     def run(self):
         # setuptools clears `inplace` while it builds (it copies the module afterwards): note it.
         self.into_source = bool(self.inplace) or getattr(self, "editable_mode", False)
@@ -175,7 +181,8 @@ class BuildExt(cpp_extension.BuildExtension):
         # The module's objects in a lasting folder of the clone too: pip's editable build would
         # compile in a temporary one outside it, which the compiler cache's base directory
         # cannot rewrite, so no other clone (CI's) would hit the cache.
-        self.build_temp = str(ROOT / "build" / f"python-module-{flavour}")
+        if self.requested_build_temp is None:
+            self.build_temp = str(ROOT / "build" / f"python-module-{flavour}")
         for ext in self.extensions:
             ext.library_dirs.append(str(package / "lib"))
             ext.libraries.append("shardwise")

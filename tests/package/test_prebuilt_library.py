@@ -25,10 +25,11 @@ ROOT = Path(__file__).resolve().parents[2]
 
 
 def _build_ext(out: Path, prefix: Path) -> subprocess.CompletedProcess:
-    """setup.py build_ext into `out` (not the source tree) against the library at `prefix`."""
+    """setup.py build_ext into `out` (not the source tree) against the library at `prefix`; the
+    objects in setup.py's lasting folder of the clone, which the installs share (a --build-temp
+    outside the clone would compile the module again on every run, missing the compiler cache)."""
     env = dict(os.environ, SHARDWISE_LIBRARY_PREFIX=str(prefix))
-    command = [sys.executable, "setup.py", "-q", "build_ext"]
-    command += ["--build-lib", str(out / "lib"), "--build-temp", str(out / "temp")]
+    command = [sys.executable, "setup.py", "-q", "build_ext", "--build-lib", str(out / "lib")]
     return subprocess.run(command, cwd=ROOT, env=env, capture_output=True, text=True, timeout=1200)
 
 
