@@ -30,6 +30,11 @@ export CCACHE_IGNOREOPTIONS := -B*
 # The precompiled torch headers (CMakeLists.txt's SHARDWISE_PRECOMPILE_HEADERS): the cache keys a
 # file on the .gch it loads, and caches the .gch itself; ccache needs these two to do either.
 export CCACHE_SLOPPINESS := pch_defines,time_macros
+# torch >= 2.13's cpp_extension puts `ccache` in front of the compiler it is given. Given
+# test-cpu-torch's static-runtime wrapper, ccache then keyed the Python module's objects on that
+# script's file time, new in every clone: its 9 sources compiled in every run, and again (as plain
+# c++) in test-package's prebuilt-library test. The masquerade above already caches every compile.
+export TORCH_NO_COMPILER_WRAPPER := 1
 export MAX_JOBS ?= $(JOBS)
 # Debian's ccache masquerade directory (installed by system-deps, so it may not exist yet): CMake
 # finds c++ there, so every build compiles through ccache with the real compiler in its key.
