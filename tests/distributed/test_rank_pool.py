@@ -16,9 +16,14 @@ SEEN = """
 import json, os, sys
 names = sorted(k for k in os.environ if k.startswith(("RANK", "LOCAL_", "WORLD", "GROUP_",
                "ROLE_", "MASTER_", "TORCHELASTIC_", "TORCH_NCCL", "OMP_")))
-print(json.dumps({"argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(), "name": __name__,
-                  "env": {k: os.environ[k] for k in names}, "mine": os.environ.get("MINE"),
-                  "stdin": sys.stdin.read()}))
+seen = json.dumps({"argv": sys.argv, "path0": sys.path[0], "cwd": os.getcwd(), "name": __name__,
+                   "env": {k: os.environ[k] for k in names}, "mine": os.environ.get("MINE"),
+                   "stdin": sys.stdin.read()})
+if "SEEN_DIR" in os.environ:  # one file per rank: ranks sharing stdout may interleave lines
+    with open(os.path.join(os.environ["SEEN_DIR"], os.environ["RANK"] + ".json"), "w") as f:
+        f.write(seen)
+else:
+    print(seen)
 """
 VARYING = ("MASTER_PORT", "TORCHELASTIC_RUN_ID", "TORCHELASTIC_ERROR_FILE")
 
@@ -48,19 +53,26 @@ def test_torchrun_standalone_gives_the_ranks_torchrun_s_environment(tmp_path):
     script.write_text(SEEN)
     argv = [sys.executable, "-m", "torch.distributed.run", "--standalone",
             "--nproc_per_node=2", str(script)]  # fmt: skip
-    fresh, forked = _both(argv, tmp_path)
+    seen = {"fresh": tmp_path / "fresh", "forked": tmp_path / "forked"}
+    for folder in seen.values():
+        folder.mkdir()
+    environment = dict(os.environ, OMP_NUM_THREADS="1")
+    kw = {"cwd": tmp_path, "capture_output": True, "text": True, "timeout": 120}
+    fresh = subprocess.run(argv, env=dict(environment, SEEN_DIR=str(seen["fresh"])), **kw)
+    forked = rank_pool.run(argv, env=dict(environment, SEEN_DIR=str(seen["forked"])), **kw)
     assert fresh.returncode == forked.returncode == 0, (fresh.stderr, forked.stderr)
 
-    def ranks(output: str) -> list[dict]:
+    def ranks(folder) -> list[dict]:
         import json
 
-        seen = sorted((json.loads(line) for line in output.splitlines()),
-                      key=lambda s: s["env"]["RANK"])  # fmt: skip
-        for s in seen:
+        found = sorted(folder.iterdir())
+        assert [f.name for f in found] == ["0.json", "1.json"], found
+        ranks = [json.loads(f.read_text()) for f in found]
+        for s in ranks:
             assert all(s["env"].pop(k) for k in VARYING), s
-        return seen
+        return ranks
 
-    assert ranks(forked.stdout) == ranks(fresh.stdout)
+    assert ranks(seen["forked"]) == ranks(seen["fresh"])
 
 
 def test_a_failed_rank_stops_the_others_and_fails_the_launch(tmp_path):
