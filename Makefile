@@ -51,7 +51,7 @@ endif
 .PHONY: demo demo-cpp test test-all test-cpp test-python test-cpu-torch test-torch-oldest test-package test-package-slow build venv \
 	cpu-venv oldest-venv \
 	test-conformance test-conformance-world8 test-conformance-ci test-sanitize test-sanitize-core fuzz fuzz-build fuzz-ci soak \
-	system-deps bench test-gpu gpu-diagnose gpu-wheels train-fsdp \
+	system-deps bench bench-hosts test-gpu gpu-diagnose gpu-wheels train-fsdp \
 	format lint clean
 
 test: times-reset build lint test-cpp test-python test-cpu-torch test-torch-oldest test-package test-conformance-ci test-sanitize-core fuzz-ci ## build, then run every test suite
@@ -246,6 +246,13 @@ bench: build ## benchmarks (with OpenMPI as an anchor); results land in benchmar
 		--output benchmarks/results/$$(date +%Y-%m-%d)-tensor-parallel-cpu.md
 	cd benchmarks && $(PY) bench_pipeline.py --output results/$$(date +%Y-%m-%d)-pipeline-cpu.md \
 		--png results/$$(date +%Y-%m-%d)-pipeline-zb-h1-timeline.png
+
+# Collectives on 4 emulated hosts x 2 ranks (tests/distributed/hosts.py: namespaces on a bridge,
+# needs root), each host's link shaped with tc's tbf to 1 Gbit/s, then 10 Gbit/s: shardwise
+# (hierarchical across hosts, and the flat ring) beside gloo, interleaved fresh launches (~15 min).
+bench-hosts: build ## collectives across 4 emulated hosts x 2 ranks at 1 and 10 Gbit/s
+	for rate in 1gbit 10gbit; do $(PY) benchmarks/bench_hosts.py --hosts 4 --ranks-per-host 2 \
+		--rate $$rate --output benchmarks/results/$$(date +%Y-%m-%d)-hosts-4x2-$$rate-cpu.md; done
 
 test-gpu: ## on a GPU machine (its own CUDA torch, PYTHON): build, every CUDA test, GPU benchmarks
 	PY=$(PYTHON) bash scripts/test_gpu.sh

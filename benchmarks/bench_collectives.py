@@ -10,6 +10,14 @@ size is the full gathered / scattered buffer). Every run checks its result on in
 data unique per rank and element (exact in float32); `wrong` counts mismatching elements.
 
 Run: python benchmarks/bench_collectives.py --output benchmarks/results/DATE-collectives-cpu.md
+
+--launches N measures what a user gets from one launch: N fresh launches per backend,
+interleaved (shardwise, gloo, the copy limit, shardwise, ...), each timing every size once; per
+size the table gives the minimum, median and maximum over launches, and for the largest size
+every launch's figure. The copy limit is this machine's memory speed in the same run: `world`
+processes at once, each copying a buffer of the largest size into another (GB/s per process).
+A two-copy transport (into shared memory, out of it) moves each all_reduce byte four times per
+rank, so half the copy limit is about the most its all_reduce busbw can reach.
 """
 
 import argparse
@@ -129,6 +137,19 @@ def run_torch_rank(backend: str, op: str, nbytes_list: list[int]) -> None:
     dist.destroy_process_group()
 
 
+def run_copy_rank(nbytes: int) -> None:
+    """One process of the copy limit: GB/s copying nbytes into another buffer (median batch)."""
+    import torch
+
+    source = torch.arange(nbytes // 4, dtype=torch.float32)
+    target = torch.empty_like(source)
+    _, per_batch = iterations(nbytes)
+    for _ in range(per_batch):
+        target.copy_(source)
+    seconds = median_batch_time(lambda: target.copy_(source), lambda: None, per_batch)
+    print(json.dumps({"bytes": nbytes, "copy GB/s": nbytes / seconds / 1e9}), flush=True)
+
+
 def launch(argv: list[str], world: int, env_extra: dict) -> list[dict]:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -149,6 +170,71 @@ def launch(argv: list[str], world: int, env_extra: dict) -> list[dict]:
     if any(p.returncode for p in procs):
         raise RuntimeError(f"{' '.join(argv)} failed at world {world}")
     return [json.loads(line) for line in outputs[0].splitlines() if line.startswith("{")]
+
+
+def copy_limit(world: int, nbytes: int) -> float:
+    """GB/s per process with `world` processes copying nbytes at once (their median)."""
+    import statistics
+
+    argv = [sys.executable, __file__, "--copy-worker", str(nbytes)]
+    env = dict(os.environ, OMP_NUM_THREADS="1")  # one thread each, as the ranks run
+    procs = [subprocess.Popen(argv, stdout=subprocess.PIPE, text=True, env=env)
+             for _ in range(world)]  # fmt: skip
+    outputs = [p.communicate()[0] for p in procs]
+    if any(p.returncode for p in procs):
+        raise RuntimeError(f"{' '.join(argv)} failed")
+    return statistics.median(json.loads(out.splitlines()[-1])["copy GB/s"] for out in outputs)
+
+
+def spread(values: list[float]) -> str:
+    import statistics
+
+    return f"{min(values):.2f} / {statistics.median(values):.2f} / {max(values):.2f}"
+
+
+# --launches columns beyond plain backends: shardwise with its rings always written with ordinary
+# stores (the behaviour before the measured choice of collectives/store_choice.h).
+VARIANTS = {"shardwise-ordinary": ("shardwise", {"SHARDWISE_RING_STORES": "ordinary"})}
+
+
+def launch_distribution(args, world: int, op: str) -> list[str]:
+    """--launches: per size, min / median / max busbw over fresh launches of each backend."""
+    nbytes = sizes(args)
+    backends = args.backends.split(",")
+    runs: dict[str, list[list[dict]]] = {b: [] for b in backends}
+    copies: list[float] = []
+    for _ in range(args.launches):
+        for backend in backends:
+            torch_backend, env = VARIANTS.get(backend, (backend, {}))
+            argv = [sys.executable, __file__, "--worker", torch_backend, op,
+                    ",".join(map(str, nbytes))]  # fmt: skip
+            runs[backend].append(launch(argv, world, env))
+        copies.append(copy_limit(world, nbytes[-1]))
+
+    def busbw(row: dict) -> float:
+        return row["bytes"] / row["time"] / 1e9 * BUS_FACTOR[op](world)
+
+    head = ["bytes"] + [f"{b} busbw GB/s min / median / max" for b in backends] + ["wrong"]
+    lines = [f"### {op}, world {world}, {args.launches} fresh launches per backend", "",
+             "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]  # fmt: skip
+    for i in range(len(nbytes)):
+        cells = [str(runs[backends[0]][0][i]["bytes"])]
+        cells += [spread([busbw(launch[i]) for launch in runs[b]]) for b in backends]
+        cells.append(str(max(launch[i]["wrong"] for b in backends for launch in runs[b])))
+        lines.append("| " + " | ".join(cells) + " |")
+    lines += ["", f"Largest size ({nbytes[-1]} bytes per rank), launch by launch, busbw GB/s; "
+              f"copy limit = GB/s per process, {world} processes copying at once:", "",
+              "| launch | " + " | ".join(backends) + " | copy limit |",
+              "|" + "---:|" * (len(backends) + 2)]  # fmt: skip
+    for k in range(args.launches):
+        cells = [str(k + 1)] + [f"{busbw(runs[b][k][-1]):.2f}" for b in backends]
+        lines.append("| " + " | ".join(cells + [f"{copies[k]:.2f}"]) + " |")
+    lines.append(
+        "| min / median / max | "
+        + " | ".join(spread([busbw(r[-1]) for r in runs[b]]) for b in backends)
+        + f" | {spread(copies)} |"
+    )
+    return lines + [""]
 
 
 def run_mpi(op: str, world: int, nbytes_list: list[int]) -> list[dict] | None:
@@ -216,6 +302,9 @@ def main() -> int:
     if len(sys.argv) > 1 and sys.argv[1] == "--worker":
         run_torch_rank(sys.argv[2], sys.argv[3], [int(x) for x in sys.argv[4].split(",")])
         return 0
+    if len(sys.argv) > 1 and sys.argv[1] == "--copy-worker":
+        run_copy_rank(int(sys.argv[2]))
+        return 0
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--ops", default=",".join(OPS))
     parser.add_argument("--world-sizes", default="2,4")
@@ -231,8 +320,17 @@ def main() -> int:
         help="sweeps per backend, interleaved (shardwise, gloo, openmpi, shardwise, ...); each "
         "size reports the median over rounds, so drift of a shared machine hits all alike",
     )
+    parser.add_argument(
+        "--launches",
+        type=int,
+        default=0,
+        help="instead of --rounds: this many fresh launches per backend, interleaved, and the "
+        "distribution (min / median / max) over them beside the copy limit",
+    )
     parser.add_argument("--output")
     args = parser.parse_args()
+    if args.launches < 0 or (args.launches and args.rounds != 1):
+        parser.error("--launches takes a positive count and replaces --rounds (leave it at 1)")
     cpu = next(
         (
             line.split(":", 1)[1].strip()
@@ -258,6 +356,11 @@ def main() -> int:
     print("\n".join(lines), flush=True)
     for world in [int(w) for w in args.world_sizes.split(",")]:
         for op in args.ops.split(","):
+            if args.launches:
+                block = launch_distribution(args, world, op)
+                print("\n".join(block), flush=True)
+                lines += block
+                continue
             nbytes = sizes(args)
             rounds: dict[str, list[list[dict]]] = {}
             for _ in range(args.rounds):

@@ -5,6 +5,7 @@ set(SHARDWISE_CORE_SOURCES
   csrc/collectives/all_gather.cc
   csrc/collectives/allreduce.cc
   csrc/collectives/allreduce_direct.cc
+  csrc/collectives/allreduce_hierarchical.cc
   csrc/collectives/allreduce_ring.cc
   csrc/collectives/alltoall.cc
   csrc/collectives/barrier.cc
@@ -17,6 +18,7 @@ set(SHARDWISE_CORE_SOURCES
   csrc/collectives/shm_segment.cc
   csrc/collectives/shm_transport.cc
   csrc/collectives/shm_transport_setup.cc
+  csrc/collectives/subgroup_transport.cc
   csrc/collectives/tcp_transport.cc
   csrc/collectives/transport.cc
   csrc/collectives/tree_reduce.cc
@@ -56,9 +58,11 @@ set(SHARDWISE_CORE_SOURCES
 )
 set(SHARDWISE_CORE_TEST_SOURCES
   tests/cpp/test_collectives.cc
+  tests/cpp/test_allreduce_hierarchical.cc
   tests/cpp/test_tree_reduce.cc
   tests/cpp/test_exact_square_sum.cc
   tests/cpp/test_shm_transport.cc
+  tests/cpp/test_store_choice.cc
   tests/cpp/test_tcp_transport.cc
   tests/cpp/test_wait_chain.cc
   tests/cpp/test_cast_math.cc

@@ -21,6 +21,7 @@
 #include "checkpoint/checkpoint_dir.h"
 #include "checkpoint/resume_agreement.h"
 #include "checkpoint/safetensors.h"
+#include "collectives/shm_transport.h"
 #include "common/cpu_features.h"
 #include "data/token_file_tensor.h"
 #include "data/token_stream.h"
@@ -201,6 +202,14 @@ PYBIND11_MODULE(_C, m) {
       },
       "Per operation kind, since the process started: calls, payload bytes and seconds of this "
       "process's shardwise backends (backend/op_log.hpp).");
+  m.def(
+      "shm_wait_stats",
+      [] {
+        const auto stats = shardwise::collectives::ShmTransport::wait_stats();
+        return py::dict(py::arg("waits") = stats.waits, py::arg("sleeps") = stats.sleeps);
+      },
+      "Since the process started, over its shared-memory links: how often an exchange found "
+      "nothing to move (waits), and how many of those ended asleep on a futex (sleeps).");
   m.def(
       "_create_backend",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,

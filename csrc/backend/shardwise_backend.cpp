@@ -126,6 +126,7 @@ std::unique_ptr<collectives::Transport> connect_shm(const c10::intrusive_ptr<c10
   options.connect_timeout = shardwise.timeout;
   options.spin = shardwise.spin;
   options.single_copy_bytes = shardwise.single_copy_bytes;
+  options.stores = shardwise.ring_stores;
   options.group_ranks = std::move(group_ranks);
   // A fifth of the timeout, at most 5 s: time for a rank blocked across the network to say so.
   options.abort_grace = std::min<std::chrono::milliseconds>(
@@ -328,6 +329,7 @@ void ShardwiseBackend::run_job(Lane& lane, Job& job) {
     options.deadline = collectives::Clock::now() + job.timeout;
     options.max_segment_bytes = options_.max_segment_bytes;
     options.small_message_bytes = options_.small_message_bytes;
+    options.hierarchical = options_.hierarchical;
     const auto start = std::chrono::steady_clock::now();
     job.body(*lane.transport, options);
     const int64_t ns = std::chrono::duration_cast<std::chrono::nanoseconds>(

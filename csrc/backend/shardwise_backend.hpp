@@ -27,6 +27,7 @@
 #include "backend/nccl_comm.hpp"
 #include "backend/work.hpp"
 #include "collectives/collectives.h"
+#include "collectives/store_choice.h"
 #include "collectives/transport.h"
 
 namespace shardwise::backend {
@@ -43,7 +44,11 @@ struct ShardwiseOptions {
   // Shared-memory messages of at least this many bytes are read straight from the sender's
   // memory (see ShmTransportOptions::single_copy_bytes); 0: never.
   size_t single_copy_bytes = 0;
+  // How large messages are written into the rings (collectives/store_choice.h).
+  collectives::StoreChoice::Kind ring_stores = collectives::StoreChoice::Kind::kMeasured;
   size_t small_message_bytes = size_t{16} << 10;
+  // A group spanning hosts all-reduces within hosts, then across (CollectiveOptions::hierarchical).
+  bool hierarchical = true;
   // Collectives whose outputs total at most this many bytes run in the caller's thread when
   // nothing is queued before them: two thread hand-offs cost more than such a message moves.
   size_t inline_bytes = size_t{256} << 10;

@@ -1,6 +1,7 @@
 // allreduce: widen 16-bit floats to float32 (so every hop adds in float32 and the result is
 // rounded once, to nearest even, identically on every rank), pick the one-step direct exchange
-// for small messages and the ring otherwise, then finish AVG by dividing by the group size.
+// for small messages and the ring otherwise (across hosts, the hierarchical all-reduce), then
+// finish AVG by dividing by the group size.
 #include <cstring>
 #include <vector>
 
@@ -24,7 +25,10 @@ void allreduce(Transport& transport, void* data, size_t count, const CollectiveO
   }
   CollectiveOptions wide_options = options;
   wide_options.dtype = wide;
-  if (count * element_size(options.dtype) <= options.small_message_bytes) {
+  const auto hosts = options.hierarchical ? detail::host_layout(transport) : std::nullopt;
+  if (hosts) {
+    detail::allreduce_hierarchical(transport, *hosts, buffer, count, wide_options);
+  } else if (count * element_size(options.dtype) <= options.small_message_bytes) {
     detail::allreduce_direct(transport, buffer, count, wide_options);
   } else {
     detail::allreduce_ring(transport, buffer, count, wide_options);

@@ -13,12 +13,11 @@
 #include "collectives/reduce.h"
 
 namespace shardwise::collectives::detail {
-namespace {
 
-void ring_slab(Transport& transport,
-               char* slab,
-               size_t slab_count,
-               const CollectiveOptions& options) {
+void ring_reduce_scatter(Transport& transport,
+                         char* slab,
+                         size_t slab_count,
+                         const CollectiveOptions& options) {
   const int size = transport.size();
   const int rank = transport.rank();
   const int right = wrap(rank + 1, size);
@@ -35,7 +34,18 @@ void ring_slab(Transport& transport,
         },
         options.tag, options.deadline);
   }
-  for (int step = 0; step < size - 1; ++step) {  // all-gather
+}
+
+void ring_all_gather(Transport& transport,
+                     char* slab,
+                     size_t slab_count,
+                     const CollectiveOptions& options) {
+  const int size = transport.size();
+  const int rank = transport.rank();
+  const int right = wrap(rank + 1, size);
+  const int left = wrap(rank - 1, size);
+  const size_t element = element_size(options.dtype);
+  for (int step = 0; step < size - 1; ++step) {
     const Chunk send = chunk_of(slab_count, size, wrap(rank + 1 - step, size));
     const Chunk recv = chunk_of(slab_count, size, wrap(rank - step, size));
     transport.sendrecv(right, {slab + send.offset * element, send.count * element}, left,
@@ -43,8 +53,6 @@ void ring_slab(Transport& transport,
                        options.deadline);
   }
 }
-
-}  // namespace
 
 void allreduce_ring(Transport& transport,
                     void* data,
@@ -55,8 +63,10 @@ void allreduce_ring(Transport& transport,
   const size_t slab_capacity = segment_count * static_cast<size_t>(transport.size());
   char* bytes = static_cast<char*>(data);
   for (size_t offset = 0; offset < count; offset += slab_capacity) {
-    ring_slab(transport, bytes + offset * element, std::min(slab_capacity, count - offset),
-              options);
+    char* slab = bytes + offset * element;
+    const size_t slab_count = std::min(slab_capacity, count - offset);
+    ring_reduce_scatter(transport, slab, slab_count, options);
+    ring_all_gather(transport, slab, slab_count, options);
   }
 }
 

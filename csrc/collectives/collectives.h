@@ -2,6 +2,7 @@
 //   allreduce.cc          dispatch: 16-bit floats widened to float32, AVG, small vs large
 //   allreduce_direct.cc   one step: everyone exchanges everything, reduces in rank order
 //   allreduce_ring.cc     reduce-scatter then all-gather around the ring, in slabs
+//   allreduce_hierarchical.cc  across hosts: the ring within each host, all-reduce across
 //   reduce_scatter.cc     the ring's first phase on rank-major input
 //   all_gather.cc         the ring's second phase
 //   broadcast.cc          a chain from the root, in segments
@@ -14,6 +15,7 @@
 #pragma once
 
 #include <cstddef>
+#include <optional>
 #include <vector>
 
 #include "collectives/transport.h"
@@ -97,6 +99,29 @@ void allreduce_ring(Transport& transport,
                     void* data,
                     size_t count,
                     const CollectiveOptions& options);
+// The ring's two phases on one slab of `slab_count` elements (allreduce_ring.cc): after the
+// reduce-scatter rank r holds the reduced chunk (r + 1) mod size; the all-gather spreads them.
+void ring_reduce_scatter(Transport& transport,
+                         char* slab,
+                         size_t slab_count,
+                         const CollectiveOptions& options);
+void ring_all_gather(Transport& transport,
+                     char* slab,
+                     size_t slab_count,
+                     const CollectiveOptions& options);
+// A group spread over hosts (allreduce_hierarchical.cc): this rank's host's ranks (`local`) and
+// the ranks with its local rank on every host (`across`), in group order; none unless there are
+// at least two hosts, each with the same number (two or more) of ranks.
+struct HostLayout {
+  std::vector<int> local;
+  std::vector<int> across;
+};
+std::optional<HostLayout> host_layout(const Transport& transport);
+void allreduce_hierarchical(Transport& transport,
+                            const HostLayout& layout,
+                            void* data,
+                            size_t count,
+                            const CollectiveOptions& options);
 // Chunk `index` of `count` elements split `parts` ways, lengths differing by at most one.
 struct Chunk {
   size_t offset;

@@ -51,6 +51,7 @@ class HybridTransport : public Transport {
                 Clock::time_point deadline) override;
   void abort(const std::string& reason) override;
   bool message_waiting(int peer) override;
+  std::vector<int> host_of() const override { return host_of_; }
 
   // Whether `peer` shares this rank's host (and so is reached through `local`).
   bool is_local(int peer) const { return host_of_[peer] == host_of_[rank_]; }

@@ -21,10 +21,26 @@
 #include "collectives/transport_errors.h"
 #include "collectives/wait_chain.h"
 #include "common/spin_wait.h"
+#include "common/stream_copy.h"
 
 namespace shardwise::collectives {
 
 using namespace shm;  // the segment's layout and helpers
+
+namespace {
+struct WaitCounters {
+  std::atomic<uint64_t> waits{0};
+  std::atomic<uint64_t> sleeps{0};
+};
+WaitCounters& wait_counters() {
+  static WaitCounters counters;
+  return counters;
+}
+}  // namespace
+
+ShmTransport::WaitStats ShmTransport::wait_stats() {
+  return {wait_counters().waits.load(), wait_counters().sleeps.load()};
+}
 
 void ShmTransport::ring_doorbell(int rank) {
   RankSlot& slot = layout_->slots[rank];
@@ -35,6 +51,7 @@ void ShmTransport::ring_doorbell(int rank) {
 }
 
 void ShmTransport::wait_until_rung(uint32_t seen, Clock::time_point deadline) {
+  wait_counters().waits.fetch_add(1, std::memory_order_relaxed);
   RankSlot& slot = layout_->slots[rank_];
   const auto budget = std::chrono::duration_cast<std::chrono::microseconds>(
       std::min<Clock::duration>(spin_, std::max<Clock::duration>(deadline - Clock::now(), {})));
@@ -46,6 +63,7 @@ void ShmTransport::wait_until_rung(uint32_t seen, Clock::time_point deadline) {
   const auto ns = std::chrono::duration_cast<std::chrono::nanoseconds>(wait).count();
   timespec timeout{static_cast<time_t>(ns / 1000000000), static_cast<long>(ns % 1000000000)};
   slot.sleepers.fetch_add(1);
+  wait_counters().sleeps.fetch_add(1, std::memory_order_relaxed);
   ::syscall(SYS_futex, &slot.doorbell, FUTEX_WAIT, seen, &timeout, nullptr, 0);
   slot.sleepers.fetch_sub(1);
 }
@@ -83,8 +101,9 @@ class ShmTransport::Progress {
     return kLine + (mode == Mode::kInline ? round_up(bytes, kLine) : 0);
   }
 
-  // Writes what fits of `header` + `payload`; returns whether anything moved.
-  bool push(const MessageHeader& header, const char* payload) {
+  // Writes what fits of `header` + `payload` (the payload with streaming stores if asked);
+  // returns whether anything moved.
+  bool push(const MessageHeader& header, const char* payload, bool streaming) {
     const size_t bytes = header.bytes;
     if (done_ == 0) {
       total_ = stream_bytes(header.mode, bytes);
@@ -105,7 +124,13 @@ class ShmTransport::Progress {
       } else {
         const size_t at = position - kLine;
         step = std::min(room, (at < bytes ? bytes : round_up(bytes, kLine)) - at);
-        if (at < bytes) std::memcpy(ring_ + offset, payload + at, step);
+        if (at < bytes) {
+          if (streaming) {
+            shardwise::stream_copy(ring_ + offset, payload + at, step);
+          } else {
+            std::memcpy(ring_ + offset, payload + at, step);
+          }
+        }
       }
       moved += step;
     }
@@ -242,6 +267,8 @@ void ShmTransport::exchange(int send_peer,
                         : Mode::kInline;
   const MessageHeader header{tag.sequence, send.bytes, tag.kind, mode,
                              reinterpret_cast<uint64_t>(send.data)};
+  const bool streaming = mode == Mode::kInline && stores_.stream(send.bytes);
+  const Clock::time_point started = Clock::now();
   Progress out = send_peer >= 0 ? Progress(*layout_, rank_, send_peer) : Progress(*layout_, 0, 0);
   Progress in = recv_peer >= 0 ? Progress(*layout_, recv_peer, rank_) : Progress(*layout_, 0, 0);
   bool sending = send_peer >= 0;
@@ -253,7 +280,7 @@ void ShmTransport::exchange(int send_peer,
   while (sending || receiving) {
     const uint32_t seen = layout_->slots[rank_].doorbell.load();
     bool moved = false;
-    if (sending && out.push(header, payload)) {
+    if (sending && out.push(header, payload, streaming)) {
       moved = true;
       ring_doorbell(send_peer);
     }
@@ -277,6 +304,7 @@ void ShmTransport::exchange(int send_peer,
     }
     wait_until_rung(seen, deadline);
   }
+  if (mode == Mode::kInline) stores_.record(send.bytes, Clock::now() - started);
 }
 
 int ShmTransport::group_rank(int rank) const {

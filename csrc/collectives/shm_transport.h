@@ -6,6 +6,9 @@
 // 64-byte header (tag, length) followed by its payload, padded to 64 bytes; partial writes are
 // multiples of 64 bytes, so a piece handed to a RecvConsumer never splits an element.
 //
+// Large messages are written with ordinary or streaming stores, whichever this rank has measured
+// to be faster (store_choice.h: it depends on whether the ranks' cores share a cache).
+//
 // sendrecv interleaves both halves in one progress loop: write what fits into the ring to the
 // send peer, consume what has arrived from the receive peer, repeat. A rank with nothing to do
 // polls its own doorbell for up to `spin` (writers ring it after publishing data, readers after
@@ -26,6 +29,7 @@
 #include <string>
 #include <vector>
 
+#include "collectives/store_choice.h"
 #include "collectives/transport.h"
 
 namespace shardwise::collectives {
@@ -52,6 +56,9 @@ struct ShmTransportOptions {
   // peer this rank cannot see (across the network), times out at about the same moment; its notice
   // names the rank truly at fault.
   std::chrono::milliseconds abort_grace{2000};
+  // How large messages are written into the rings: measured per size class (store_choice.h), or
+  // always ordinary (cached) or streaming (non-temporal) stores.
+  StoreChoice::Kind stores = StoreChoice::Kind::kMeasured;
 };
 
 class ShmTransport : public Transport {
@@ -88,6 +95,14 @@ class ShmTransport : public Transport {
   // Bytes of shared memory a group of `size` ranks with `ring_bytes` rings maps.
   static size_t segment_bytes(int size, size_t ring_bytes);
 
+  // How this process's exchanges have waited since it started, over every ShmTransport: `waits`
+  // found nothing to move, `sleeps` of them ended asleep on the doorbell (a futex).
+  struct WaitStats {
+    uint64_t waits = 0;
+    uint64_t sleeps = 0;
+  };
+  static WaitStats wait_stats();
+
  private:
   struct Layout;
   class Progress;
@@ -122,6 +137,7 @@ class ShmTransport : public Transport {
   std::vector<int> group_ranks_;
   std::chrono::milliseconds abort_grace_;
   bool single_copy_ = false;
+  StoreChoice stores_;  // ordinary or streaming stores for large messages (store_choice.h)
   alignas(64) uint64_t probe_[8];  // read by every peer at set-up (probe_single_copy)
   std::string name_;
   size_t mapped_bytes_ = 0;

@@ -13,6 +13,7 @@
 #include <functional>
 #include <stdexcept>
 #include <string>
+#include <vector>
 
 namespace shardwise::collectives {
 
@@ -103,6 +104,10 @@ class Transport {
   // receive from the others). What a receive from any source (recv_any.cc) polls. The default,
   // for transports that cannot tell, throws std::logic_error.
   virtual bool message_waiting(int peer);
+
+  // The host of every rank (host_of()[r], numbered from 0) where ranks sit on several hosts
+  // and the links between them differ; empty (the default) where every link is alike.
+  virtual std::vector<int> host_of() const;
 
   // Receives into a buffer. The default hands `consume` a copy into it; a transport that can
   // place a message there directly (a single copy) overrides this.

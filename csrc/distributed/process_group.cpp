@@ -51,6 +51,17 @@ backend::ShardwiseOptions::CudaComm cuda_comm_from(const char* value) {
                               ": use auto (host memory when ranks share a GPU), nccl or host");
 }
 
+collectives::StoreChoice::Kind ring_stores_from(const char* value) {
+  using Kind = collectives::StoreChoice::Kind;
+  const std::string choice = value == nullptr ? "" : value;
+  if (choice.empty() || choice == "auto") return Kind::kMeasured;
+  if (choice == "ordinary") return Kind::kOrdinary;
+  if (choice == "streaming") return Kind::kStreaming;
+  throw std::invalid_argument("SHARDWISE_RING_STORES=" + choice +
+                              ": use auto (whichever this rank measures to be faster), ordinary "
+                              "or streaming");
+}
+
 backend::ShardwiseOptions ProcessGroupOptions::backend_options_from_env() {
   backend::ShardwiseOptions options;
   const int64_t ring = env_int(getenv_fn, "SHARDWISE_RING_BYTES", 0, 0, int64_t{1} << 40);
@@ -60,6 +71,8 @@ backend::ShardwiseOptions ProcessGroupOptions::backend_options_from_env() {
   options.single_copy_bytes = static_cast<size_t>(
       env_int(getenv_fn, "SHARDWISE_SINGLE_COPY_BYTES", 0, 0, int64_t{1} << 40));
   options.cuda_comm = cuda_comm_from(getenv_fn("SHARDWISE_CUDA_COMM"));
+  options.hierarchical = env_int(getenv_fn, "SHARDWISE_HIERARCHICAL", 1, 0, 1) == 1;
+  options.ring_stores = ring_stores_from(getenv_fn("SHARDWISE_RING_STORES"));
   return options;
 }
 

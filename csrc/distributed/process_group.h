@@ -25,11 +25,16 @@ struct ProcessGroupOptions {
   std::chrono::milliseconds timeout = std::chrono::minutes(30);
   // Ring sizes, polling and the CUDA path; options_from_env() reads the SHARDWISE_* variables
   // the Python backend reads (SHARDWISE_RING_BYTES, SHARDWISE_SPIN_US,
-  // SHARDWISE_SINGLE_COPY_BYTES, SHARDWISE_CUDA_COMM).
+  // SHARDWISE_SINGLE_COPY_BYTES, SHARDWISE_CUDA_COMM, SHARDWISE_HIERARCHICAL,
+  // SHARDWISE_RING_STORES).
   backend::ShardwiseOptions backend = backend_options_from_env();
 
   static backend::ShardwiseOptions backend_options_from_env();
 };
+
+// SHARDWISE_RING_STORES's value (unset or "auto", "ordinary", "streaming"); anything else: an
+// error naming the choices.
+collectives::StoreChoice::Kind ring_stores_from(const char* value);
 
 // SHARDWISE_CUDA_COMM's value (unset or "auto", "nccl", "host"); anything else: an error naming
 // the choices.

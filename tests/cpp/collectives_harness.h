@@ -26,8 +26,9 @@ namespace shardwise::collectives::testing {
 // kShm copies every message through its ring; kShmSingleCopy reads messages of 64 bytes or more
 // straight from the sender's memory. kHybrid splits the ranks between two pretend hosts (the lower
 // half and the upper half): shared memory (single copy) inside each, TCP between them, as a group
-// spanning two machines runs.
-enum class TransportKind { kInProcess, kShm, kShmSingleCopy, kTcp, kHybrid };
+// spanning two machines runs. kHybridPairs puts ranks 2h and 2h + 1 on pretend host h (at world 8,
+// four hosts of two), so all-reduces take the hierarchical path wherever the world is even.
+enum class TransportKind { kInProcess, kShm, kShmSingleCopy, kTcp, kHybrid, kHybridPairs };
 
 constexpr size_t kTestSingleCopyBytes = 64;
 
@@ -41,6 +42,8 @@ inline const char* kind_label(TransportKind kind) {
       return "tcp";
     case TransportKind::kHybrid:
       return "hybrid";
+    case TransportKind::kHybridPairs:
+      return "hybridpairs";
     default:
       return "inproc";
   }
@@ -119,7 +122,10 @@ inline std::vector<std::exception_ptr> run_ranks(TransportKind kind,
                                kind == TransportKind::kShm ? 0 : kTestSingleCopyBytes);
         } else {
           std::vector<int> host_of(world);
-          for (int r = 0; r < world; ++r) host_of[r] = r < (world + 1) / 2 ? 0 : 1;
+          for (int r = 0; r < world; ++r) {
+            host_of[r] =
+                kind == TransportKind::kHybridPairs ? r / 2 : (r < (world + 1) / 2 ? 0 : 1);
+          }
           const int host = host_of[rank];
           auto local = make_shm(
               name + "-host" + std::to_string(host), HybridTransport::local_rank_of(host_of, rank),

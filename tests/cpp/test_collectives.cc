@@ -1,8 +1,8 @@
 // The collective algorithms with threads as ranks, over in-process queues, a real shared-memory
-// segment, TCP on loopback and the hybrid of the two (4 KiB rings, 256-byte segments, so small
-// inputs wrap the rings and span many slabs): world 1..8 x counts {0, 1, 7, 1001 (not divisible),
-// 5000 (many segments)}. Integer-valued float data makes every sum exact, so results are compared
-// bit for bit.
+// segment, TCP on loopback and the hybrid of the two, on two hosts or hosts of two (4 KiB rings,
+// 256-byte segments, so small inputs wrap the rings and span many slabs): world 1..8 x counts
+// {0, 1, 7, 1001 (not divisible), 5000 (many segments)}. Integer-valued float data makes every
+// sum exact, so results are compared bit for bit.
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -57,7 +57,7 @@ std::vector<Case> all_cases() {
   std::vector<Case> cases;
   for (TransportKind kind :
        {TransportKind::kInProcess, TransportKind::kShm, TransportKind::kShmSingleCopy,
-        TransportKind::kTcp, TransportKind::kHybrid}) {
+        TransportKind::kTcp, TransportKind::kHybrid, TransportKind::kHybridPairs}) {
     for (int world = 1; world <= 8; ++world) {
       for (size_t count : {size_t{0}, size_t{1}, size_t{7}, size_t{1001}, size_t{5000}}) {
         cases.push_back({kind, world, count});

@@ -1,6 +1,7 @@
 // Shared-memory transport specifics: the segment's name is gone once set-up ends (nothing can
 // leak into /dev/shm, even on a crash), a rank started with another world size is rejected, and
-// a peer process that dies mid-collective is reported within milliseconds, not at the deadline.
+// a peer process that dies mid-collective (even inside an exchange) is reported within
+// milliseconds, not at the deadline.
 // A timeout names the rank truly at fault: ranks by their number in the enclosing group, the
 // failure a peer reports during the grace period, or else the chain of ranks that timed out.
 #include <fcntl.h>
@@ -106,6 +107,99 @@ TEST(ShmTransport, APeerProcessThatDiesIsReportedQuickly) {
   EXPECT_LT(Clock::now() - start, std::chrono::seconds(10));
   EXPECT_NE(text.find("peer rank 1 (pid " + std::to_string(child) + ") exited"), std::string::npos)
       << text;
+}
+
+// A peer killed inside an exchange (half of its all-reduce written into the ring, waiting for
+// the rest) is named within the same seconds as a peer that died outside any exchange.
+TEST(ShmTransport, APeerKilledInsideAnExchangeIsReportedQuickly) {
+  const std::string name = testing::unique_shm_name();
+  const pid_t child = ::fork();
+  ASSERT_GE(child, 0);
+  if (child == 0) {  // rank 1: attach, enter an all-reduce rank 0 has not joined yet, be killed
+    try {
+      ShmTransport peer(options_for(name, 1, 2));
+      std::vector<float> data(10000, 1.0f);
+      CollectiveOptions options;
+      options.deadline = Clock::now() + std::chrono::seconds(60);
+      allreduce(peer, data.data(), data.size(), options);
+    } catch (...) {
+    }
+    ::_exit(0);
+  }
+  std::string text;
+  Clock::duration reported_after{};
+  try {
+    ShmTransport root(options_for(name, 0, 2));
+    std::this_thread::sleep_for(std::chrono::milliseconds(300));  // rank 1 waits in its exchange
+    ::kill(child, SIGKILL);
+    ::waitpid(child, nullptr, 0);
+    std::vector<float> data(10000, 1.0f);
+    CollectiveOptions options;
+    options.deadline = Clock::now() + std::chrono::seconds(60);
+    const auto start = Clock::now();
+    try {
+      allreduce(root, data.data(), data.size(), options);
+    } catch (...) {
+      reported_after = Clock::now() - start;
+      throw;
+    }
+  } catch (const std::exception& e) {
+    text = e.what();
+  }
+  EXPECT_LT(reported_after, std::chrono::seconds(10));
+  EXPECT_NE(text.find("peer rank 1 (pid " + std::to_string(child) + ") exited"), std::string::npos)
+      << text;
+}
+
+// Each way of writing large messages into the ring (store_choice.h: measured, always ordinary,
+// always streaming) carries an all-reduce and an all-gather exactly, over a ring smaller than
+// the messages (so streamed pieces wrap it) and at sizes from below the streaming threshold up.
+TEST(ShmTransport, EveryRingStoreKindIsExact) {
+  using Kind = StoreChoice::Kind;
+  for (Kind kind : {Kind::kMeasured, Kind::kOrdinary, Kind::kStreaming}) {
+    const std::string name = testing::unique_shm_name();
+    std::vector<std::exception_ptr> errors(2);
+    std::vector<std::vector<float>> reduced(2), gathered(2);
+    auto run = [&](int rank) {
+      try {
+        auto options = options_for(name, rank, 2);
+        options.ring_bytes = 64 << 10;
+        options.stores = kind;
+        ShmTransport transport(options);
+        CollectiveOptions collective;
+        collective.deadline = Clock::now() + std::chrono::seconds(60);
+        for (size_t count : {size_t{1000}, size_t{70001}, size_t{300000}}) {
+          std::vector<float> data(count), all(2 * count);
+          for (size_t i = 0; i < count; ++i) data[i] = static_cast<float>(i % 1000 + rank);
+          all_gather(transport, data.data(), all.data(), count, collective);
+          allreduce(transport, data.data(), count, collective);
+          reduced[rank].insert(reduced[rank].end(), data.begin(), data.end());
+          gathered[rank].insert(gathered[rank].end(), all.begin(), all.end());
+        }
+      } catch (...) {
+        errors[rank] = std::current_exception();
+      }
+    };
+    std::thread other(run, 1);
+    run(0);
+    other.join();
+    for (int rank = 0; rank < 2; ++rank) ASSERT_EQ(error_text(errors[rank]), "") << rank;
+    size_t at = 0, gathered_at = 0;
+    for (size_t count : {size_t{1000}, size_t{70001}, size_t{300000}}) {
+      for (size_t i = 0; i < count; ++i, ++at) {
+        const float expected = static_cast<float>(2 * (i % 1000) + 1);
+        ASSERT_EQ(reduced[0][at], expected) << static_cast<int>(kind) << " " << count << " " << i;
+        ASSERT_EQ(reduced[1][at], expected);
+      }
+      for (int source = 0; source < 2; ++source) {
+        for (size_t i = 0; i < count; ++i, ++gathered_at) {
+          const float expected = static_cast<float>(i % 1000 + source);
+          ASSERT_EQ(gathered[0][gathered_at], expected);
+          ASSERT_EQ(gathered[1][gathered_at], expected);
+        }
+      }
+    }
+  }
 }
 
 // Whether this process can read `pid`'s copy of a static token (fork keeps its address): the

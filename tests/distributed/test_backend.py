@@ -8,8 +8,8 @@ import functools
 
 import pytest
 import torch
+from hosts import can_make_namespaces, in_host, two_hosts
 from launcher import run_world
-from two_hosts import can_make_namespaces, two_hosts
 from worker import SCENARIOS
 
 
@@ -53,28 +53,18 @@ def two_host_results() -> list[dict]:
     with two_hosts() as hosts:
 
         def wrap(rank, argv, env):  # ranks 0, 1 on host 0; ranks 2, 3 on host 1
-            namespace, _, interface = hosts[rank // 2]
-            env = dict(env, GLOO_SOCKET_IFNAME=interface, SHARDWISE_SOCKET_IFNAME=interface)
-            shell = f'hostname host{rank // 2} && exec "$0" "$@"'
-            return [
-                "ip",
-                "netns",
-                "exec",
-                namespace,
-                "unshare",
-                "--uts",
-                "sh",
-                "-c",
-                shell,
-                *argv,
-            ], env
+            host = hosts[rank // 2]
+            env = dict(
+                env, GLOO_SOCKET_IFNAME=host.interface, SHARDWISE_SOCKET_IFNAME=host.interface
+            )
+            return in_host(host, rank // 2, argv), env
 
         return run_world("ops", 4, master_addr=hosts[0][1], wrap=wrap)
 
 
 @pytest.mark.parametrize("check", [f.__name__ for f in SCENARIOS["ops"]])
 def test_two_hosts_over_tcp(check):
-    """2 hosts x 2 ranks, joined by a veth pair: catches TCP bootstrap/binding bugs that
+    """2 hosts x 2 ranks on a bridge: catches TCP bootstrap/binding bugs that
     loopback hides (binding to the interface that reaches the master, cross-host addresses)."""
     reason = can_make_namespaces()
     if reason:

@@ -3,8 +3,8 @@
     torchrun --nnodes=2 --node_rank=N --nproc_per_node=2 --master_addr=ADDR --master_port=PORT \\
         -m shardwise.train --config examples/configs/fsdp.yaml ...
 
-on two test hosts (network namespaces joined by a veth pair, each with its own hostname:
-``two_hosts.py``), training a 2 × 2 FSDP run that must match the same run on one host with 4
+on two test hosts (network namespaces on a bridge, each with its own hostname:
+``hosts.py``), training a 2 × 2 FSDP run that must match the same run on one host with 4
 processes (the same global batches; losses to 1e-5, fp32)."""
 
 from __future__ import annotations
@@ -14,25 +14,22 @@ import subprocess
 import sys
 
 import pytest
+from hosts import Host, can_make_namespaces, in_host, two_hosts
 from train_runs import BASE, CONFIGS, losses, records, train
-from two_hosts import can_make_namespaces, two_hosts
 
 OVERRIDES = ("training.micro_batch_size=2", "training.max_steps=4", "training.eval_every=0")
 PORT = 29517  # free in a namespace made for the test
 
 
-def _node(host: tuple, rank: int, master: str, out) -> subprocess.Popen:
-    namespace, _, interface = host
-    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=interface,
-               SHARDWISE_SOCKET_IFNAME=interface)  # fmt: skip
-    command = [
-        "ip", "netns", "exec", namespace, "unshare", "--uts", "sh", "-c",
-        f'hostname host{rank} && exec "$0" "$@"',
+def _node(host: Host, rank: int, master: str, out) -> subprocess.Popen:
+    env = dict(os.environ, OMP_NUM_THREADS="1", GLOO_SOCKET_IFNAME=host.interface,
+               SHARDWISE_SOCKET_IFNAME=host.interface)  # fmt: skip
+    command = in_host(host, rank, [
         sys.executable, "-m", "torch.distributed.run", "--nnodes=2", f"--node_rank={rank}",
         "--nproc_per_node=2", f"--master_addr={master}", f"--master_port={PORT}",
         "-m", "shardwise.train", "--config", str(CONFIGS / "fsdp.yaml"), *BASE,
         f"training.checkpoint.dir={out}", *OVERRIDES,
-    ]  # fmt: skip
+    ])  # fmt: skip
     return subprocess.Popen(command, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, cwd=out.parent)  # fmt: skip
 

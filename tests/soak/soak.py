@@ -11,8 +11,8 @@ a checkpoint save begins), checking what a user relies on after a crash:
 The ranks are started directly (``RANK``/``WORLD_SIZE`` set per process, no torchrun): torchrun's
 agent would kill the survivors itself and hide whether the backend notices a dead peer.
 
-``--link-cuts N`` adds N trials over TCP between two hosts (network namespaces joined by a veth
-pair, ``tests/distributed/two_hosts.py``; ranks split evenly between them): mid-training the link
+``--link-cuts N`` adds N trials over TCP between two hosts (network namespaces on a bridge
+pair, ``tests/distributed/hosts.py``; ranks split evenly between them): mid-training the link
 is cut (``ip link set ... down``), which sends no FIN, so every rank must notice it through its
 collective timeout (``distributed.timeout_s``, LINK_TIMEOUT_S here) and exit non-zero naming a
 rank on the other host; the same leak, checkpoint and resume checks follow.
@@ -44,8 +44,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT / "python"))  # this checkout's shardwise, not another install's
 sys.path.insert(0, str(ROOT / "tests" / "distributed"))
+from hosts import can_make_namespaces, in_host, two_hosts  # noqa: E402
 from shardwise.train import checkpoint  # noqa: E402
-from two_hosts import can_make_namespaces, two_hosts  # noqa: E402
 
 CONFIGS = ROOT / "examples" / "configs"
 STEPS = 24
@@ -141,11 +141,9 @@ def launch(
         argv = command
         if hosts:
             host, per_host = host_of(rank, world), world // 2
-            namespace, _, interface = hosts[host]
-            shell = f'hostname host{host} && exec "$0" "$@"'
-            argv = ["ip", "netns", "exec", namespace, "unshare", "--uts", "sh", "-c", shell, *argv]
+            argv = in_host(hosts[host], host, argv)
             env.update(
-                SHARDWISE_SOCKET_IFNAME=interface,
+                SHARDWISE_SOCKET_IFNAME=hosts[host].interface,
                 MASTER_ADDR=hosts[0][1],
                 LOCAL_RANK=str(rank % per_host),
                 LOCAL_WORLD_SIZE=str(per_host),
@@ -208,7 +206,7 @@ def kill_moment(
     trial: Trial, out: Path, procs, rng: random.Random, timeout: float, hosts: list | None
 ) -> bool:
     """Waits for the chosen moment and SIGKILLs the victim (a link cut: brings host 0's end of
-    the veth pair down); False if the run ended first."""
+    host 0's link down); False if the run ended first."""
     deadline = time.monotonic() + timeout
     if trial.moment == "saving":  # the first save after step 1: kill as its folder appears
         target = rng.choice(range(EVERY, STEPS, EVERY))
