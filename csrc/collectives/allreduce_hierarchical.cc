@@ -22,7 +22,7 @@ namespace shardwise::collectives::detail {
 
 std::optional<HostLayout> host_layout(const Transport& transport) {
   const std::vector<int> host_of = transport.host_of();
-  if (static_cast<int>(host_of.size()) != transport.size()) return std::nullopt;
+  if (host_of.empty() || static_cast<int>(host_of.size()) != transport.size()) return std::nullopt;
   std::map<int, std::vector<int>> ranks_of;  // host -> its ranks, in group order
   for (int r = 0; r < transport.size(); ++r) ranks_of[host_of[r]].push_back(r);
   const size_t per_host = ranks_of.begin()->second.size();
