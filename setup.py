@@ -195,8 +195,11 @@ def extension():
         name="shardwise._C",
         sources=cmake_list("SHARDWISE_PYTHON_SOURCES"),
         include_dirs=[str(CSRC)],
-        # C++20 as the library (torch before 2.13 compiles extensions as C++17 by default).
-        extra_compile_args={"cxx": ["-O3", "-Wall", "-std=c++20"]},
+        # C++20 as the library (torch before 2.13 compiles extensions as C++17 by default), and
+        # no debug information, as the library's Release build: Python's own CFLAGS carry -g,
+        # which costs a third of these pybind11-heavy files' compile time (fsdp_python.cpp on
+        # one core: 27.7 s with it, 19.0 s without), in every build of the module.
+        extra_compile_args={"cxx": ["-O3", "-Wall", "-std=c++20", "-g0"]},
     )
 
 
