@@ -51,7 +51,7 @@ endif
 .PHONY: demo demo-cpp test test-all test-cpp test-python test-cpu-torch test-torch-oldest test-package test-package-slow build venv \
 	cpu-venv oldest-venv \
 	test-conformance test-conformance-world8 test-conformance-ci test-sanitize test-sanitize-core fuzz fuzz-build fuzz-ci soak \
-	system-deps bench bench-hosts test-gpu gpu-diagnose gpu-wheels train-fsdp \
+	system-deps bench bench-hosts bench-zeropp test-gpu gpu-diagnose gpu-wheels train-fsdp \
 	format lint clean
 
 test: times-reset build lint test-cpp test-python test-cpu-torch test-torch-oldest test-package test-conformance-ci test-sanitize-core fuzz-ci ## build, then run every test suite
@@ -253,6 +253,10 @@ bench: build ## benchmarks (with OpenMPI as an anchor); results land in benchmar
 bench-hosts: build ## collectives across 4 emulated hosts x 2 ranks at 1 and 10 Gbit/s
 	for rate in 1gbit 10gbit; do $(PY) benchmarks/bench_hosts.py --hosts 4 --ranks-per-host 2 \
 		--rate $$rate --output benchmarks/results/$$(date +%Y-%m-%d)-hosts-4x2-$$rate-cpu.md; done
+
+bench-zeropp: build ## ZeRO-3 with and without DeepSpeed's ZeRO++ keys across 2 emulated hosts x 2 ranks
+	$(PY) benchmarks/bench_zeropp.py --hosts 2 --ranks-per-host 2 --rate 1gbit \
+		--output benchmarks/results/$$(date +%Y-%m-%d)-zeropp-2x2-1gbit-cpu.md
 
 test-gpu: ## on a GPU machine (its own CUDA torch, PYTHON): build, every CUDA test, GPU benchmarks
 	PY=$(PYTHON) bash scripts/test_gpu.sh

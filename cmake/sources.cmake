@@ -102,6 +102,7 @@ set(SHARDWISE_TORCH_SOURCES
   csrc/sharding/shard_ops.cpp
   csrc/sharding/checkpoint_pieces.cpp
   csrc/fsdp/fsdp_unit.cpp
+  csrc/fsdp/quantized_messages.cpp
   csrc/fsdp/fsdp_engine.cpp
   csrc/fsdp/fully_shard.cpp
   csrc/fsdp/storage.cpp
@@ -194,4 +195,5 @@ set(SHARDWISE_TORCH_TEST_SOURCES
   tests/cpp/torch/test_torch_optim_adapters_libtorch.cc
   tests/cpp/torch/test_work_libtorch.cc
   tests/cpp/torch/test_batch_order_libtorch.cc
+  tests/cpp/torch/test_quantized_messages_libtorch.cc
 )

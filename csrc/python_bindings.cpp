@@ -22,6 +22,7 @@
 #include "checkpoint/resume_agreement.h"
 #include "checkpoint/safetensors.h"
 #include "collectives/shm_transport.h"
+#include "collectives/tcp_transport.h"
 #include "common/cpu_features.h"
 #include "data/token_file_tensor.h"
 #include "data/token_stream.h"
@@ -210,6 +211,9 @@ PYBIND11_MODULE(_C, m) {
       },
       "Since the process started, over its shared-memory links: how often an exchange found "
       "nothing to move (waits), and how many of those ended asleep on a futex (sleeps).");
+  m.def("tcp_bytes_sent", &shardwise::collectives::TcpTransport::bytes_sent,
+        "Bytes this process has sent over TCP links since it started, headers included: with "
+        "ranks on several hosts, what it sent to the other hosts (shared memory within one).");
   m.def(
       "_create_backend",
       [](const c10::intrusive_ptr<c10d::Store>& store, int rank, int size,

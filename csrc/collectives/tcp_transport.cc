@@ -11,6 +11,7 @@
 #include <unistd.h>
 
 #include <algorithm>
+#include <atomic>
 #include <cerrno>
 #include <cstring>
 #include <thread>
@@ -19,6 +20,11 @@
 
 namespace shardwise::collectives {
 namespace {
+
+std::atomic<uint64_t>& sent_counter() {
+  static std::atomic<uint64_t> bytes{0};
+  return bytes;
+}
 
 constexpr size_t kHeaderBytes = 24;
 constexpr size_t kStagingBytes = size_t{256} << 10;
@@ -269,7 +275,10 @@ void TcpTransport::sendrecv(int send_peer,
         const size_t want = in_header ? kHeaderBytes - sent : send.bytes - (sent - kHeaderBytes);
         const ssize_t n = ::send(out_fd, from, want, MSG_NOSIGNAL);
         if (n < 0 && errno != EAGAIN && errno != EINTR) throw closed(send_peer);
-        if (n > 0) sent += static_cast<size_t>(n);
+        if (n > 0) {
+          sent += static_cast<size_t>(n);
+          sent_counter().fetch_add(static_cast<uint64_t>(n), std::memory_order_relaxed);
+        }
         sending = sent < kHeaderBytes + send.bytes;
       }
       if (receiving && fds[i].fd == in_fd && (fds[i].revents & (POLLIN | POLLERR | POLLHUP))) {
@@ -304,6 +313,8 @@ void TcpTransport::sendrecv(int send_peer,
     }
   }
 }
+
+uint64_t TcpTransport::bytes_sent() { return sent_counter().load(std::memory_order_relaxed); }
 
 bool TcpTransport::message_waiting(int peer) {
   char byte;  // a byte to peek at: readable end-of-file (the peer closed) is no message

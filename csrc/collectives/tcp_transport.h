@@ -15,6 +15,7 @@
 #pragma once
 
 #include <chrono>
+#include <cstdint>
 #include <functional>
 #include <string>
 #include <vector>
@@ -59,6 +60,10 @@ class TcpTransport : public Transport {
                 Clock::time_point deadline) override;
   void abort(const std::string& reason) override;
   bool message_waiting(int peer) override;
+
+  // Bytes this process has sent over every TcpTransport since it started, headers included:
+  // with the hybrid transport, what it sent to ranks on other hosts.
+  static uint64_t bytes_sent();
 
  private:
   void connect_mesh(const TcpTransportOptions& options, const Rendezvous& rendezvous);

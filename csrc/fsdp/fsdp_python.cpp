@@ -142,18 +142,24 @@ void bind_fsdp(py::module& m) {
              std::optional<Group> shard_group, std::optional<Group> replicate_group,
              std::optional<std::string> param_dtype, std::optional<std::string> reduce_dtype,
              bool reshard_after_forward, bool offload_to_cpu, bool keep_low_precision_grads,
-             bool pin_memory, bool deterministic) {
+             bool pin_memory, bool deterministic, std::optional<Group> post_forward_group,
+             bool quantized_all_gather, bool quantized_reduce_scatter) {
             UnitOptions options = unit_options(name, shard_group, replicate_group, param_dtype,
                                                reduce_dtype, reshard_after_forward, offload_to_cpu);
             options.keep_low_precision_grads = keep_low_precision_grads;
             options.pin_memory = pin_memory;
             options.deterministic = deterministic;
+            if (post_forward_group) options.post_forward_group = *post_forward_group;
+            options.quantized_all_gather = quantized_all_gather;
+            options.quantized_reduce_scatter = quantized_reduce_scatter;
             return engine.add_unit(std::move(params), options);
           },
           py::arg("params"), py::arg("name"), py::arg("shard_group"), py::arg("replicate_group"),
           py::arg("param_dtype"), py::arg("reduce_dtype"), py::arg("reshard_after_forward"),
           py::arg("offload_to_cpu"), py::arg("keep_low_precision_grads") = false,
-          py::arg("pin_memory") = false, py::arg("deterministic") = false)
+          py::arg("pin_memory") = false, py::arg("deterministic") = false,
+          py::arg("post_forward_group") = py::none(), py::arg("quantized_all_gather") = false,
+          py::arg("quantized_reduce_scatter") = false)
       .def("adopt_unit",
            [](FsdpEngine& engine, std::shared_ptr<FsdpUnit> unit) {
              return engine.add_unit(std::move(unit));

@@ -6,6 +6,7 @@
 #include <algorithm>
 #include <utility>
 
+#include "fsdp/quantized_messages.h"
 #include "fsdp/storage.h"
 #include "sharding/shard_ops.h"
 
@@ -148,6 +149,16 @@ void FsdpUnit::unshard_async() {
   lanes.accessed(Lane::kAllGather, "all-gather copy-in", {shard_}, {input});
   if (shard_size_ == 1) {
     gathered_ = input;
+  } else if (options_.quantized_all_gather) {
+    gather_input_ = quantize_rows(input.view({1, -1})).view(-1);
+    lanes.allocated(gather_input_, Lane::kAllGather, "quantized all-gather input");
+    lanes.accessed(Lane::kAllGather, "quantize", {input}, {gather_input_});
+    lanes.freed(input);
+    gathered_ = at::empty({gather_input_.numel() * shard_size_}, gather_input_.options());
+    lanes.allocated(gathered_, Lane::kAllGather, "quantized all-gather output");
+    gather_work_ = options_.shard_group->_allgather_base(gathered_, gather_input_);
+    lanes.accessed(Lane::kAllGather, "quantized all-gather", {gather_input_}, {gathered_});
+    gathered_quantized_ = true;
   } else {
     gathered_ = at::empty({layout_.total_numel()}, input.options());
     lanes.allocated(gathered_, Lane::kAllGather, "all-gather output");
@@ -171,8 +182,15 @@ void FsdpUnit::unshard() {
   lanes_->wait(Lane::kCompute, gather_event_);
   resize_storage(full_, layout_.param_numel() * static_cast<int64_t>(full_.element_size()));
   lanes_->allocated(full_, Lane::kCompute, "unsharded parameters");
-  shardwise::all_gather_copy_out_(gathered_, numels_, shard_size_, full_views_);
-  lanes_->accessed(Lane::kCompute, "all-gather copy-out", {gathered_}, {full_});
+  at::Tensor values = gathered_;
+  if (gathered_quantized_) {
+    values = dequantize_rows(gathered_, layout_.shard_numel(), param_dtype_).view(-1);
+    lanes_->allocated(values, Lane::kCompute, "dequantized all-gather output");
+    lanes_->accessed(Lane::kCompute, "dequantize", {gathered_}, {values});
+  }
+  shardwise::all_gather_copy_out_(values, numels_, shard_size_, full_views_);
+  lanes_->accessed(Lane::kCompute, "all-gather copy-out", {values}, {full_});
+  if (gathered_quantized_) lanes_->freed(values);
   lanes_->keep_alive(gathered_, Lane::kCompute);
   drop_gather_buffers();
   stash_gradients();
@@ -187,6 +205,7 @@ void FsdpUnit::drop_gather_buffers() {
   gather_input_ = at::Tensor();
   gather_event_.reset();
   pending_gather_ = false;
+  gathered_quantized_ = false;
 }
 
 void FsdpUnit::reshard() {
@@ -276,6 +295,10 @@ void FsdpUnit::check_deterministic(int data_parallel) {
   TORCH_CHECK_VALUE(!options_.keep_low_precision_grads, "FSDP unit '", options_.name,
                     "': deterministic=True with keep_low_precision_grads: the micro-batches' "
                     "gradients are added in the parameters' dtype; drop keep_low_precision_grads");
+  TORCH_CHECK_VALUE(!options_.quantized_all_gather && !options_.quantized_reduce_scatter,
+                    "FSDP unit '", options_.name, "': deterministic=True with quantized ",
+                    "collectives: their blocks follow the shard size, so the bits would change ",
+                    "with the data-parallel size; drop the quantization or deterministic");
   pre_divide_ = post_divide_ = 1;  // sums: the loss is divided by the global micro-batch count
   reduce_dtype_ = dtype_;          // one dtype for every addition of the tree
 }
@@ -339,6 +362,20 @@ void FsdpUnit::start_reduce_scatter(std::vector<std::optional<at::Tensor>> grads
   for (auto& unsynced : unsynced_grads_) unsynced = at::Tensor();
   if (shard_size_ == 1) {
     reduce_output_ = reduce_input_;
+  } else if (options_.quantized_reduce_scatter) {
+    // qgZ: row r of the input is the chunk rank r owns; it goes to its owner quantized, and the
+    // owner sums the rows it receives in fp32 (finish_reduce)
+    reduce_messages_ = quantize_rows(reduce_input_.view({shard_size_, -1}));
+    lanes.allocated(reduce_messages_, Lane::kReduceScatter, "quantized reduce input");
+    lanes.accessed(Lane::kReduceScatter, "quantize", {reduce_input_}, {reduce_messages_});
+    reduce_output_ = at::empty_like(reduce_messages_);
+    lanes.allocated(reduce_output_, Lane::kReduceScatter, "quantized all-to-all output");
+    std::vector<int64_t> equal_splits;
+    reduce_work_ = options_.shard_group->alltoall_base(reduce_output_, reduce_messages_,
+                                                       equal_splits, equal_splits);
+    lanes.accessed(Lane::kReduceScatter, "quantized all-to-all", {reduce_messages_},
+                   {reduce_output_});
+    reduce_quantized_ = true;
   } else {
     reduce_output_ = at::empty({layout_.shard_numel()}, reduce_input_.options());
     lanes.allocated(reduce_output_, Lane::kReduceScatter, "reduce-scatter output");
@@ -363,6 +400,7 @@ void FsdpUnit::finish_reduce() {
     reduce_work_->wait();
     reduce_work_.reset();
   }
+  if (reduce_quantized_) sum_quantized_rows();
   if (group_size(options_.replicate_group) > 1) {  // hybrid: average across the replicas too
     LaneGuard on_reduce_lane = lanes.use(Lane::kReduceScatter);
     if (options_.deterministic) {  // the tree's upper levels: replicas hold whole subtrees
@@ -406,6 +444,23 @@ void FsdpUnit::finish_reduce() {
   reduce_event_.reset();
   pending_reduce_ = false;
   if (!unsharded_) restore_gradients();
+}
+
+// qgZ's owner side: the rows every rank sent for this rank's chunk, dequantized and summed in
+// fp32, become the reduce-scatter's output.
+void FsdpUnit::sum_quantized_rows() {
+  Lanes& lanes = *lanes_;
+  LaneGuard on_reduce_lane = lanes.use(Lane::kReduceScatter);
+  at::Tensor summed =
+      dequantize_rows(reduce_output_, layout_.shard_numel(), at::kFloat).sum(0).to(reduce_dtype_);
+  lanes.allocated(summed, Lane::kReduceScatter, "dequantized reduce-scatter output");
+  lanes.accessed(Lane::kReduceScatter, "dequantize and sum", {reduce_output_}, {summed});
+  lanes.freed(reduce_output_);
+  lanes.freed(reduce_messages_);
+  reduce_messages_ = at::Tensor();
+  reduce_output_ = summed;
+  reduce_quantized_ = false;
+  reduce_event_ = lanes.record(Lane::kReduceScatter);
 }
 
 // deterministic: this micro-batch's reduced shard as a leaf of the tree over micro-batches (a

@@ -54,6 +54,14 @@ struct UnitOptions {
   // shard group. A group of the shard group's size is that; a group of one keeps everything
   // (reshard_after_forward = false), as FSDP2 reads 1.
   c10::intrusive_ptr<c10d::ProcessGroup> post_forward_group;
+  // ZeRO++'s qwZ: the parameters all-gathered as int8 in blocks with an fp32 scale each
+  // (fsdp/quantized_messages.h); the shards keep their precision. The post-forward group's
+  // all-gather (within a host, with post_forward_group) is not quantized.
+  bool quantized_all_gather = false;
+  // ZeRO++'s qgZ: the gradients reduce-scattered as quantized messages (an all-to-all of each
+  // owner's chunk as int8 blocks, summed by the owner in fp32); the reduced shard keeps its
+  // precision.
+  bool quantized_reduce_scatter = false;
   bool reshard_after_backward = true;  // false: stay gathered until the next forward (FSDP2)
   bool requires_gradient_sync = true;  // false: backward accumulates unsharded (no_sync)
   bool offload_to_cpu = false;         // shards and gradient shards live in CPU memory
@@ -152,6 +160,7 @@ class FsdpUnit {
   at::Tensor reduce_buffer(at::Tensor* scratch) const;
   void start_reduce_scatter(std::vector<std::optional<at::Tensor>> grads, at::Tensor* scratch);
   void drop_gather_buffers();
+  void sum_quantized_rows();
   void check_post_forward_group();
   at::Tensor post_forward_shard() const;
 
@@ -186,6 +195,7 @@ class FsdpUnit {
 
   bool unsharded_ = false;
   bool pending_gather_ = false;
+  bool gathered_quantized_ = false;  // gathered_ holds quantized messages (quantized_all_gather)
   at::Tensor gathered_;
   at::Tensor gather_input_;
   c10::intrusive_ptr<c10d::Work> gather_work_;
@@ -194,6 +204,8 @@ class FsdpUnit {
   bool owns_reduce_input_ = false;  // false: the engine's scratch, reused
   at::Tensor reduce_input_;
   at::Tensor reduce_output_;
+  bool reduce_quantized_ = false;  // reduce_output_ holds quantized rows (qgZ)
+  at::Tensor reduce_messages_;     // qgZ: this rank's quantized rows, until the all-to-all ends
   c10::intrusive_ptr<c10d::Work> reduce_work_;
   LaneEventPtr reduce_event_;
 };

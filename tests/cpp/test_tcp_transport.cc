@@ -61,6 +61,30 @@ TEST(TcpTransport, StrangersConnectingFirstAreDroppedAndTheMeshForms) {
   for (int fd : strangers) ::close(fd);
 }
 
+// What the ZeRO++ measurements read as inter-host bytes (shardwise._C.tcp_bytes_sent). Catches
+// the counter missing a message or counting one received: two ranks in this process exchanging
+// 4000 bytes each way add exactly their two messages, 24-byte headers included, and a message
+// only received (the peer's half is -1) adds the sender's alone.
+TEST(TcpTransport, BytesSentCountsEveryMessageSentOnce) {
+  testing::MemoryRendezvous store;
+  std::vector<float> out0(1000, 1.0f), out1(1000, 2.0f), in0(1000), in1(1000);
+  const auto deadline = Clock::now() + std::chrono::seconds(20);
+  const Tag tag = make_tag(Kind::kSendRecv, 1);
+  const uint64_t before = TcpTransport::bytes_sent();  // forming the mesh sends no message
+  std::thread rank1([&] {
+    TcpTransport t(options_for(1, 2), store.view());
+    t.sendrecv(0, ConstBuffer{out1.data(), 4000}, 0, Buffer{in1.data(), 4000}, tag, deadline);
+    t.sendrecv(0, ConstBuffer{out1.data(), 400}, -1, Buffer{}, tag, deadline);
+  });
+  TcpTransport t(options_for(0, 2), store.view());
+  t.sendrecv(1, ConstBuffer{out0.data(), 4000}, 1, Buffer{in0.data(), 4000}, tag, deadline);
+  t.sendrecv(-1, ConstBuffer{}, 1, Buffer{in0.data(), 400}, tag, deadline);
+  rank1.join();
+  EXPECT_EQ(TcpTransport::bytes_sent() - before, 2 * (24 + 4000) + (24 + 400));
+  EXPECT_EQ(in0[0], 2.0f);
+  EXPECT_EQ(in1[999], 1.0f);
+}
+
 TEST(TcpTransport, AMeshThatCannotFormTimesOutNamingWhatItDropped) {
   testing::MemoryRendezvous store;
   Rendezvous rendezvous = store.view();

@@ -4,6 +4,7 @@ cached by name so several tests read one run."""
 
 from __future__ import annotations
 
+import atexit
 import functools
 import json
 import os
@@ -112,10 +113,24 @@ def assert_continues(recs: list[dict], ref: list[dict], steps: list[int], rel: f
 
 
 @functools.cache
-def run(name: str, nproc: int | str, config: str, *overrides: str) -> tuple[Path, list[dict], str]:
+def runs_folder() -> Path:
+    """This test process's folder of training runs (shared by the tests, so each run trains
+    once), removed when the process exits: a whole `test-python` leaves about 450 MB in it."""
     base = Path(os.environ.get("SHARDWISE_TEST_TMP", "/tmp")) / f"shardwise-train-{os.getpid()}"
-    out = base / name
     base.mkdir(parents=True, exist_ok=True)
+    owner = os.getpid()  # not a process forked from this one, which would share the handler
+
+    def remove():
+        if os.getpid() == owner:
+            shutil.rmtree(base, ignore_errors=True)
+
+    atexit.register(remove)
+    return base
+
+
+@functools.cache
+def run(name: str, nproc: int | str, config: str, *overrides: str) -> tuple[Path, list[dict], str]:
+    out = runs_folder() / name
     recs, log = train(nproc, config, out, *overrides)
     return out, recs, log
 

@@ -22,6 +22,7 @@ import torch
 import torch.distributed as dist
 import tp_checks
 import zero_checks
+import zeropp_checks
 
 DTYPES = [
     torch.float32,
@@ -478,7 +479,7 @@ SCENARIOS = {
     "faults": [fault_mismatch, fault_timeout, fault_dead_peer],
     "cuda": [cuda_ops_match_cpu],
     "fsdp": fsdp_checks.CHECKS,
-    "zero": zero_checks.CHECKS,
+    "zero": [*zero_checks.CHECKS, *zeropp_checks.CHECKS],
     "pipeline": pipeline_checks.CHECKS,
     "pipeline_fault": [pipeline_checks.fault_pipeline_stage_dies],
     "tensor_parallel": tp_checks.CHECKS,

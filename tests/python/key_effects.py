@@ -25,6 +25,7 @@ TK = "tests/distributed/test_train_keys.py::"
 TTP = "tests/distributed/test_train_tp.py::"
 TTM = "tests/distributed/test_train_models.py::"
 ZC = "tests/distributed/zero_checks.py::"
+ZPC = "tests/distributed/zeropp_checks.py::"
 FC = "tests/distributed/fsdp_checks.py::"
 FE = "tests/distributed/fsdp_effect_checks.py::"
 FF = "tests/distributed/fsdp_fidelity_checks.py::"
@@ -34,6 +35,7 @@ TS = "tests/python/test_train_sources.py::"
 TMS = "tests/python/test_train_model_source.py::"
 TDV = "tests/python/test_train_device.py::"
 TDS = "tests/python/test_deepspeed_config.py::"
+TDK = "tests/python/test_deepspeed_removed_and_zeropp_keys.py::"
 FT = "tests/python/test_fsdp_torch_args.py::"
 CZ = "tests/cpp/torch/test_zero_libtorch.cc::"
 
@@ -309,6 +311,16 @@ EFFECTS: dict[str, tuple[str, ...]] = {
     "deepspeed:gradient_predivide_factor": (_PRESCALE,),
     "deepspeed:zero_optimization.overlap_comm": (
         ZC + "zero_overlap_comm_false_waits_for_each_reduction",
+    ),
+    "deepspeed:zero_optimization.zero_hpz_partition_size": (
+        ZPC + "zero_hpz_partition_size_gathers_backward_within_its_group",
+        TDK + "test_zero_hpz_partition_size_is_read_as_deepspeed_reads_it",
+    ),
+    "deepspeed:zero_optimization.zero_quantized_weights": (
+        ZPC + "zero_quantized_weights_gathers_int8_with_block_scales",
+    ),
+    "deepspeed:zero_optimization.zero_quantized_gradients": (
+        ZPC + "zero_quantized_gradients_reduce_scatter_int8_blocks",
     ),
     "deepspeed:zero_optimization.stage3_prefetch_bucket_size": (
         ZC + "zero_stage3_prefetch_bucket_size_gathers_the_next_block_ahead",

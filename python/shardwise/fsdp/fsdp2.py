@@ -32,7 +32,7 @@ from torch import nn
 from torch.distributed.fsdp import CPUOffloadPolicy, MixedPrecisionPolicy, OffloadPolicy
 
 from .. import _C
-from .module import FullyShardedDataParallel
+from .module import FullyShardedDataParallel, post_forward_group
 from .precision import cast_floats
 
 _STATE = "_shardwise_fully_shard"
@@ -77,7 +77,7 @@ def fully_shard(
     modules = _check_modules(module)
     _check_arguments(reshard_after_forward, shard_placement_fn, mp_policy, offload_policy)
     groups = _groups(mesh)
-    reshard, post_forward_group = _resharding(reshard_after_forward, mesh, groups[0])
+    reshard, post_forward = _resharding(reshard_after_forward, groups[0])
     ignored = {id(p) for p in ignored_params or ()}
     params = _managed_params(modules, ignored)
     unit = _C.FsdpUnit(
@@ -90,7 +90,7 @@ def fully_shard(
         reshard,
         isinstance(offload_policy, CPUOffloadPolicy),
         isinstance(offload_policy, CPUOffloadPolicy) and offload_policy.pin_memory,
-        post_forward_group,
+        post_forward,
     )
     state = _State(modules, params, unit, mp_policy, reshard_after_forward is None, groups)
     for m in modules:
@@ -182,14 +182,11 @@ def _groups(mesh):
     return mesh.get_group(1), mesh.get_group(0)
 
 
-_POST_FORWARD_GROUPS: dict[tuple[int, ...], dist.ProcessGroup] = {}
-
-
-def _resharding(reshard_after_forward, mesh, shard_group):
+def _resharding(reshard_after_forward, shard_group):
     """(reshard after forward?, the post-forward group or None): FSDP2's reading of an int N,
     a factor of the shard group's size: the shard dim's ranks in groups of N consecutive ones
-    (``mesh.mesh.view(-1, N)``); N = 1 is False and N = the size is True. Each group is made
-    once, by its own ranks only (``use_local_synchronization``)."""
+    (``mesh.mesh.view(-1, N)``, ``module.post_forward_group``); N = 1 is False and N = the
+    size is True."""
     if reshard_after_forward is None or isinstance(reshard_after_forward, bool):
         return reshard_after_forward is not False, None
     n, size = reshard_after_forward, dist.get_world_size(shard_group)
@@ -207,12 +204,7 @@ def _resharding(reshard_after_forward, mesh, shard_group):
         return False, None
     if n == size:
         return True, None
-    ranks = mesh.mesh if mesh is not None else torch.arange(dist.get_world_size())
-    me = dist.get_rank()
-    row = next(tuple(r) for r in ranks.reshape(-1, n).tolist() if me in r)
-    if row not in _POST_FORWARD_GROUPS:
-        _POST_FORWARD_GROUPS[row] = dist.new_group(list(row), use_local_synchronization=True)
-    return True, _POST_FORWARD_GROUPS[row]
+    return True, post_forward_group(dist.get_process_group_ranks(shard_group), n)
 
 
 def _managed_params(modules: list[nn.Module], ignored: set[int]) -> list[nn.Parameter]:

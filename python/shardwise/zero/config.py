@@ -7,6 +7,8 @@
 - The documented keys of features it does not have are accepted, and named in one warning
   (``DeepSpeedConfigWarning``) with what is ignored; values that would change the results
   (NVMe offload, coupled weight decay, AMSGrad) are errors instead.
+- Keys DeepSpeed itself has removed (MiCS, LoCo, Nebula, ...) are refused, as DeepSpeed refuses
+  them, naming what replaces them.
 - Any other key is a misspelling: an error that suggests the closest valid key.
 - ``"auto"`` values are filled from ``auto`` (what Hugging Face's Trainer fills them from: batch
   sizes, lr, betas, eps, weight_decay, clipping, fp16/bf16, the warmup and total steps, and the
@@ -32,6 +34,46 @@ TOP_KEYS = set(K.TOP) | set(K.IGNORED_TOP)
 
 class DeepSpeedConfigWarning(UserWarning):
     """Documented DeepSpeed keys that ``shardwise.zero`` accepts and ignores."""
+
+
+def _refuse_removed(section: str, given, removed: Mapping) -> None:
+    """Keys DeepSpeed itself has removed: it refuses a config holding one, and so does this."""
+    if not isinstance(given, Mapping):
+        return
+    for key in given:
+        if key in removed:
+            path = f"{section}.{key}" if section else key
+            raise ConfigError(
+                f"{path}: DeepSpeed has removed {removed[key]}, and refuses a config with this "
+                "key; remove it"
+            )
+
+
+def _hpz_partition_size(zero: Mapping, world_size: int, lost: list) -> int:
+    """ZeRO++'s hpZ group size as DeepSpeed reads zero_hpz_partition_size: min(size, world) ranks
+    in each group, which must divide the world; 0 and 1 are off, and a group of the whole world
+    is plain stage 3. 1 where it is off. Only stage 3 partitions the parameters: DeepSpeed's
+    stages 1 and 2 ignore the key, so it is named as ignored there."""
+    size = zero["zero_hpz_partition_size"]
+    if isinstance(size, bool) or not isinstance(size, int) or size < 0:
+        raise ConfigError(
+            "zero_optimization.zero_hpz_partition_size must be an integer >= 0 (0 or 1: off), "
+            f"got {size!r}"
+        )
+    size = min(size, world_size)
+    if size > 1 and world_size % size:
+        raise ConfigError(
+            f"zero_optimization.zero_hpz_partition_size={size} does not divide the data-parallel "
+            f"world size {world_size} (DeepSpeed asserts the same); use a factor of it, such as "
+            "the ranks per host"
+        )
+    if size > 1 and zero["stage"] != 3:
+        lost.append(
+            f"zero_optimization.zero_hpz_partition_size={size} (only stage 3 partitions the "
+            "parameters; DeepSpeed's stages 1 and 2 ignore it too)"
+        )
+        return 1
+    return size if 1 < size < world_size else 1
 
 
 def _check_keys(section: str, given: Mapping, valid, ignored: Mapping, lost: list) -> None:
@@ -335,6 +377,8 @@ def load(config: Mapping | str | Path, world_size: int, auto: Mapping | None = N
         # as Hugging Face's Trainer: the batch comes from the trainer when the file has none
         config = {**config, **{k: auto[k] for k in batch_keys[1:] if auto.get(k) is not None}}
     lost: list[str] = []
+    _refuse_removed("", config, K.REMOVED_TOP)
+    _refuse_removed("zero_optimization", config.get("zero_optimization"), K.REMOVED_ZERO)
     _check_keys("", config, K.TOP, K.IGNORED_TOP, lost)
     _check_types("", config, K.TOP)
     zero = _section(
@@ -344,6 +388,12 @@ def load(config: Mapping | str | Path, world_size: int, auto: Mapping | None = N
     fp16 = _section("fp16", config.get("fp16"), K.FP16, lost, K.IGNORED_FP16)
     if zero["stage"] not in (0, 1, 2, 3):
         raise ConfigError(f"zero_optimization.stage must be 0, 1, 2 or 3, got {zero['stage']!r}")
+    zero["zero_hpz_partition_size"] = _hpz_partition_size(zero, world_size, lost)
+    for key in ("zero_quantized_weights", "zero_quantized_gradients"):
+        if zero[key] and zero["stage"] != 3:  # ZeRO++ is built on stage 3
+            lost.append(f"zero_optimization.{key}=true (ZeRO++ runs at stage 3 only; "
+                        "DeepSpeed's stages 1 and 2 ignore it too)")  # fmt: skip
+            zero[key] = False
     offload, offload_param = _offloads(zero, lost)
     if not zero["allgather_partitions"]:
         lost.append("zero_optimization.allgather_partitions=false (parameters are all-gathered)")

@@ -33,6 +33,13 @@ ZERO = {
     "cpu_offload": None,  # deprecated: offload_optimizer {device: cpu}
     "cpu_offload_param": None,  # deprecated: offload_param {device: cpu}
     "cpu_offload_params": None,  # the spelling older DeepSpeed docs used
+    # ZeRO++'s hpZ: stage 3 keeps a secondary partition of the parameters over groups of this
+    # many consecutive ranks after forward; backward all-gathers within them (0 or 1: off)
+    "zero_hpz_partition_size": 1,
+    # ZeRO++'s qwZ: stage 3 all-gathers the parameters as int8 with a scale per block
+    "zero_quantized_weights": False,
+    # ZeRO++'s qgZ: stage 3 reduce-scatters the gradients as int8 blocks (an all-to-all)
+    "zero_quantized_gradients": False,
 }
 OFFLOAD_OPTIMIZER = {"device": "none", "pin_memory": False}
 OFFLOAD_PARAM = {"device": "none", "pin_memory": False}
@@ -111,33 +118,22 @@ IGNORED_TOP = {
     "comms_logger": "DeepSpeed's communication logger",
     "activation_checkpointing": "DeepSpeed's activation-checkpointing API "
     "(use training.gradient_checkpointing)",
-    "sparse_attention": "sparse attention kernels",
     "data_efficiency": "data sampling and routing",
-    "curriculum_learning": "curriculum learning",
-    "elasticity": "elastic batch sizes",
     "autotuning": "the autotuner",
     "aio": "NVMe I/O settings",
-    "compression_training": "compression",
     "checkpoint": "DeepSpeed's checkpoint options",
     "data_types": "gradient accumulation dtypes (gradients accumulate in the parameters' dtype)",
-    "amp": "NVIDIA Apex AMP (use bf16 or fp16)",
     "zero_allow_untested_optimizer": "the untested-optimizer guard",
     "zero_force_ds_cpu_optimizer": "DeepSpeed's CPU Adam choice",
     "communication_data_type": "the reduction dtype (gradients reduce in the parameters' dtype)",
-    "sparse_gradients": "sparse embedding gradients",
     "disable_allgather": "the broadcast alternative to all-gather",
     "seq_parallel_communication_data_type": "Ulysses sequence parallelism",
     "pipeline": "DeepSpeed's pipeline engine (use shardwise.pipeline)",
     "hybrid_engine": "the RLHF hybrid engine",
     "timers": "DeepSpeed's timers",
-    "nebula": "Nebula checkpointing",
-    "eigenvalue": "eigenvalue computation",
-    "progressive_layer_drop": "progressive layer dropping",
-    "quantize_training": "quantized training",
     "weight_quantization": "weight quantization",
     "compile": "DeepSpeed's torch.compile wrapper",
     "torch_autocast": "DeepSpeed's autocast wrapper (use bf16 or fp16)",
-    "graph_harvesting": "graph harvesting",
 }
 IGNORED_ZERO = {
     "load_from_fp32_weights": "checkpoints always hold fp32 master weights",
@@ -154,13 +150,7 @@ IGNORED_ZERO = {
     "ignore_unused_parameters": "unused parameters are always allowed",
     "legacy_stage1": "the old stage-1 implementation",
     "round_robin_gradients": "the CPU-offload copy order",
-    "zero_hpz_partition_size": "ZeRO++ hierarchical partitions",
-    "zero_quantized_weights": "ZeRO++ quantized weights",
     "zero_quantized_nontrainable_weights": "ZeRO++ quantized weights",
-    "zero_quantized_gradients": "ZeRO++ quantized gradients",
-    "zeropp_loco_param": "ZeRO++ LoCo",
-    "mics_shard_size": "MiCS",
-    "mics_hierarchical_params_gather": "MiCS",
     "memory_efficient_linear": "stage 3's linear layer",
     "pipeline_loading_checkpoint": "pipeline checkpoint loading",
     "override_module_apply": "stage 3's module.apply override",
@@ -189,6 +179,30 @@ IGNORED_FP16 = {
 IGNORED_BF16 = {
     "immediate_grad_update": "gradients are reduced in buckets",
     "check_grad_overflow": "bf16 needs no overflow check",
+}
+
+# Keys DeepSpeed itself has removed and now refuses (DeepSpeedConfigError), with its reason and
+# what to use in shardwise instead: refused here too, before any work (tests compare these tables
+# with the installed DeepSpeed's own).
+REMOVED_TOP = {
+    "nebula": "Nebula checkpointing; checkpoints are saved by shardwise's own writer",
+    "compression_training": "the compression library",
+    "amp": "NVIDIA Apex AMP; use bf16 or fp16",
+    "quantize_training": "Mixture-of-Quantization",
+    "sparse_gradients": "sparse compression of dense embedding gradients",
+    "eigenvalue": "eigenvalue-based Mixture-of-Quantization",
+    "sparse_attention": "the sparse attention kernels",
+    "elasticity": "elastic training; set the batch sizes directly",
+    "graph_harvesting": "graph harvesting",
+    "curriculum_learning": "the top-level curriculum learning (DeepSpeed moved it under "
+    "data_efficiency)",
+    "progressive_layer_drop": "progressive layer dropping",
+}
+REMOVED_ZERO = {
+    "mics_shard_size": "MiCS sharding; shard within groups and replicate across them with "
+    "shardwise's FSDP hybrid_shard (mesh_shape [[replicas, shards], ['dp', 'fsdp']])",
+    "mics_hierarchical_params_gather": "MiCS sharding; see mics_shard_size",
+    "zeropp_loco_param": "LoCo-ZeRO++; remove the key",
 }
 
 # Where Hugging Face's Trainer fills DeepSpeed's "auto" values from, by key path: the name of

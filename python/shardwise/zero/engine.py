@@ -63,6 +63,16 @@ class ZeroEngine(nn.Module):
                     "the deterministic mode sums the gradients (nothing is divided; the loss "
                     "is divided by the global micro-batch count); leave them out"
                 )
+            zero = self.config["zero_optimization"]
+            quantized = [
+                k for k in ("zero_quantized_weights", "zero_quantized_gradients") if zero[k]
+            ]
+            if quantized:
+                raise zero_config.ConfigError(
+                    f"{' and '.join(quantized)} with deterministic=True: the quantization blocks "
+                    "follow the shard size, so the bits would change with the data-parallel "
+                    "size; leave out one or the other"
+                )
             native["deterministic"] = True
         self.deterministic = deterministic
         self.stage = native["stage"]
@@ -104,6 +114,15 @@ class ZeroEngine(nn.Module):
             cpu_offload=native["offload_optimizer"] or native["offload_param"],
             pin_memory=native["pin_memory"],
             process_group=group,
+            # ZeRO++'s hpZ: after forward each block keeps a secondary partition over groups of
+            # this many consecutive ranks, and backward all-gathers within them
+            post_forward_shard_size=zero["zero_hpz_partition_size"]
+            if zero["zero_hpz_partition_size"] > 1
+            else None,
+            # ZeRO++'s qwZ: the parameters all-gathered as int8 with block scales
+            quantized_all_gather=zero["zero_quantized_weights"],
+            # ZeRO++'s qgZ: the gradients reduce-scattered as int8 blocks (an all-to-all)
+            quantized_reduce_scatter=zero["zero_quantized_gradients"],
             deterministic=self.deterministic,
         )
         shards, pieces = [], []
