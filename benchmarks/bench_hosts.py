@@ -20,7 +20,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 from pathlib import Path
 
@@ -29,7 +28,7 @@ sys.path.insert(0, str(ROOT / "tests" / "distributed"))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 import bench_collectives as bc  # noqa: E402
-from hosts import can_make_namespaces, emulated_hosts, in_host, rate_bits  # noqa: E402
+from hosts import emulated_hosts, rate_argument, rate_bits, start_ranks  # noqa: E402
 
 # A column: the torch backend it runs and what it sets (shardwise-flat: the flat ring across hosts).
 VARIANTS = {"shardwise": ("shardwise", {}), "gloo": ("gloo", {}),
@@ -38,25 +37,16 @@ VARIANTS = {"shardwise": ("shardwise", {}), "gloo": ("gloo", {}),
 
 def launch(hosts, per_host: int, variant: str, op: str, nbytes: list[int]):
     """One fresh launch of len(hosts) * per_host ranks; rank 0's JSON rows."""
-    world = len(hosts) * per_host
     backend, env_extra = VARIANTS[variant]
     argv = [sys.executable, str(Path(bc.__file__).resolve()), "--worker", backend, op,
             ",".join(map(str, nbytes))]  # fmt: skip
     port = str(random.randint(20000, 60000))  # each namespace has ports of its own
-    procs = []
-    for rank in range(world):
-        host = hosts[rank // per_host]
-        env = dict(os.environ, MASTER_ADDR=hosts[0].address, MASTER_PORT=port, RANK=str(rank),
-                   WORLD_SIZE=str(world), LOCAL_RANK=str(rank % per_host),
-                   LOCAL_WORLD_SIZE=str(per_host), OMP_NUM_THREADS="1",
-                   GLOO_SOCKET_IFNAME=host.interface, SHARDWISE_SOCKET_IFNAME=host.interface,
-                   **env_extra)  # fmt: skip
-        procs.append(subprocess.Popen(in_host(host, rank // per_host, argv), env=env,
-                                      stdout=subprocess.PIPE, text=True))  # fmt: skip
-    outputs = [p.communicate(timeout=1800)[0] for p in procs]
+    procs = start_ranks(hosts, per_host, argv, port, env_extra)
+    outputs = [p.communicate(timeout=1800) for p in procs]
     if any(p.returncode for p in procs):
-        raise RuntimeError(f"{variant} {op} failed on {len(hosts)} x {per_host}")
-    return [json.loads(line) for line in outputs[0].splitlines() if line.startswith("{")]
+        errors = "".join(err[-2000:] for _, err in outputs)
+        raise RuntimeError(f"{variant} {op} failed on {len(hosts)} x {per_host}:\n{errors}")
+    return [json.loads(line) for line in outputs[0][0].splitlines() if line.startswith("{")]
 
 
 def main() -> int:
@@ -79,12 +69,7 @@ def main() -> int:
     unknown = set(args.backends.split(",")) - set(VARIANTS)
     if unknown:
         parser.error(f"--backends: unknown {sorted(unknown)}; choose from {', '.join(VARIANTS)}")
-    rate = None if args.rate == "none" else args.rate
-    if rate is not None:
-        rate_bits(rate)  # a clear error before any namespace is made
-    reason = can_make_namespaces()
-    if reason:
-        parser.error(f"cannot make network namespaces here: {reason}")
+    rate = rate_argument(parser, args.rate)
     import torch
 
     world = args.hosts * args.ranks_per_host

@@ -22,7 +22,6 @@ import json
 import os
 import random
 import statistics
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -30,7 +29,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "distributed"))
 
-from hosts import can_make_namespaces, emulated_hosts, in_host, rate_bits  # noqa: E402
+from hosts import emulated_hosts, rate_argument, start_ranks  # noqa: E402
 
 # A variant: what it adds to zero_optimization ("hpz" sizes come from --ranks-per-host).
 VARIANTS = {
@@ -86,24 +85,16 @@ def worker(variant: str, preset: str, steps: int, micro: int, per_host: int) -> 
 
 def launch(hosts, per_host: int, variant: str, args) -> list[dict]:
     """One fresh launch of len(hosts) * per_host ranks; rank 0's rows."""
-    world = len(hosts) * per_host
     argv = [sys.executable, str(Path(__file__).resolve()), "--worker", variant, "--preset",
             args.preset, "--steps", str(args.steps), "--micro", str(args.micro),
             "--ranks-per-host", str(per_host)]  # fmt: skip
     port = str(random.randint(20000, 60000))  # each namespace has ports of its own
-    procs = []
-    for rank in range(world):
-        host = hosts[rank // per_host]
-        env = dict(os.environ, MASTER_ADDR=hosts[0].address, MASTER_PORT=port, RANK=str(rank),
-                   WORLD_SIZE=str(world), LOCAL_RANK=str(rank % per_host),
-                   LOCAL_WORLD_SIZE=str(per_host), OMP_NUM_THREADS="1",
-                   SHARDWISE_SOCKET_IFNAME=host.interface)  # fmt: skip
-        procs.append(subprocess.Popen(in_host(host, rank // per_host, argv), env=env,
-                                      stdout=subprocess.PIPE, text=True))  # fmt: skip
-    outputs = [p.communicate(timeout=3600)[0] for p in procs]
+    procs = start_ranks(hosts, per_host, argv, port)
+    outputs = [p.communicate(timeout=3600) for p in procs]
     if any(p.returncode for p in procs):
-        raise RuntimeError(f"{variant} failed on {len(hosts)} x {per_host}")
-    return [json.loads(line) for line in outputs[0].splitlines() if line.startswith("{")]
+        errors = "".join(err[-2000:] for _, err in outputs)
+        raise RuntimeError(f"{variant} failed on {len(hosts)} x {per_host}:\n{errors}")
+    return [json.loads(line) for line in outputs[0][0].splitlines() if line.startswith("{")]
 
 
 def summary(runs: dict[str, list[list[dict]]], variant: str) -> list[str]:
@@ -145,12 +136,7 @@ def main() -> int:
                      f"choose from {', '.join(VARIANTS)}")  # fmt: skip
     if args.hosts < 2 or args.ranks_per_host < 2 or args.launches < 1 or args.steps < 3:
         parser.error("--hosts and --ranks-per-host need at least 2, --launches 1, --steps 3")
-    rate = None if args.rate == "none" else args.rate
-    if rate is not None:
-        rate_bits(rate)  # a clear error before any namespace is made
-    reason = can_make_namespaces()
-    if reason:
-        parser.error(f"cannot make network namespaces here: {reason}")
+    rate = rate_argument(parser, args.rate)
     import torch
 
     runs: dict[str, list[list[dict]]] = {v: [] for v in variants}

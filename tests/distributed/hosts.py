@@ -15,6 +15,7 @@ happened, and the addresses are a private range used only inside these namespace
 from __future__ import annotations
 
 import contextlib
+import os
 import subprocess
 import uuid
 from typing import NamedTuple
@@ -104,6 +105,41 @@ def in_host(host: Host, index: int, argv: list[str]) -> list[str]:
     """`argv` run inside `host`'s namespace under the host name "host<index>"."""
     shell = f'hostname host{index} && exec "$0" "$@"'
     return ["ip", "netns", "exec", host.namespace, "unshare", "--uts", "sh", "-c", shell, *argv]
+
+
+def start_ranks(
+    hosts: list[Host], per_host: int, argv: list[str], port: str, env_extra: dict | None = None
+) -> list[subprocess.Popen]:
+    """len(hosts) * per_host ranks of `argv`, rank r on host r // per_host, each with torchrun's
+    variables (the store on host 0 at `port`) and its host's interface named to gloo and
+    shardwise; stdout and stderr piped."""  # fmt: skip
+    world, procs = len(hosts) * per_host, []
+    for rank in range(world):
+        host = hosts[rank // per_host]
+        env = dict(os.environ, MASTER_ADDR=hosts[0].address, MASTER_PORT=port, RANK=str(rank),
+                   WORLD_SIZE=str(world), LOCAL_RANK=str(rank % per_host),
+                   LOCAL_WORLD_SIZE=str(per_host), OMP_NUM_THREADS="1",
+                   GLOO_SOCKET_IFNAME=host.interface, SHARDWISE_SOCKET_IFNAME=host.interface,
+                   **(env_extra or {}))  # fmt: skip
+        procs.append(subprocess.Popen(in_host(host, rank // per_host, argv), env=env,
+                                      stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                      text=True))  # fmt: skip
+    return procs
+
+
+def rate_argument(parser, rate: str) -> str | None:
+    """A benchmark's --rate as emulated_hosts takes it (None for "none": unshaped), once the
+    rate reads as a tc rate and namespaces can be made here; else `parser.error` says why,
+    before any namespace is made."""
+    try:
+        if rate != "none":
+            rate_bits(PROFILES.get(rate, rate))
+    except ValueError as e:
+        parser.error(f"--rate: {e}")
+    reason = can_make_namespaces()
+    if reason:
+        parser.error(f"cannot make network namespaces here: {reason}")
+    return None if rate == "none" else rate
 
 
 def can_make_namespaces() -> str:

@@ -5,13 +5,12 @@ shared memory, across over TCP) against the flat ring over every rank, in the sa
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import sys
 
 import pytest
-from hosts import Host, can_make_namespaces, emulated_hosts, in_host
+from hosts import Host, can_make_namespaces, emulated_hosts, start_ranks
 from launcher import free_port
 
 SCRIPT = """
@@ -44,16 +43,8 @@ def sent_bytes(host: Host) -> int:
 def launch(hosts: list[Host], per_host: int, script, env_extra: dict) -> tuple[list[dict], int]:
     """Each rank's JSON line, and the bytes all hosts' links sent during the launch."""
     before = sum(sent_bytes(h) for h in hosts)
-    port, world = str(free_port()), len(hosts) * per_host
-    procs = []
-    for rank in range(world):
-        host = hosts[rank // per_host]
-        env = dict(os.environ, MASTER_ADDR=hosts[0].address, MASTER_PORT=port, RANK=str(rank),
-                   WORLD_SIZE=str(world), LOCAL_RANK=str(rank % per_host), OMP_NUM_THREADS="1",
-                   SHARDWISE_SOCKET_IFNAME=host.interface, **env_extra)  # fmt: skip
-        argv = in_host(host, rank // per_host, [sys.executable, str(script)])
-        procs.append(subprocess.Popen(argv, env=env, stdout=subprocess.PIPE,
-                                      stderr=subprocess.PIPE, text=True))  # fmt: skip
+    procs = start_ranks(hosts, per_host, [sys.executable, str(script)], str(free_port()),
+                        env_extra)  # fmt: skip
     results = []
     for rank, proc in enumerate(procs):
         out, err = proc.communicate(timeout=300)
@@ -62,20 +53,27 @@ def launch(hosts: list[Host], per_host: int, script, env_extra: dict) -> tuple[l
     return results, sum(sent_bytes(h) for h in hosts) - before
 
 
+def on_two_hosts(tmp_path, script: str, envs: list[dict]) -> list[tuple[list[dict], int]]:
+    """`script` launched once per environment in `envs` on 2 hosts x 2 ranks, links at 1 Gbit/s
+    (skipped where network namespaces cannot be made)."""
+    reason = can_make_namespaces()
+    if reason:
+        pytest.skip(f"cannot make network namespaces here: {reason}")
+    path = tmp_path / "script.py"
+    path.write_text(script)
+    with emulated_hosts(2, rate="1gbit") as hosts:
+        return [launch(hosts, 2, path, env) for env in envs]
+
+
 def test_hierarchical_all_reduce_across_shaped_hosts_matches_the_flat_ring(tmp_path):
     """Catches the hierarchical all-reduce (chosen because the group spans hosts) giving another
     result than the flat ring on exact data, ranks disagreeing in a single bit, and a
     hierarchy that does not save inter-host bytes (each host's link carries 2 (H - 1) / H of the
     buffer each way against the flat ring's 2 (n - 1) / n: 1 against 1.5 here, counted by the
     links' own tbf counters), or one that never took the shaped links at all."""
-    reason = can_make_namespaces()
-    if reason:
-        pytest.skip(f"cannot make network namespaces here: {reason}")
-    script = tmp_path / "all_reduce.py"
-    script.write_text(SCRIPT)
-    with emulated_hosts(2, rate="1gbit") as hosts:
-        hierarchical, hierarchical_bytes = launch(hosts, 2, script, {})
-        flat, flat_bytes = launch(hosts, 2, script, {"SHARDWISE_HIERARCHICAL": "0"})
+    (hierarchical, hierarchical_bytes), (flat, flat_bytes) = on_two_hosts(
+        tmp_path, SCRIPT, [{}, {"SHARDWISE_HIERARCHICAL": "0"}]
+    )
     for results in (hierarchical, flat):
         assert [r["host"] for r in results] == ["host0", "host0", "host1", "host1"]
         assert all(r["exact"] == [True, True] for r in results), results
@@ -130,14 +128,7 @@ def test_zero_hpz_keeps_backward_gathers_inside_each_host(tmp_path):
     the reduce-scatter still cross; the backward's all-gather no longer does), and training is
     bit-identical to plain stage 3. Catches the key parsed but backward still gathering across
     hosts, and a secondary partition that changes the result."""
-    reason = can_make_namespaces()
-    if reason:
-        pytest.skip(f"cannot make network namespaces here: {reason}")
-    script = tmp_path / "hpz.py"
-    script.write_text(HPZ_SCRIPT)
-    with emulated_hosts(2, rate="1gbit") as hosts:
-        plain, _ = launch(hosts, 2, script, {"HPZ": "1"})
-        hpz, _ = launch(hosts, 2, script, {"HPZ": "2"})
+    (plain, _), (hpz, _) = on_two_hosts(tmp_path, HPZ_SCRIPT, [{"HPZ": "1"}, {"HPZ": "2"}])
     for results in (plain, hpz):
         assert [r["host"] for r in results] == ["host0", "host0", "host1", "host1"]
     assert [r["losses"] for r in hpz] == [r["losses"] for r in plain]
