@@ -100,3 +100,16 @@ def test_deepspeed_refuses_a_negative_hpz_partition_size_too():
     with pytest.raises(pydantic.ValidationError):
         DeepSpeedZeroConfig(zero_hpz_partition_size=-1)
     assert DeepSpeedZeroConfig(zero_hpz_partition_size=0).zero_hpz_partition_size == 0
+
+
+@pytest.mark.parametrize("key", ["zero_quantized_weights", "zero_quantized_gradients"])
+def test_deterministic_mode_refuses_the_quantized_keys_naming_them(key):
+    """Catches deterministic=True accepted beside a quantized collective, whose blocks follow the
+    shard size (so the promised bits would change with the data-parallel size): refused before
+    any work, naming the key."""
+    from shardwise.zero.engine import ZeroEngine
+    from torch import nn
+
+    config = {"train_micro_batch_size_per_gpu": 1, "zero_optimization": {"stage": 3, key: True}}
+    with pytest.raises(ConfigError, match=f"^{key} with deterministic=True"):
+        ZeroEngine(nn.Linear(4, 4), config, deterministic=True)
