@@ -10,8 +10,10 @@ the end (what ran, how long, how many tests).
 The rows live in $SUITE_TIMES (default build/suite-times.tsv). Tests are counted from the
 runner's own closing line: pytest's "N passed, M skipped", ctest's "out of N", libFuzzer's
 "Done N runs" (one row per target run). A row also counts the compilations the command asked
-of ccache (its statistics before and after): hits, and misses (sources compiled). The times are
-a report, never a failure: the exit status is COMMAND's.
+of ccache (its statistics before and after): hits, and misses (sources compiled), and how many
+of the machine's cores were busy on average while it ran (from /proc/stat: a suite that keeps
+them idle is one to overlap with another). The times are a report, never a failure: the exit
+status is COMMAND's.
 """
 
 from __future__ import annotations
@@ -61,8 +63,28 @@ def compiler_cache() -> tuple[int, int]:
     return hits, int(values.get("cache_miss", 0))
 
 
+def cpu_jiffies() -> tuple[int, int]:
+    """The machine's (busy, total) CPU time so far, in clock ticks summed over its cores; (0, 0)
+    where /proc/stat is missing."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return 0, 0
+    # user, nice, system, idle, iowait, irq, softirq, steal (guest time is inside user's)
+    busy = sum(fields[0:3]) + sum(fields[5:7])
+    return busy, sum(fields[:8])
+
+
+def cores_busy(before: tuple[int, int], after: tuple[int, int]) -> str:
+    """The average number of cores busy between two cpu_jiffies() readings, e.g. '1.7'."""
+    busy, total = after[0] - before[0], after[1] - before[1]
+    cores = os.cpu_count() or 1
+    return f"{cores * busy / total:.1f}" if total > 0 else ""
+
+
 def run(name: str, command: list[str]) -> int:
     cache_before = compiler_cache()
+    cpu_before = cpu_jiffies()
     start = time.monotonic()
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
     kept: list[bytes] = []
@@ -72,13 +94,14 @@ def run(name: str, command: list[str]) -> int:
         kept.append(line)
     code = proc.wait()
     seconds = time.monotonic() - start
+    busy = cores_busy(cpu_before, cpu_jiffies())
     tests = count(b"".join(kept).decode(errors="replace"))
     cache_after = compiler_cache()
     hits, misses = cache_after[0] - cache_before[0], cache_after[1] - cache_before[1]
     compiled = f"{hits} hits, {misses} misses" if hits or misses else ""
     TABLE.parent.mkdir(parents=True, exist_ok=True)
     with TABLE.open("a") as table:
-        table.write(f"{name}\t{seconds:.0f}\t{tests}\t{compiled}\t{code}\n")
+        table.write(f"{name}\t{seconds:.0f}\t{tests}\t{compiled}\t{busy}\t{code}\n")
     return code
 
 
@@ -88,11 +111,17 @@ def report() -> None:
         print("suite times: no suite ran")
         return
     total = sum(int(row[1]) for row in rows)
-    print("\n| suite | seconds | minutes | tests | compiler cache | exit |")
-    print("|---|---:|---:|---|---|---:|")
-    for name, seconds, tests, compiled, code in rows:
-        print(f"| {name} | {seconds} | {int(seconds) / 60:.1f} | {tests} | {compiled} | {code} |")
-    print(f"| all suites | {total} | {total / 60:.1f} | | | |")
+    print("\n| suite | seconds | minutes | tests | compiler cache | cores busy | exit |")
+    print("|---|---:|---:|---|---|---:|---:|")
+    for row in rows:
+        if len(row) == 5:  # a row written before the cores-busy column
+            row.insert(4, "")
+        name, seconds, tests, compiled, busy, code = row
+        print(
+            f"| {name} | {seconds} | {int(seconds) / 60:.1f} | {tests} | {compiled} | {busy} "
+            f"| {code} |"
+        )
+    print(f"| all suites | {total} | {total / 60:.1f} | | | | |")
 
 
 def main(argv: list[str]) -> int:
