@@ -49,13 +49,26 @@ export PYTORCH_NVCC ?= ccache $(CUDA_HOME)/bin/nvcc
 endif
 
 .PHONY: demo demo-cpp test test-all test-cpp test-python test-cpu-torch test-torch-oldest test-package test-package-slow build venv \
-	cpu-venv oldest-venv venvs times-reset \
+	cpu-venv oldest-venv venvs times-reset later-builds build-deepspeed-ops build-cpu-torch build-torch-oldest build-sanitize-core \
 	test-conformance test-conformance-world8 test-conformance-ci test-sanitize test-sanitize-core fuzz fuzz-build fuzz-ci soak \
 	system-deps bench bench-hosts bench-zeropp test-gpu gpu-diagnose gpu-wheels train-fsdp \
 	format lint clean
 
-test: times-reset venvs build lint test-cpp test-python test-cpu-torch test-torch-oldest test-package test-conformance-ci test-sanitize-core fuzz-ci ## build, then run every test suite
+test: times-reset venvs build lint test-cpp later-builds test-python test-cpu-torch test-torch-oldest test-package test-conformance-ci test-sanitize-core fuzz-ci ## build, then run every test suite
 	@$(PYTHON) scripts/suite_times.py report
+
+# The later suites' builds run at idle priority beside the suites before them, from test-python
+# on (scripts/later_builds.py): test-python leaves a core idle for much of its time. Each later
+# suite waits for its own build there; run alone, it builds it itself. First the DeepSpeed ops
+# test-python's DeepSpeed tests load (they wait on the op's lock if it is still building).
+LATER_BUILDS := build-deepspeed-ops build-cpu-torch build-torch-oldest build-sanitize-core fuzz-build
+test: export SHARDWISE_LATER_BUILDS := $(CURDIR)/build/later-builds
+later = $(PYTHON) $(CURDIR)/scripts/later_builds.py take $(1) -- $(MAKE) --no-print-directory $(1)
+later-builds: system-deps cpu-venv oldest-venv
+	$(PYTHON) scripts/later_builds.py start --watch $$PPID $(LATER_BUILDS)
+
+build-deepspeed-ops: venv ## DeepSpeed's CPU ops the DeepSpeed tests load, compiled ahead of them
+	$(TIMED) "build: DeepSpeed's CPU ops" -- $(PY) scripts/build_deepspeed_ops.py
 
 times-reset:
 	@$(PYTHON) scripts/suite_times.py reset
@@ -175,12 +188,15 @@ export TSAN_OPTIONS ?= halt_on_error=1:second_deadlock_stack=1
 TSAN_TESTS := Collectives|ShmTransport|TcpTransport|StreamOrder
 # The exhaustive casts (every float, ~16 minutes under ASan): in test-sanitize, not in make test.
 SANITIZE_SLOW := OnAllFloats|MatchesCompilerConversion
-test-sanitize-core: system-deps ## ASan+UBSan on the torch-free core's tests, TSan on its transports/collectives
+build-sanitize-core: system-deps
 	$(SANITIZE_CMAKE) -B $(SANITIZE_BUILD)/address -DSHARDWISE_WITH_TORCH=OFF -DSHARDWISE_SANITIZE=address,undefined
 	$(TIMED) "build: asan" -- cmake --build $(SANITIZE_BUILD)/address -j $(JOBS)
-	$(TIMED) "test-sanitize-core (asan)" -- ctest --test-dir $(SANITIZE_BUILD)/address --output-on-failure -j $(JOBS) -E '$(SANITIZE_SLOW)'
 	$(SANITIZE_CMAKE) -B $(SANITIZE_BUILD)/thread -DSHARDWISE_WITH_TORCH=OFF -DSHARDWISE_SANITIZE=thread
 	$(TIMED) "build: tsan" -- cmake --build $(SANITIZE_BUILD)/thread -j $(JOBS)
+
+test-sanitize-core: system-deps ## ASan+UBSan on the torch-free core's tests, TSan on its transports/collectives
+	$(call later,build-sanitize-core)
+	$(TIMED) "test-sanitize-core (asan)" -- ctest --test-dir $(SANITIZE_BUILD)/address --output-on-failure -j $(JOBS) -E '$(SANITIZE_SLOW)'
 	$(TIMED) "test-sanitize-core (tsan)" -- ctest --test-dir $(SANITIZE_BUILD)/thread --output-on-failure -j $(JOBS) -R '$(TSAN_TESTS)'
 
 test-sanitize: test-sanitize-core cpu-venv ## the above, the exhaustive casts, and the LibTorch library and its tests under ASan+UBSan (~45 min)
@@ -203,7 +219,8 @@ fuzz-build: system-deps
 fuzz: fuzz-build ## every fuzz target for FUZZ_SECONDS (600) each, after its regression inputs
 	scripts/run_fuzzers.sh $(FUZZ_BUILD) $(FUZZ_SECONDS)
 
-fuzz-ci: fuzz-build ## every fuzz target for 20 s, after its regression inputs
+fuzz-ci: system-deps ## every fuzz target for 20 s, after its regression inputs
+	$(call later,fuzz-build)
 	$(TIMED) fuzz-ci -- scripts/run_fuzzers.sh $(FUZZ_BUILD) 20
 
 # Fault soak (outside CI): SOAK_TRIALS runs of shardwise-train at 2-4 ranks, a random rank
@@ -223,16 +240,22 @@ soak: build ## SIGKILL and link-cut trials: hangs, leaks, lost checkpoints, dete
 # the exception paths of test_cxx_runtime.py, run against such a build here too. c++ is the name
 # test-cpp's build compiles with, so the compiler cache serves its objects here.
 STATIC_RUNTIME_CC := $(CURDIR)/tests/toolchain/static-runtime
-test-cpu-torch: system-deps cpu-venv ## the CPU-only build (GPU image's toolchain) against the CPU torch, and its op tests
+build-cpu-torch: system-deps cpu-venv
 	CC=$(STATIC_RUNTIME_CC)/gcc CXX=$(STATIC_RUNTIME_CC)/c++ SHARDWISE_WITH_CUDA=0 \
 		$(TIMED) "build: CPU torch" -- $(CPU_PY) -m pip install -q --no-build-isolation --no-deps .
+
+test-cpu-torch: system-deps cpu-venv ## the CPU-only build (GPU image's toolchain) against the CPU torch, and its op tests
+	$(call later,build-cpu-torch)
 	cd tests && $(TIMED) test-cpu-torch -- $(CPU_PY) -m pytest -ra -m "not slow" python/test_cast_ops.py \
 		python/test_cxx_runtime.py
 
 # The oldest supported torch (requirements/torch-oldest.txt), CPU-only build: the op tests, the
 # C++ runtime's exception paths, and FSDP against one process and FSDP2 at world 2.
-test-torch-oldest: system-deps oldest-venv ## the build and the op and FSDP tests against the oldest supported torch
+build-torch-oldest: system-deps oldest-venv
 	SHARDWISE_WITH_CUDA=0 $(TIMED) "build: oldest torch" -- $(OLDEST_PY) -m pip install -q --no-build-isolation --no-deps .
+
+test-torch-oldest: system-deps oldest-venv ## the build and the op and FSDP tests against the oldest supported torch
+	$(call later,build-torch-oldest)
 	cd tests && $(TIMED) test-torch-oldest -- $(OLDEST_PY) -m pytest -ra -m "not slow" python/test_cast_ops.py \
 		python/test_cxx_runtime.py python/test_torch_versions.py distributed/test_fsdp.py -k "not -4]"
 

@@ -5,7 +5,7 @@ the end (what ran, how long, how many tests).
     suite_times.py run NAME -- COMMAND...   runs COMMAND, passing its output through, and adds a
                                             row (NAME, seconds, tests counted, exit status)
     suite_times.py report                   prints the rows as a table (Markdown)
-    suite_times.py reset                    starts a new table
+    suite_times.py reset                    starts a new table (and its wall clock)
 
 The rows live in $SUITE_TIMES (default build/suite-times.tsv). Tests are counted from the
 runner's own closing line: pytest's "N passed, M skipped", ctest's "out of N", libFuzzer's
@@ -83,6 +83,7 @@ def cores_busy(before: tuple[int, int], after: tuple[int, int]) -> str:
 
 
 def run(name: str, command: list[str]) -> int:
+    name += os.environ.get("SUITE_TIMES_NOTE", "")  # e.g. a build run beside other suites
     cache_before = compiler_cache()
     cpu_before = cpu_jiffies()
     start = time.monotonic()
@@ -106,7 +107,9 @@ def run(name: str, command: list[str]) -> int:
 
 
 def report() -> None:
-    rows = [line.split("\t") for line in TABLE.read_text().splitlines()] if TABLE.exists() else []
+    lines = TABLE.read_text().splitlines() if TABLE.exists() else []
+    started = [float(line.split("\t")[1]) for line in lines if line.startswith("#start\t")]
+    rows = [line.split("\t") for line in lines if not line.startswith("#")]
     if not rows:
         print("suite times: no suite ran")
         return
@@ -122,6 +125,9 @@ def report() -> None:
             f"| {code} |"
         )
     print(f"| all suites | {total} | {total / 60:.1f} | | | | |")
+    if started:  # builds run beside other suites make the sum exceed the wall-clock time
+        wall = time.time() - started[0]
+        print(f"| wall clock since the start | {wall:.0f} | {wall / 60:.1f} | | | | |")
 
 
 def main(argv: list[str]) -> int:
@@ -131,7 +137,8 @@ def main(argv: list[str]) -> int:
         report()
         return 0
     if argv == ["reset"]:
-        TABLE.unlink(missing_ok=True)
+        TABLE.parent.mkdir(parents=True, exist_ok=True)
+        TABLE.write_text(f"#start\t{time.time():.0f}\n")
         return 0
     print(__doc__, file=sys.stderr)
     return 2

@@ -11,7 +11,8 @@
 //   int64_t done = training::resume_training(directory, hooks, stream, world);
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/optim/adamw.h>
+#include <torch/types.h>
 
 #include <functional>
 #include <memory>

@@ -13,7 +13,8 @@
 // once. Stage 0 receives into tensors of each parameter's dtype on the device of its own values.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/ordered_dict.h>
+#include <torch/types.h>
 
 #include <functional>
 #include <string>

@@ -5,7 +5,7 @@
 // together as a loop's log lines.
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/types.h>
 
 #include <chrono>
 #include <string>

@@ -13,7 +13,8 @@
 //   auto full = cut.full_state(*mesh);             // rank 0 (collective)
 #pragma once
 
-#include <torch/torch.h>
+#include <torch/ordered_dict.h>
+#include <torch/types.h>
 
 #include <memory>
 #include <string>

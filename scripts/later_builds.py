@@ -1,0 +1,149 @@
+#!/usr/bin/env python3
+"""The builds of `make test`'s later suites, run at idle priority beside the suites before them.
+
+`make test-python` keeps a core idle for much of its time (waiting ranks, launches, time-outs),
+while the builds of the suites after it (the CPU-torch and oldest-torch builds, the sanitizers',
+the fuzzers') keep both cores busy. `make test` starts those builds in a background lane as
+test-python begins; each later suite then waits for its own build instead of running it.
+
+    later_builds.py start --watch PID TARGET...   runs `make TARGET` for each TARGET in turn, in a
+                                                  session of its own at nice 19 (its autogroup
+                                                  too, where the kernel has them), so it takes
+                                                  only what the foreground leaves idle; stops
+                                                  them if process PID (make) ends first
+    later_builds.py take TARGET -- COMMAND...     in a `make test` whose lane builds TARGET: waits
+                                                  for it, prints its output, exits with its status;
+                                                  otherwise runs COMMAND (the build itself)
+
+The lane lives in $SHARDWISE_LATER_BUILDS (a folder: TARGET.log, TARGET.status, lane.pid), which
+`make test` sets; without it `take` always runs COMMAND, so every make target still builds what
+it tests when it is run alone.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+POLL_S = 0.5
+
+
+def lane_folder() -> Path | None:
+    folder = os.environ.get("SHARDWISE_LATER_BUILDS")
+    return Path(folder) if folder else None
+
+
+def alive(pid: int) -> bool:
+    """Whether process `pid` runs (a zombie, ended but not yet reaped, does not)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat.rsplit(")", 1)[-1].split()[0] != "Z"
+
+
+def lower_priority() -> None:
+    """In the child, before exec: a session (so an autogroup) of its own, nice 19 for the group
+    and for the process. Nice alone is not enough where the kernel groups tasks by session: the
+    group competes with the foreground's group as an equal."""
+    os.setsid()
+    try:
+        Path("/proc/self/autogroup").write_text("19")
+    except OSError:
+        pass  # no autogroups on this kernel: the process's own nice value is what counts
+    os.nice(19)
+
+
+def run_lane(folder: Path, targets: list[str], watched: int) -> int:
+    """The lane's body (in the daemon): each target in turn; a status file for each, written once
+    it ends (a target never reached gets none)."""
+    make = os.environ.get("MAKE", "make")
+    env = dict(os.environ, SUITE_TIMES_NOTE=" (beside earlier suites)")
+    for target in targets:
+        with (folder / f"{target}.log").open("wb") as log:
+            child = subprocess.Popen(
+                [make, "--no-print-directory", target],
+                stdout=log,
+                stderr=subprocess.STDOUT,
+                stdin=subprocess.DEVNULL,
+                env=env,
+                preexec_fn=lower_priority,
+            )
+            while child.poll() is None:
+                if not alive(watched):  # make ended (failed, or was stopped): so does the lane
+                    os.killpg(child.pid, signal.SIGTERM)
+                    child.wait()
+                    return 1
+                time.sleep(POLL_S)
+        (folder / f"{target}.status").write_text(str(child.returncode))
+    return 0
+
+
+def start(targets: list[str], watched: int) -> int:
+    folder = lane_folder()
+    if folder is None:
+        print("later_builds.py start: SHARDWISE_LATER_BUILDS is not set", file=sys.stderr)
+        return 2
+    folder.mkdir(parents=True, exist_ok=True)
+    for old in folder.iterdir():
+        old.unlink()
+    (folder / "lane.targets").write_text("\n".join(targets) + "\n")
+    daemon = os.fork()
+    if daemon > 0:  # the caller returns at once; the daemon below runs the lane
+        (folder / "lane.pid").write_text(str(daemon))
+        return 0
+    os.setsid()
+    devnull = os.open(os.devnull, os.O_RDWR)
+    for fd in (0, 1, 2):  # nothing of make's output held open: its readers see it end
+        os.dup2(devnull, fd)
+    code = 1
+    try:
+        code = run_lane(folder, targets, watched)
+    finally:
+        os._exit(code)
+
+
+def lane_running(folder: Path) -> bool:
+    try:
+        return alive(int((folder / "lane.pid").read_text()))
+    except (OSError, ValueError):
+        return False
+
+
+def take(target: str, command: list[str]) -> int:
+    folder = lane_folder()
+    listed = folder is not None and (folder / "lane.targets").exists()
+    if not listed or target not in (folder / "lane.targets").read_text().split():
+        return subprocess.call(command)
+    status = folder / f"{target}.status"
+    waited = time.monotonic()
+    while not status.exists():
+        if not lane_running(folder) and not status.exists():
+            print(f"later_builds.py: the background lane stopped before it built {target}")
+            log = folder / f"{target}.log"
+            if log.exists():
+                sys.stdout.write(log.read_text(errors="replace"))
+            return 1
+        time.sleep(POLL_S)
+    sys.stdout.write((folder / f"{target}.log").read_text(errors="replace"))
+    code = int(status.read_text())
+    print(f"later_builds.py: {target} was built beside the earlier suites "
+          f"(waited {time.monotonic() - waited:.0f} s for it), exit {code}")  # fmt: skip
+    return code
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) >= 4 and argv[0] == "start" and argv[1] == "--watch":
+        return start(argv[3:], int(argv[2]))
+    if len(argv) >= 4 and argv[0] == "take" and argv[2] == "--":
+        return take(argv[1], argv[3:])
+    print(__doc__, file=sys.stderr)
+    return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
