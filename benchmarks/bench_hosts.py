@@ -5,8 +5,10 @@ Each backend runs in fresh launches, interleaved (shardwise, gloo, shardwise, ..
 of each; every launch times every size as bench_collectives.py does (median of 5 batches, max
 over ranks, the result checked exactly). Per size the table gives min / median / max busbw over
 launches (nccl-tests' factors), and the link's limit: a host sends and receives at most the
-shaped rate, so a flat ring all-reduce (two inter-host neighbours per host, 2(n-1)/n of the data
-over each) has busbw at most rate / 8 bytes.
+shaped rate, so a flat ring (two inter-host neighbours per host; an all-reduce sends 2(n-1)/n of
+the data over each, a reduce-scatter or all-gather (n-1)/n) has busbw at most rate / 8 bytes in
+every op; the hierarchical algorithms send (H-1)/H of that where the flat ring sends (n-1)/n,
+so theirs is (n-1)/n * H/(H-1) times higher.
 
 Needs root (ip netns, tc). Run: python benchmarks/bench_hosts.py --hosts 4 --ranks-per-host 2
 --rate 1gbit --output benchmarks/results/DATE-hosts-4x2-1gbit-cpu.md
@@ -86,7 +88,7 @@ def main() -> int:
     if rate is not None:
         link, hosts_n = rate_bits(rate) / 8e9, args.hosts
         hierarchical = link * (world - 1) / world * hosts_n / (hosts_n - 1)
-        lines.append(f"- all_reduce's link limit: flat ring {link:.3f} GB/s busbw, hierarchical "
+        lines.append(f"- link limit, every op: flat ring {link:.3f} GB/s busbw, hierarchical "
                      f"{hierarchical:.3f} GB/s busbw")  # fmt: skip
     lines.append("")
     print("\n".join(lines), flush=True)

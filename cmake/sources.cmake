@@ -3,6 +3,7 @@
 # one path per line: setup.py parses this file.
 set(SHARDWISE_CORE_SOURCES
   csrc/collectives/all_gather.cc
+  csrc/collectives/all_gather_hierarchical.cc
   csrc/collectives/allreduce.cc
   csrc/collectives/allreduce_direct.cc
   csrc/collectives/allreduce_hierarchical.cc
@@ -15,6 +16,7 @@ set(SHARDWISE_CORE_SOURCES
   csrc/collectives/reduce.cc
   csrc/collectives/recv_any.cc
   csrc/collectives/reduce_scatter.cc
+  csrc/collectives/reduce_scatter_hierarchical.cc
   csrc/collectives/shm_segment.cc
   csrc/collectives/shm_transport.cc
   csrc/collectives/shm_transport_setup.cc

@@ -30,6 +30,7 @@ std::optional<HostLayout> host_layout(const Transport& transport) {
   for (const auto& [host, ranks] : ranks_of)
     if (ranks.size() != per_host) return std::nullopt;
   HostLayout layout;
+  for (const auto& [host, ranks] : ranks_of) layout.hosts.push_back(ranks);
   layout.local = ranks_of.at(host_of[transport.rank()]);
   const auto place = std::find(layout.local.begin(), layout.local.end(), transport.rank());
   const size_t local_rank = static_cast<size_t>(place - layout.local.begin());

@@ -5,6 +5,8 @@
 //   allreduce_hierarchical.cc  across hosts: the ring within each host, all-reduce across
 //   reduce_scatter.cc     the ring's first phase on rank-major input
 //   all_gather.cc         the ring's second phase
+//   reduce_scatter_hierarchical.cc, all_gather_hierarchical.cc  across hosts: within each host
+//                         over shared memory, across hosts between the ranks of one local rank
 //   broadcast.cc          a chain from the root, in segments
 //   alltoall.cc           size - 1 pairwise exchanges
 //   barrier.cc            dissemination: ceil(log2 size) rounds of empty messages
@@ -109,10 +111,12 @@ void ring_all_gather(Transport& transport,
                      char* slab,
                      size_t slab_count,
                      const CollectiveOptions& options);
-// A group spread over hosts (allreduce_hierarchical.cc): this rank's host's ranks (`local`) and
-// the ranks with its local rank on every host (`across`), in group order; none unless there are
-// at least two hosts, each with the same number (two or more) of ranks.
+// A group spread over hosts (allreduce_hierarchical.cc): every host's ranks (`hosts`, hosts in
+// the order of their numbers, each host's ranks in group order), this rank's host's (`local`) and
+// the ranks with its local rank on every host (`across`, so across[h] = hosts[h][local rank]);
+// none unless there are at least two hosts, each with the same number (two or more) of ranks.
 struct HostLayout {
+  std::vector<std::vector<int>> hosts;
   std::vector<int> local;
   std::vector<int> across;
 };
@@ -122,6 +126,34 @@ void allreduce_hierarchical(Transport& transport,
                             void* data,
                             size_t count,
                             const CollectiveOptions& options);
+// reduce_scatter and all_gather with the blocks anywhere: blocks[b] is where block b (rank b's)
+// starts. all_gather_blocks copies `input` into blocks[rank] unless it is that block; its copies
+// use streaming stores when `streaming`.
+void reduce_scatter_blocks(Transport& transport,
+                           const std::vector<const char*>& blocks,
+                           void* output,
+                           size_t count,
+                           const CollectiveOptions& options);
+void all_gather_blocks(Transport& transport,
+                       const void* input,
+                       const std::vector<char*>& blocks,
+                       size_t count,
+                       bool streaming,
+                       const CollectiveOptions& options);
+// Across hosts (reduce_scatter_hierarchical.cc, all_gather_hierarchical.cc), as reduce_scatter
+// and all_gather.
+void reduce_scatter_hierarchical(Transport& transport,
+                                 const HostLayout& layout,
+                                 const void* input,
+                                 void* output,
+                                 size_t count,
+                                 const CollectiveOptions& options);
+void all_gather_hierarchical(Transport& transport,
+                             const HostLayout& layout,
+                             const void* input,
+                             void* output,
+                             size_t count,
+                             const CollectiveOptions& options);
 // Chunk `index` of `count` elements split `parts` ways, lengths differing by at most one.
 struct Chunk {
   size_t offset;

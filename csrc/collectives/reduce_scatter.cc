@@ -1,4 +1,5 @@
-// Ring reduce-scatter on rank-major input: block b of `input` is the part rank b ends up owning.
+// Ring reduce-scatter: block b (at blocks[b]; rank-major `input` for reduce_scatter) is the part
+// rank b ends up owning.
 //
 // In segments of at most max_segment_bytes per block, a running `partial` sum travels around the
 // ring. Step 0: rank r sends its own block (r - 1) to rank r + 1. Step s = 0 .. size-2: rank r
@@ -10,6 +11,7 @@
 // both ends: step 0 sends straight from `input`, and the last step sums into `output`.
 #include <cstring>
 #include <memory>
+#include <vector>
 
 #include "collectives/collectives.h"
 #include "collectives/reduce.h"
@@ -23,25 +25,48 @@ void reduce_scatter(Transport& transport,
                     const CollectiveOptions& options) {
   check_reduce(options.dtype, options.op);
   const int size = transport.size();
-  const int rank = transport.rank();
-  const Datatype dtype = options.dtype;
-  const size_t in_element = element_size(dtype);
+  const size_t in_element = element_size(options.dtype);
   if (count == 0) return;
   if (size == 1) {  // a group of one: the reduction is the input (AVG divides by 1)
     std::memcpy(output, input, count * in_element);
     return;
   }
+  const auto hosts = options.hierarchical ? detail::host_layout(transport) : std::nullopt;
+  if (hosts) {
+    detail::reduce_scatter_hierarchical(transport, *hosts, input, output, count, options);
+    return;
+  }
+  std::vector<const char*> blocks(static_cast<size_t>(size));
+  for (int b = 0; b < size; ++b) {
+    blocks[b] = static_cast<const char*>(input) + static_cast<size_t>(b) * count * in_element;
+  }
+  detail::reduce_scatter_blocks(transport, blocks, output, count, options);
+}
+
+void detail::reduce_scatter_blocks(Transport& transport,
+                                   const std::vector<const char*>& blocks,
+                                   void* output,
+                                   size_t count,
+                                   const CollectiveOptions& options) {
+  const int size = transport.size();
+  const int rank = transport.rank();
+  const Datatype dtype = options.dtype;
+  const size_t in_element = element_size(dtype);
   const Datatype wide = accumulation_type(dtype);
   const size_t element = element_size(wide);
   const bool widened = wide != dtype;
-  const char* in = static_cast<const char*>(input);
+  if (count == 0) return;
+  if (size == 1) {
+    std::memcpy(output, blocks[0], count * in_element);
+    return;
+  }
   const size_t segment = std::max<size_t>(1, options.max_segment_bytes / element);
   const size_t buffer_bytes = std::min(segment, count) * element;
   std::unique_ptr<char[]> partial(new char[buffer_bytes]);  // left uninitialised: always written
   std::unique_ptr<char[]> next(new char[buffer_bytes]);
   for (size_t first = 0; first < count; first += segment) {
     const size_t n = std::min(segment, count - first);
-    auto block = [&](int b) { return in + (static_cast<size_t>(b) * count + first) * in_element; };
+    auto block = [&](int b) { return blocks[static_cast<size_t>(b)] + first * in_element; };
     // What step 0 sends: this rank's block (r - 1), straight from `input` unless it needs widening.
     const char* send = block(detail::wrap(rank - 1, size));
     if (widened) {

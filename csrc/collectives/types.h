@@ -38,8 +38,9 @@ struct CollectiveOptions {
   size_t max_segment_bytes = size_t{1} << 20;
   // all-reduces of at most this many bytes use the one-step direct exchange.
   size_t small_message_bytes = size_t{16} << 10;
-  // Where the group spans hosts (Transport::host_of), all-reduce within hosts, then across them
-  // (allreduce_hierarchical.cc); false keeps the flat algorithms over every rank.
+  // Where the group spans hosts (Transport::host_of), all-reduce, reduce-scatter and all-gather
+  // work within hosts and between the ranks of one local rank across them (*_hierarchical.cc);
+  // false keeps the flat algorithms over every rank.
   bool hierarchical = true;
   // Collectives whose output is at least this large write it with streaming stores
   // (common/stream_copy.h): it cannot stay in the cache anyway, and skipping the read for

@@ -10,7 +10,8 @@ what makes small messages fast, sleeping what lets ranks share cores);
 ``SHARDWISE_SINGLE_COPY_BYTES`` the message size from which a rank reads a peer's data straight
 from its memory (process_vm_readv) instead of through the ring (default 0, off: slower on the
 virtual machines measured, see the benchmark results); ``SHARDWISE_HIERARCHICAL=0`` keeps
-all-reduce flat across hosts (default 1: within each host, then across hosts).
+all-reduce, reduce-scatter and all-gather flat across hosts (default 1: within each host and
+between the ranks of one place on every host).
 """
 
 import datetime

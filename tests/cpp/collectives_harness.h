@@ -5,6 +5,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <exception>
@@ -28,7 +29,17 @@ namespace shardwise::collectives::testing {
 // half and the upper half): shared memory (single copy) inside each, TCP between them, as a group
 // spanning two machines runs. kHybridPairs puts ranks 2h and 2h + 1 on pretend host h (at world 8,
 // four hosts of two), so all-reduces take the hierarchical path wherever the world is even.
-enum class TransportKind { kInProcess, kShm, kShmSingleCopy, kTcp, kHybrid, kHybridPairs };
+// kHybridStrided makes the same hosts of two from ranks h and h + world / 2: no host's ranks are
+// consecutive.
+enum class TransportKind {
+  kInProcess,
+  kShm,
+  kShmSingleCopy,
+  kTcp,
+  kHybrid,
+  kHybridPairs,
+  kHybridStrided
+};
 
 constexpr size_t kTestSingleCopyBytes = 64;
 
@@ -44,6 +55,8 @@ inline const char* kind_label(TransportKind kind) {
       return "hybrid";
     case TransportKind::kHybridPairs:
       return "hybridpairs";
+    case TransportKind::kHybridStrided:
+      return "hybridstrided";
     default:
       return "inproc";
   }
@@ -123,8 +136,9 @@ inline std::vector<std::exception_ptr> run_ranks(TransportKind kind,
         } else {
           std::vector<int> host_of(world);
           for (int r = 0; r < world; ++r) {
-            host_of[r] =
-                kind == TransportKind::kHybridPairs ? r / 2 : (r < (world + 1) / 2 ? 0 : 1);
+            host_of[r] = kind == TransportKind::kHybridPairs     ? r / 2
+                         : kind == TransportKind::kHybridStrided ? r % std::max(1, world / 2)
+                                                                 : (r < (world + 1) / 2 ? 0 : 1);
           }
           const int host = host_of[rank];
           auto local = make_shm(

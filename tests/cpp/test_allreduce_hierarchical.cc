@@ -1,12 +1,15 @@
-// The hierarchical all-reduce (collectives/allreduce_hierarchical.cc): which groups take it (at
-// least two hosts, each with the same number, two or more, of ranks; hosts numbered in any
-// order), and, on hosts of two ranks at world 4 (2 x 2) and 8 (4 x 2), every dtype and op against
-// the flat algorithms in the same run: bit-identical where the data makes every reduction exact,
-// and identical on every rank where it does not.
+// The hierarchical collectives (collectives/*_hierarchical.cc): which groups take them (at least
+// two hosts, each with the same number, two or more, of ranks; hosts numbered in any order), and,
+// on hosts of two ranks at world 4 (2 x 2) and 8 (4 x 2), with each host's ranks consecutive or
+// strided, every dtype and op of all-reduce, reduce-scatter and all-gather against the flat
+// algorithms in the same run: bit-identical where the data makes every reduction exact, and
+// identical on every rank where it does not.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cstdint>
 #include <cstring>
+#include <functional>
 #include <random>
 #include <vector>
 
@@ -45,6 +48,7 @@ TEST(HostLayout, OnlyEvenMultiHostGroupsAreHierarchical) {
   EXPECT_FALSE(detail::host_layout(Placed(0, {0, 0, 0, 1, 1})));  // uneven hosts
   const auto layout = detail::host_layout(Placed(5, {1, 0, 2, 1, 0, 2}));  // hosts in any order
   ASSERT_TRUE(layout);
+  EXPECT_EQ(layout->hosts, (std::vector<std::vector<int>>{{1, 4}, {0, 3}, {2, 5}}));
   EXPECT_EQ(layout->local, (std::vector<int>{2, 5}));
   EXPECT_EQ(layout->across, (std::vector<int>{4, 3, 5}));  // local rank 1 of hosts 0, 1, 2
 }
@@ -117,64 +121,135 @@ std::vector<uint8_t> exact_data(Datatype dtype, int rank, size_t count) {
 struct Run {
   int world;
   size_t count;
+  TransportKind kind;
 };
+
+const std::vector<Datatype> kDtypes = {Datatype::kFloat32, Datatype::kFloat64, Datatype::kBFloat16,
+                                       Datatype::kFloat16, Datatype::kInt8,    Datatype::kUInt8,
+                                       Datatype::kInt32,   Datatype::kInt64,   Datatype::kBool};
+const std::vector<ReduceOp> kOps = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kProduct,
+                                    ReduceOp::kMin, ReduceOp::kMax};
+
+// Runs `collective(transport, dtype, options)` hierarchically, then flat, for every dtype and
+// every one of `ops` (AVG on floating types only), on every rank of `run`; expects the two
+// results of each case bit-identical, and `identical_on_ranks` results the same on every rank.
+using Collective =
+    std::function<std::vector<uint8_t>(Transport&, Datatype, const CollectiveOptions&)>;
+void expect_hierarchical_matches_flat(const Run& run,
+                                      const std::vector<ReduceOp>& ops,
+                                      bool identical_on_ranks,
+                                      const Collective& collective) {
+  // results[rank][case]: hierarchical, then flat, per (dtype, op)
+  std::vector<std::vector<std::vector<uint8_t>>> results(run.world);
+  const auto errors = run_ranks(run.kind, run.world, [&](Transport& t) {
+    uint64_t sequence = 0;
+    for (Datatype dtype : kDtypes) {
+      for (ReduceOp op : ops) {
+        if (op == ReduceOp::kAvg && !is_floating(dtype)) continue;
+        for (bool hierarchical : {true, false}) {
+          results[t.rank()].push_back(
+              collective(t, dtype, options_for(dtype, op, hierarchical, sequence++)));
+        }
+      }
+    }
+  });
+  for (int r = 0; r < run.world; ++r) ASSERT_EQ(error_text(errors[r]), "") << "rank " << r;
+  for (int r = 0; r < run.world; ++r) {
+    for (size_t c = 0; c < results[r].size(); c += 2) {
+      EXPECT_EQ(results[r][c], results[r][c + 1])
+          << "rank " << r << ", case " << c / 2 << ": hierarchical vs flat";
+      if (identical_on_ranks) EXPECT_EQ(results[r][c], results[0][c]) << "rank " << r;
+    }
+  }
+}
 
 class Hierarchical : public ::testing::TestWithParam<Run> {};
 
 TEST_P(Hierarchical, EveryDtypeAndOpMatchesTheFlatAlgorithmsBitForBit) {
-  const auto [world, count] = GetParam();
-  const std::vector<Datatype> dtypes = {Datatype::kFloat32, Datatype::kFloat64, Datatype::kBFloat16,
-                                        Datatype::kFloat16, Datatype::kInt8,    Datatype::kUInt8,
-                                        Datatype::kInt32,   Datatype::kInt64,   Datatype::kBool};
-  const std::vector<ReduceOp> ops = {ReduceOp::kSum, ReduceOp::kAvg, ReduceOp::kProduct,
-                                     ReduceOp::kMin, ReduceOp::kMax};
-  // results[rank][case]: hierarchical, then flat, per (dtype, op)
-  std::vector<std::vector<std::vector<uint8_t>>> results(world);
-  const auto errors =
-      run_ranks(TransportKind::kHybridPairs, world, [&, count = count](Transport& t) {
-        uint64_t sequence = 0;
-        for (Datatype dtype : dtypes) {
-          for (ReduceOp op : ops) {
-            if (op == ReduceOp::kAvg && !is_floating(dtype)) continue;
-            for (bool hierarchical : {true, false}) {
-              std::vector<uint8_t> data = exact_data(dtype, t.rank(), count);
-              allreduce(t, data.data(), count, options_for(dtype, op, hierarchical, sequence++));
-              results[t.rank()].push_back(std::move(data));
-            }
-          }
-        }
+  const size_t count = GetParam().count;
+  expect_hierarchical_matches_flat(
+      GetParam(), kOps, true,
+      [count](Transport& t, Datatype dtype, const CollectiveOptions& options) {
+        std::vector<uint8_t> data = exact_data(dtype, t.rank(), count);
+        allreduce(t, data.data(), count, options);
+        return data;
       });
-  for (int r = 0; r < world; ++r) ASSERT_EQ(error_text(errors[r]), "") << "rank " << r;
-  for (size_t c = 0; c < results[0].size(); c += 2) {
-    EXPECT_EQ(results[0][c], results[0][c + 1]) << "case " << c / 2 << ": hierarchical vs flat";
-    for (int r = 1; r < world; ++r) EXPECT_EQ(results[r][c], results[0][c]) << "rank " << r;
-  }
+}
+
+// Each rank's input is every block's; block b differs from rank to rank. Counts are capped at
+// 777 (many segments still) to keep world 8's thousands of TCP round trips short.
+TEST_P(Hierarchical, ReduceScatterMatchesTheFlatRingBitForBit) {
+  const size_t count = std::min<size_t>(GetParam().count, 777);
+  const size_t world = static_cast<size_t>(GetParam().world);
+  expect_hierarchical_matches_flat(
+      GetParam(), kOps, false,
+      [count, world](Transport& t, Datatype dtype, const CollectiveOptions& options) {
+        const std::vector<uint8_t> input = exact_data(dtype, t.rank(), world * count);
+        std::vector<uint8_t> output(count * element_size(dtype), 0xAB);
+        reduce_scatter(t, input.data(), output.data(), count, options);
+        return output;
+      });
+}
+
+// Block b of the output is rank b's input (all-gather has no op). The inputs differ from case to
+// case: the hierarchical run of a case has sequence 2k, its flat run 2k + 1. Counts capped as
+// for reduce-scatter.
+TEST_P(Hierarchical, AllGatherPlacesEveryRanksInputInItsBlock) {
+  const size_t count = std::min<size_t>(GetParam().count, 777);
+  const int world = GetParam().world;
+  auto input_of = [count](int rank, const CollectiveOptions& options) {
+    std::vector<uint8_t> bytes(count * element_size(options.dtype));
+    const uint64_t which = options.tag.sequence / 2;
+    for (size_t i = 0; i < bytes.size(); ++i) {
+      bytes[i] = static_cast<uint8_t>(i * 31 + static_cast<size_t>(rank) * 7 + which * 3 + 1);
+    }
+    return bytes;
+  };
+  expect_hierarchical_matches_flat(
+      GetParam(), {ReduceOp::kSum}, true,
+      [&](Transport& t, Datatype, const CollectiveOptions& options) {
+        const std::vector<uint8_t> input = input_of(t.rank(), options);
+        std::vector<uint8_t> output(static_cast<size_t>(world) * input.size(), 0xAB);
+        all_gather(t, input.data(), output.data(), count, options);
+        for (int b = 0; b < world; ++b) {
+          const auto first = output.begin() + static_cast<std::ptrdiff_t>(b * input.size());
+          EXPECT_EQ(std::vector<uint8_t>(first, first + static_cast<std::ptrdiff_t>(input.size())),
+                    input_of(b, options))
+              << "rank " << t.rank() << ", block " << b;
+        }
+        return output;
+      });
 }
 
 TEST_P(Hierarchical, InexactSumsAreIdenticalOnEveryRank) {
-  const auto [world, count] = GetParam();
+  const auto [world, count, kind] = GetParam();
   std::vector<std::vector<float>> results(world);
-  const auto errors =
-      run_ranks(TransportKind::kHybridPairs, world, [&, count = count](Transport& t) {
-        std::mt19937 random(static_cast<uint32_t>(t.rank()));
-        std::normal_distribution<float> normal(0.f, 1e3f);
-        std::vector<float> data(count);
-        for (float& x : data) x = normal(random);
-        allreduce(t, data.data(), count, options_for(Datatype::kFloat32, ReduceOp::kSum, true, 0));
-        results[t.rank()] = data;
-      });
+  const auto errors = run_ranks(kind, world, [&, count = count](Transport& t) {
+    std::mt19937 random(static_cast<uint32_t>(t.rank()));
+    std::normal_distribution<float> normal(0.f, 1e3f);
+    std::vector<float> data(count);
+    for (float& x : data) x = normal(random);
+    allreduce(t, data.data(), count, options_for(Datatype::kFloat32, ReduceOp::kSum, true, 0));
+    results[t.rank()] = data;
+  });
   for (int r = 0; r < world; ++r) ASSERT_EQ(error_text(errors[r]), "") << "rank " << r;
   for (int r = 1; r < world; ++r) EXPECT_EQ(results[r], results[0]) << "rank " << r;
 }
 
-INSTANTIATE_TEST_SUITE_P(
-    HostsOfTwo,
-    Hierarchical,
-    ::testing::Values(Run{4, 1}, Run{4, 7}, Run{4, 1001}, Run{8, 13}, Run{8, 5000}),
-    [](const ::testing::TestParamInfo<Run>& info) {
-      return "world" + std::to_string(info.param.world) + "_count" +
-             std::to_string(info.param.count);
-    });
+INSTANTIATE_TEST_SUITE_P(HostsOfTwo,
+                         Hierarchical,
+                         ::testing::Values(Run{4, 1, TransportKind::kHybridPairs},
+                                           Run{4, 7, TransportKind::kHybridPairs},
+                                           Run{4, 1001, TransportKind::kHybridPairs},
+                                           Run{8, 13, TransportKind::kHybridPairs},
+                                           Run{8, 5000, TransportKind::kHybridPairs},
+                                           Run{4, 301, TransportKind::kHybridStrided},
+                                           Run{8, 777, TransportKind::kHybridStrided}),
+                         [](const ::testing::TestParamInfo<Run>& info) {
+                           return std::string(kind_label(info.param.kind)) + "_world" +
+                                  std::to_string(info.param.world) + "_count" +
+                                  std::to_string(info.param.count);
+                         });
 
 }  // namespace
 }  // namespace shardwise::collectives

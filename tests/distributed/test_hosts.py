@@ -1,6 +1,7 @@
 """Ranks on emulated hosts (hosts.py: namespaces on a bridge, links shaped with tc's tbf): 2 hosts
-x 2 ranks at 1 Gbit/s, the all-reduce across hosts taken hierarchically (within each host over
-shared memory, across over TCP) against the flat ring over every rank, in the same test."""
+x 2 ranks at 1 Gbit/s, all-reduce, reduce-scatter and all-gather across hosts taken
+hierarchically (within each host over shared memory, across over TCP) against the flat rings over
+every rank, in the same test."""
 
 from __future__ import annotations
 
@@ -26,6 +27,15 @@ for count in (1000, 1 << 20):  # the direct exchange's size, then the rings'
     checks.append(torch.equal(x, sum(exact(count, r) for r in range(world))))
 y = torch.randn(300001, generator=torch.Generator().manual_seed(rank))
 dist.all_reduce(y)
+for count in (1000, 1 << 18):  # per rank: one message, then many segments
+    blocks = exact(count * world, rank)
+    mine = torch.empty(count)
+    dist.reduce_scatter_tensor(mine, blocks)
+    whole = sum(exact(count * world, r) for r in range(world))
+    checks.append(torch.equal(mine, whole[rank * count:(rank + 1) * count]))
+    gathered = torch.empty(count * world)
+    dist.all_gather_into_tensor(gathered, exact(count, rank))
+    checks.append(torch.equal(gathered, torch.cat([exact(count, r) for r in range(world)])))
 print(json.dumps({"host": socket.gethostname(), "exact": checks,
                   "inexact": hashlib.sha256(y.numpy().tobytes()).hexdigest()}))
 dist.destroy_process_group()
@@ -65,22 +75,27 @@ def on_two_hosts(tmp_path, script: str, envs: list[dict]) -> list[tuple[list[dic
         return [launch(hosts, 2, path, env) for env in envs]
 
 
-def test_hierarchical_all_reduce_across_shaped_hosts_matches_the_flat_ring(tmp_path):
-    """Catches the hierarchical all-reduce (chosen because the group spans hosts) giving another
-    result than the flat ring on exact data, ranks disagreeing in a single bit, and a
-    hierarchy that does not save inter-host bytes (each host's link carries 2 (H - 1) / H of the
-    buffer each way against the flat ring's 2 (n - 1) / n: 1 against 1.5 here, counted by the
-    links' own tbf counters), or one that never took the shaped links at all."""
+def test_hierarchical_collectives_across_shaped_hosts_match_the_flat_rings(tmp_path):
+    """Catches the hierarchical all-reduce, reduce-scatter or all-gather (chosen because the group
+    spans hosts) giving another result than the flat rings on exact data, the all-reduce's ranks
+    disagreeing in a single bit, and a hierarchy that does not save inter-host bytes (each host's
+    link carries 2 (H - 1) / H of an all-reduced buffer each way against the flat ring's
+    2 (n - 1) / n, and (H - 1) / H of a reduce-scattered or all-gathered one against
+    (n - 1) / n: 2/3 of the flat bytes here, counted by the links' own tbf counters), or one that
+    never took the shaped links at all."""
     (hierarchical, hierarchical_bytes), (flat, flat_bytes) = on_two_hosts(
         tmp_path, SCRIPT, [{}, {"SHARDWISE_HIERARCHICAL": "0"}]
     )
     for results in (hierarchical, flat):
         assert [r["host"] for r in results] == ["host0", "host0", "host1", "host1"]
-        assert all(r["exact"] == [True, True] for r in results), results
+        assert all(r["exact"] == [True] * 6 for r in results), results
         assert len({r["inexact"] for r in results}) == 1, results  # bit-identical on every rank
-    payload = 4 * ((1 << 20) + 300001 + 1000)  # float32 bytes all-reduced, per rank
-    assert flat_bytes > 2 * 1.5 * payload, (flat_bytes, payload)  # 2 hosts, 1.5 each
-    assert hierarchical_bytes < 0.8 * flat_bytes, (hierarchical_bytes, flat_bytes)
+    # float32 bytes per rank: all-reduced (the flat ring sends 1.5x across each of 2 hosts), then
+    # reduce-scattered (input) and all-gathered (output; 0.75x of each across each host)
+    reduced, scattered = 4 * ((1 << 20) + 300001 + 1000), 4 * 4 * ((1 << 18) + 1000)
+    payload = 2 * 1.5 * reduced + 2 * 2 * 0.75 * scattered
+    assert flat_bytes > payload, (flat_bytes, payload)
+    assert hierarchical_bytes < 0.75 * flat_bytes, (hierarchical_bytes, flat_bytes)
 
 
 HPZ_SCRIPT = """
