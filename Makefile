@@ -50,7 +50,7 @@ endif
 
 .PHONY: demo demo-cpp test test-all test-cpp test-python test-cpu-torch test-torch-oldest test-package test-package-slow build venv \
 	cpu-venv oldest-venv venvs times-reset later-builds build-deepspeed-ops build-cpu-torch build-torch-oldest build-sanitize-core \
-	test-conformance test-conformance-world8 test-conformance-ci test-sanitize test-sanitize-core fuzz fuzz-build fuzz-ci soak \
+	test-conformance test-conformance-world8 test-conformance-ci test-conformance-hosts test-sanitize test-sanitize-core fuzz fuzz-build fuzz-ci soak \
 	system-deps bench bench-hosts bench-zeropp test-gpu gpu-diagnose gpu-wheels train-fsdp \
 	format lint clean
 
@@ -170,6 +170,9 @@ test-conformance-world8: build ## torch's tests that need 8 ranks (skip_if_small
 
 test-conformance-ci: build ## the CI sample of torch's distributed suite (tests/conformance/ci_subset.txt)
 	$(TIMED) test-conformance-ci -- $(PY) tests/conformance/run.py --out $(CONFORMANCE)/ci --subset ci
+
+test-conformance-hosts: build ## the CI sample at world 4, shardwise's ranks as if on 2 hosts (~6 min)
+	$(PY) tests/conformance/run.py --out $(CONFORMANCE)/hosts --subset ci --world 4 --hosts 2
 
 # Sanitizers (GCC): the torch-free core and its tests under AddressSanitizer + UndefinedBehavior-
 # Sanitizer, and the transports and collectives under ThreadSanitizer (in make test); the

@@ -7,11 +7,14 @@ Per variant, from fresh launches interleaved (zero3, hpz, qwz, qgz, zeropp, zero
 all ranks sent to other hosts per step (the TCP links' own count, shardwise._C.tcp_bytes_sent),
 tokens/s (the global batch over the slowest rank's step, median over the timed steps), and the
 loss curve against plain ZeRO-3's in the same launch round (the data and the initial weights
-are the same in every launch; the largest relative difference over the steps). The first two
+are the same in every launch; the largest relative difference over the steps), and, with
+--curve-every K, the loss every K steps, each the mean over the K steps it ends (median over
+launches). The data (--data): the bundled byte-level corpus (corpus, the default: a curve that
+falls, as training's does) or uniform random tokens (random: nothing to learn). The first two
 steps are not timed (the first checks the forward order).
 
 Needs root (ip netns, tc). Run: python benchmarks/bench_zeropp.py --hosts 2 --ranks-per-host 2
---rate 1gbit --steps 20 --output benchmarks/results/DATE-zeropp-2x2-1gbit-cpu.md
+--rate 1gbit --steps 200 --curve-every 25 --output benchmarks/results/DATE-zeropp-2x2-1gbit-cpu.md
 """
 
 from __future__ import annotations
@@ -42,18 +45,19 @@ VARIANTS = {
 }  # fmt: skip
 
 
-def worker(variant: str, preset: str, steps: int, micro: int, per_host: int) -> None:
-    """One rank: trains `steps` steps; rank 0 prints one JSON row per step."""
+def worker(variant: str, args) -> None:
+    """One rank: trains args.steps steps; rank 0 prints one JSON row per step."""
     import shardwise.zero
     import torch
     import torch.distributed as dist
     import torch.nn.functional as F
     from shardwise import _C
     from shardwise.models.gpt import GPT, PRESETS
+    from shardwise.train.data import TokenStream, corpus_splits
 
     dist.init_process_group("shardwise")
     rank, world = dist.get_rank(), dist.get_world_size()
-    cfg = PRESETS[preset]
+    cfg, micro, per_host = PRESETS[args.preset], args.micro, args.ranks_per_host
     torch.manual_seed(0)
     zero = {"stage": 3}
     for key, value in VARIANTS[variant].items():
@@ -62,13 +66,18 @@ def worker(variant: str, preset: str, steps: int, micro: int, per_host: int) -> 
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}  # fmt: skip
     engine = shardwise.zero.initialize(GPT(cfg), config)
     data = torch.Generator().manual_seed(1234)
-    for step in range(steps):
-        tokens = torch.randint(0, cfg.vocab_size, (micro * world, cfg.seq_len + 1), generator=data)
-        mine = tokens[rank * micro : (rank + 1) * micro]
+    stream = TokenStream(corpus_splits()[0], cfg.seq_len, micro, rank, world, seed=0)
+    for step in range(args.steps):
+        if args.data == "corpus":
+            inputs, targets = next(stream)
+        else:
+            tokens = torch.randint(0, cfg.vocab_size, (micro * world, cfg.seq_len + 1),
+                                   generator=data)[rank * micro : (rank + 1) * micro]  # fmt: skip
+            inputs, targets = tokens[:, :-1], tokens[:, 1:]
         dist.barrier()
         start, sent = time.perf_counter(), _C.tcp_bytes_sent()
-        logits = engine(mine[:, :-1])
-        loss = F.cross_entropy(logits.float().reshape(-1, cfg.vocab_size), mine[:, 1:].reshape(-1))
+        logits = engine(inputs)
+        loss = F.cross_entropy(logits.float().reshape(-1, cfg.vocab_size), targets.reshape(-1))
         engine.backward(loss)
         engine.step()
         seconds, sent = time.perf_counter() - start, _C.tcp_bytes_sent() - sent
@@ -87,7 +96,7 @@ def launch(hosts, per_host: int, variant: str, args) -> list[dict]:
     """One fresh launch of len(hosts) * per_host ranks; rank 0's rows."""
     argv = [sys.executable, str(Path(__file__).resolve()), "--worker", variant, "--preset",
             args.preset, "--steps", str(args.steps), "--micro", str(args.micro),
-            "--ranks-per-host", str(per_host)]  # fmt: skip
+            "--ranks-per-host", str(per_host), "--data", args.data]  # fmt: skip
     port = str(random.randint(20000, 60000))  # each namespace has ports of its own
     procs = start_ranks(hosts, per_host, argv, port)
     outputs = [p.communicate(timeout=3600) for p in procs]
@@ -112,6 +121,25 @@ def summary(runs: dict[str, list[list[dict]]], variant: str) -> list[str]:
             f"{rates[-1]:.0f}", f"{runs[variant][0][-1]['loss']:.4f}", f"{drift:.2e}"]  # fmt: skip
 
 
+def curve(runs: dict[str, list[list[dict]]], variants: list[str], every: int) -> list[str]:
+    """The loss curve table: per variant, the mean loss over each `every` steps (median over
+    launches)."""
+    ends = range(every, len(runs["zero3"][0]) + 1, every)
+
+    def point(variant: str, end: int) -> float:
+        return statistics.median(
+            statistics.fmean(r["loss"] for r in run[end - every : end]) for run in runs[variant]
+        )
+
+    head = ["steps", *variants]
+    lines = [f"Loss curve: mean loss over each {every} steps, median over launches", "",
+             "| " + " | ".join(head) + " |", "|" + "---:|" * len(head)]  # fmt: skip
+    for end in ends:
+        cells = [f"{end - every + 1}-{end}"] + [f"{point(v, end):.4f}" for v in variants]
+        lines.append("| " + " | ".join(cells) + " |")
+    return lines
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--worker", help=argparse.SUPPRESS)
@@ -122,12 +150,15 @@ def main() -> int:
     parser.add_argument("--preset", default="small", help="the bundled GPT's preset")
     parser.add_argument("--steps", type=int, default=20)
     parser.add_argument("--micro", type=int, default=1, help="sequences per rank and step")
+    parser.add_argument("--data", choices=("corpus", "random"), default="corpus")
+    parser.add_argument("--curve-every", type=int, default=0,
+                        help="a second table: the loss every K steps (0: none)")  # fmt: skip
     parser.add_argument("--variants", default=",".join(VARIANTS))
     parser.add_argument("--launches", type=int, default=2)
     parser.add_argument("--output")
     args = parser.parse_args()
     if args.worker:
-        worker(args.worker, args.preset, args.steps, args.micro, args.ranks_per_host)
+        worker(args.worker, args)
         return 0
     variants = args.variants.split(",")
     unknown = set(variants) - set(VARIANTS)
@@ -136,6 +167,9 @@ def main() -> int:
                      f"choose from {', '.join(VARIANTS)}")  # fmt: skip
     if args.hosts < 2 or args.ranks_per_host < 2 or args.launches < 1 or args.steps < 3:
         parser.error("--hosts and --ranks-per-host need at least 2, --launches 1, --steps 3")
+    if not 0 <= args.curve_every <= args.steps:
+        parser.error(f"--curve-every: 0 (no curve) to --steps ({args.steps}), got "
+                     f"{args.curve_every}")  # fmt: skip
     rate = rate_argument(parser, args.rate)
     import torch
 
@@ -152,13 +186,15 @@ def main() -> int:
         "",
         f"- machine: {os.cpu_count()} cores; torch {torch.__version__}; GPT preset "
         f"{args.preset}, {args.micro} sequence(s) per rank, {args.steps} steps (the first two "
-        f"untimed), {args.launches} launches of each variant, interleaved",
+        f"untimed), {args.launches} launches of each variant, interleaved; data: {args.data}",
         f"- command: `python benchmarks/bench_zeropp.py {' '.join(sys.argv[1:])}`",
         "",
         "| " + " | ".join(head) + " |",
         "|---|" + "---:|" * (len(head) - 1),
     ]
     lines += ["| " + " | ".join([v, *summary(runs, v)]) + " |" for v in variants]
+    if args.curve_every:
+        lines += ["", *curve(runs, variants, args.curve_every)]
     print("\n".join(lines), flush=True)
     if args.output:
         Path(args.output).write_text("\n".join(lines) + "\n")

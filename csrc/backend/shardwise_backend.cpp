@@ -40,7 +40,9 @@ std::string store_get(const c10::intrusive_ptr<c10d::Store>& store, const std::s
   return std::string(bytes.begin(), bytes.end());
 }
 
-std::string host_name() {
+// This process's host as the link choice sees it: ShardwiseOptions::host_id, else the host name.
+std::string host_name(const ShardwiseOptions& options) {
+  if (!options.host_id.empty()) return options.host_id;
   char name[256] = {};
   ::gethostname(name, sizeof(name) - 1);
   return name;
@@ -48,8 +50,11 @@ std::string host_name() {
 
 // The host of every rank, as indices in order of first appearance (ranks exchange host names
 // through the store).
-std::vector<int> hosts_of_ranks(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size) {
-  const std::string mine = host_name();
+std::vector<int> hosts_of_ranks(const c10::intrusive_ptr<c10d::Store>& store,
+                                int rank,
+                                int size,
+                                const ShardwiseOptions& options) {
+  const std::string mine = host_name(options);
   store->set("shardwise/host/" + std::to_string(rank),
              std::vector<uint8_t>(mine.begin(), mine.end()));
   std::vector<std::string> names;
@@ -70,11 +75,14 @@ std::string environment(const char* name) {
 
 // SHARDWISE_TRANSPORT: auto (per peer: shared memory on this host, TCP to other hosts), shm or tcp
 // (one link for every peer). Returns the host of every rank as the transport should see it.
-std::vector<int> transport_hosts(const c10::intrusive_ptr<c10d::Store>& store, int rank, int size) {
+std::vector<int> transport_hosts(const c10::intrusive_ptr<c10d::Store>& store,
+                                 int rank,
+                                 int size,
+                                 const ShardwiseOptions& options) {
   const std::string choice = environment("SHARDWISE_TRANSPORT");
   TORCH_CHECK_VALUE(choice.empty() || choice == "auto" || choice == "shm" || choice == "tcp",
                     "SHARDWISE_TRANSPORT='", choice, "'; valid: auto, shm, tcp");
-  std::vector<int> host_of = hosts_of_ranks(store, rank, size);
+  std::vector<int> host_of = hosts_of_ranks(store, rank, size, options);
   const bool one_host = std::all_of(host_of.begin(), host_of.end(), [](int h) { return h == 0; });
   TORCH_CHECK_VALUE(choice != "shm" || one_host, "SHARDWISE_TRANSPORT=shm but the ranks of this ",
                     "group run on several hosts; use auto or tcp");
@@ -172,7 +180,7 @@ ShardwiseBackend::ShardwiseBackend(const c10::intrusive_ptr<c10d::Store>& store,
       // have a core each: else the poller takes the core the other needs.
       spin_(options.spin.count() >= 0 ? options.spin : shardwise::default_spin(2 * size)) {
   if (size > 1) {
-    const std::vector<int> host_of = transport_hosts(store, rank, size);
+    const std::vector<int> host_of = transport_hosts(store, rank, size, options_);
     transport_ = connect(store, host_of, rank, options_, options_.ring_bytes, "collectives");
     p2p_transport_ = connect(store, host_of, rank, options_, options_.p2p_ring_bytes, "p2p");
   } else {  // a group of one: every collective is local

@@ -47,8 +47,13 @@ struct ShardwiseOptions {
   // How large messages are written into the rings (collectives/store_choice.h).
   collectives::StoreChoice::Kind ring_stores = collectives::StoreChoice::Kind::kMeasured;
   size_t small_message_bytes = size_t{16} << 10;
-  // A group spanning hosts all-reduces within hosts, then across (CollectiveOptions::hierarchical).
+  // A group spanning hosts all-reduces, reduce-scatters and all-gathers within hosts and across
+  // them (CollectiveOptions::hierarchical).
   bool hierarchical = true;
+  // This process's host as the link choice sees it (ranks that share it share memory); empty:
+  // its host name. As NCCL_HOSTID for NCCL: for machines whose host names repeat, or to run one
+  // machine's ranks as if on several hosts.
+  std::string host_id;
   // Collectives whose outputs total at most this many bytes run in the caller's thread when
   // nothing is queued before them: two thread hand-offs cost more than such a message moves.
   size_t inline_bytes = size_t{256} << 10;

@@ -73,6 +73,12 @@ backend::ShardwiseOptions ProcessGroupOptions::backend_options_from_env() {
   options.cuda_comm = cuda_comm_from(getenv_fn("SHARDWISE_CUDA_COMM"));
   options.hierarchical = env_int(getenv_fn, "SHARDWISE_HIERARCHICAL", 1, 0, 1) == 1;
   options.ring_stores = ring_stores_from(getenv_fn("SHARDWISE_RING_STORES"));
+  if (const char* id = getenv_fn("SHARDWISE_HOST_ID")) {
+    TORCH_CHECK_VALUE(*id != '\0',
+                      "SHARDWISE_HOST_ID is set but empty: unset it (the host name "
+                      "is used) or set it to this process's host");
+    options.host_id = id;
+  }
   return options;
 }
 

@@ -26,7 +26,7 @@ struct ProcessGroupOptions {
   // Ring sizes, polling and the CUDA path; options_from_env() reads the SHARDWISE_* variables
   // the Python backend reads (SHARDWISE_RING_BYTES, SHARDWISE_SPIN_US,
   // SHARDWISE_SINGLE_COPY_BYTES, SHARDWISE_CUDA_COMM, SHARDWISE_HIERARCHICAL,
-  // SHARDWISE_RING_STORES).
+  // SHARDWISE_RING_STORES, SHARDWISE_HOST_ID).
   backend::ShardwiseOptions backend = backend_options_from_env();
 
   static backend::ShardwiseOptions backend_options_from_env();

@@ -11,7 +11,8 @@ what makes small messages fast, sleeping what lets ranks share cores);
 from its memory (process_vm_readv) instead of through the ring (default 0, off: slower on the
 virtual machines measured, see the benchmark results); ``SHARDWISE_HIERARCHICAL=0`` keeps
 all-reduce, reduce-scatter and all-gather flat across hosts (default 1: within each host and
-between the ranks of one place on every host).
+between the ranks of one place on every host); ``SHARDWISE_HOST_ID`` names this process's host
+in place of its host name (as ``NCCL_HOSTID``; ranks that share one must share memory).
 """
 
 import datetime

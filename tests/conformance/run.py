@@ -9,6 +9,9 @@ Run: python tests/conformance/run.py --out build/conformance            # all CP
      python tests/conformance/run.py --out build/conformance --subset ci  # the CI sample
      python tests/conformance/run.py --out build/conformance --world 8 \
          --decorated skip_if_small_worldsize     # the tests torch runs only at 8 ranks
+     python tests/conformance/run.py --out build/conformance-hosts --subset ci --world 4 \
+         --hosts 2    # shardwise's ranks as if on 2 hosts (TCP between them, hierarchical
+                      # collectives); gloo's as they are
 """
 
 from __future__ import annotations
@@ -79,6 +82,8 @@ def run_backend(backend: str, args, gated: Path) -> tuple[dict[str, str], float]
         SHARDWISE_GATED_DIR=str(gated),
         OMP_NUM_THREADS="1",
     )
+    if backend == "shardwise" and args.hosts:
+        env["SHARDWISE_CONFORMANCE_HOSTS"] = str(args.hosts)
     suite = str(HERE / "test_torch_suite.py")
     command = [
         sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-x" if args.stop else "",
@@ -111,8 +116,10 @@ def report(args, gloo, ours, times, known) -> tuple[list[str], bool]:
     def count(r, s):
         return sum(v == s for v in r.values())
 
+    on_hosts = f", shardwise's ranks on {args.hosts} pretend hosts" if args.hosts else ""
     lines = [
-        f"# PyTorch's distributed suite on the shardwise backend vs gloo (world {args.world})",
+        f"# PyTorch's distributed suite on the shardwise backend vs gloo (world {args.world}"
+        f"{on_hosts})",
         "",
         f"- command: `python tests/conformance/run.py {' '.join(sys.argv[1:])}`",
         "",
@@ -148,7 +155,11 @@ def main() -> int:
     parser.add_argument("-k", help="a pytest -k expression instead of a subset")
     parser.add_argument("--stop", action="store_true", help="stop at the first failure")
     parser.add_argument("--reuse", default="", help="backends whose XML in --out is kept")
+    parser.add_argument("--hosts", type=int, default=0, help="run shardwise's ranks as if on "
+                        "this many hosts (SHARDWISE_HOST_ID); it must divide --world")  # fmt: skip
     args = parser.parse_args()
+    if args.hosts and (args.hosts < 2 or args.world % args.hosts):
+        parser.error(f"--hosts {args.hosts}: at least 2, dividing --world ({args.world})")
     if sum(map(bool, (args.subset, args.decorated, args.k))) > 1:
         parser.error("give at most one of --subset, --decorated and -k")
     args.out = args.out.resolve()  # pytest runs in this folder: paths given to it are absolute

@@ -12,6 +12,7 @@ import torch.distributed as dist
         ("SHARDWISE_RING_STORES", "cached", "use auto"),
         ("SHARDWISE_CUDA_COMM", "gloo", "use auto"),
         ("SHARDWISE_HIERARCHICAL", "yes", "SHARDWISE_HIERARCHICAL"),
+        ("SHARDWISE_HOST_ID", "", "unset it"),
     ],
 )
 def test_an_unknown_choice_is_refused_naming_it(monkeypatch, variable, value, choices):
