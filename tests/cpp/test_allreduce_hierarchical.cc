@@ -61,6 +61,7 @@ CollectiveOptions options_for(Datatype dtype, ReduceOp op, bool hierarchical, ui
   options.tag.sequence = sequence;
   options.max_segment_bytes = 256;  // many slabs and segments
   options.small_message_bytes = 64;
+  options.grouped_block_bytes = 64;  // reduce-scatter: blocks of 1-16 floats grouped, others not
   options.deadline = Clock::now() + std::chrono::seconds(60);
   return options;
 }
