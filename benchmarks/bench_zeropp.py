@@ -66,7 +66,8 @@ def worker(variant: str, args) -> None:
               "optimizer": {"type": "AdamW", "params": {"lr": 1e-3}}}  # fmt: skip
     engine = shardwise.zero.initialize(GPT(cfg), config)
     data = torch.Generator().manual_seed(1234)
-    stream = TokenStream(corpus_splits()[0], cfg.seq_len, micro, rank, world, seed=0)
+    if args.data == "corpus":
+        stream = TokenStream(corpus_splits()[0], cfg.seq_len, micro, rank, world, seed=0)
     for step in range(args.steps):
         if args.data == "corpus":
             inputs, targets = next(stream)

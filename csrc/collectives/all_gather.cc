@@ -19,13 +19,13 @@ void all_gather(Transport& transport,
                 size_t count,
                 const CollectiveOptions& options) {
   const int size = transport.size();
-  const size_t bytes = count * element_size(options.dtype);
-  const bool streaming = bytes * size >= options.streaming_bytes;
   const auto hosts = options.hierarchical ? detail::host_layout(transport) : std::nullopt;
   if (hosts) {
     detail::all_gather_hierarchical(transport, *hosts, input, output, count, options);
     return;
   }
+  const size_t bytes = count * element_size(options.dtype);
+  const bool streaming = bytes * size >= options.streaming_bytes;
   std::vector<char*> blocks(static_cast<size_t>(size));
   for (int b = 0; b < size; ++b) blocks[b] = static_cast<char*>(output) + b * bytes;
   detail::all_gather_blocks(transport, input, blocks, count, streaming, options);
