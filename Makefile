@@ -51,7 +51,7 @@ endif
 .PHONY: demo demo-cpp test test-all test-cpp test-python test-cpu-torch test-torch-oldest test-package test-package-slow build venv \
 	cpu-venv oldest-venv venvs times-reset later-builds build-deepspeed-ops build-cpu-torch build-torch-oldest build-sanitize-core \
 	test-conformance test-conformance-world8 test-conformance-ci test-conformance-hosts test-sanitize test-sanitize-core fuzz fuzz-build fuzz-ci soak \
-	system-deps bench bench-hosts bench-zeropp test-gpu gpu-diagnose gpu-wheels train-fsdp \
+	system-deps bench bench-hosts bench-hosts-training bench-zeropp test-gpu gpu-diagnose gpu-wheels train-fsdp \
 	format lint clean
 
 test: times-reset venvs build lint test-cpp later-builds test-python test-cpu-torch test-torch-oldest test-package test-conformance-ci test-sanitize-core fuzz-ci ## build, then run every test suite
@@ -287,6 +287,14 @@ bench: build ## benchmarks (with OpenMPI as an anchor); results land in benchmar
 bench-hosts: build ## collectives across 4 emulated hosts x 2 ranks at 1 and 10 Gbit/s
 	for rate in 1gbit 10gbit; do $(PY) benchmarks/bench_hosts.py --hosts 4 --ranks-per-host 2 \
 		--rate $$rate --output benchmarks/results/$$(date +%Y-%m-%d)-hosts-4x2-$$rate-cpu.md; done
+
+# Training on 4 emulated hosts x 2 ranks at 1 and 10 Gbit/s: shardwise's FSDP hybrid, ZeRO-3 and
+# the ZeRO++ keys beside torch FSDP2 HSDP and DeepSpeed ZeRO-3 (over gloo and over shardwise's
+# backend), and the compute-only limit, interleaved fresh launches (~40 min per rate).
+bench-hosts-training: build ## training across 4 emulated hosts x 2 ranks beside FSDP2 HSDP and DeepSpeed ZeRO-3
+	for rate in 1gbit 10gbit; do $(PY) benchmarks/bench_hosts_training.py --hosts 4 \
+		--ranks-per-host 2 --rate $$rate \
+		--output benchmarks/results/$$(date +%Y-%m-%d)-hosts-training-4x2-$$rate-cpu.md; done
 
 bench-zeropp: build ## ZeRO-3 with and without DeepSpeed's ZeRO++ keys across 2 emulated hosts x 2 ranks
 	$(PY) benchmarks/bench_zeropp.py --hosts 2 --ranks-per-host 2 --rate 1gbit \
