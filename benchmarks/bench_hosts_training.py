@@ -37,7 +37,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "distributed"))
 
-from hosts import emulated_hosts, rate_argument, start_ranks  # noqa: E402
+from hosts import emulated_hosts, rate_argument, start_ranks, training_arguments  # noqa: E402
 
 # A row: (engine, backend). The ZeRO++ rows' hpZ size is the ranks per host.
 ROWS = {
@@ -213,14 +213,7 @@ def summary(runs: dict[str, list[list[dict]]], row: str) -> list[str]:
 
 def parse() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--hosts", type=int, default=4)
-    parser.add_argument("--ranks-per-host", type=int, default=2)
-    parser.add_argument("--rate", default="1gbit", help="each host's link: 10gbit, 1gbit, "
-                        "100mbit, any tc rate, or none (unshaped)")  # fmt: skip
-    parser.add_argument("--preset", default="small", help="the bundled GPT's preset")
-    parser.add_argument("--steps", type=int, default=8)
-    parser.add_argument("--micro", type=int, default=1, help="sequences per rank and step")
+    training_arguments(parser, hosts=4, steps=8)
     parser.add_argument("--rows", default=",".join(ROWS))
     parser.add_argument("--launches", type=int, default=2)
     parser.add_argument("--timeout", type=float, default=1800, help="seconds per launch")

@@ -32,7 +32,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "distributed"))
 
-from hosts import emulated_hosts, rate_argument, start_ranks  # noqa: E402
+from hosts import emulated_hosts, rate_argument, start_ranks, training_arguments  # noqa: E402
 
 # A variant: what it adds to zero_optimization ("hpz" sizes come from --ranks-per-host).
 VARIANTS = {
@@ -143,14 +143,7 @@ def curve(runs: dict[str, list[list[dict]]], variants: list[str], every: int) ->
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--worker", help=argparse.SUPPRESS)
-    parser.add_argument("--hosts", type=int, default=2)
-    parser.add_argument("--ranks-per-host", type=int, default=2)
-    parser.add_argument("--rate", default="1gbit", help="each host's link: 10gbit, 1gbit, "
-                        "100mbit, any tc rate, or none (unshaped)")  # fmt: skip
-    parser.add_argument("--preset", default="small", help="the bundled GPT's preset")
-    parser.add_argument("--steps", type=int, default=20)
-    parser.add_argument("--micro", type=int, default=1, help="sequences per rank and step")
+    training_arguments(parser, hosts=2, steps=20)
     parser.add_argument("--data", choices=("corpus", "random"), default="corpus")
     parser.add_argument("--curve-every", type=int, default=0,
                         help="a second table: the loss every K steps (0: none)")  # fmt: skip

@@ -14,6 +14,7 @@ happened, and the addresses are a private range used only inside these namespace
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import os
 import subprocess
@@ -125,6 +126,20 @@ def start_ranks(
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))  # fmt: skip
     return procs
+
+
+def training_arguments(parser, hosts: int, steps: int) -> None:
+    """The arguments every training benchmark across emulated hosts takes: --hosts,
+    --ranks-per-host, --rate, the bundled GPT's --preset, --steps and --micro (and the hidden
+    --worker its ranks run under)."""
+    parser.add_argument("--worker", help=argparse.SUPPRESS)
+    parser.add_argument("--hosts", type=int, default=hosts)
+    parser.add_argument("--ranks-per-host", type=int, default=2)
+    parser.add_argument("--rate", default="1gbit", help="each host's link: 10gbit, 1gbit, "
+                        "100mbit, any tc rate, or none (unshaped)")  # fmt: skip
+    parser.add_argument("--preset", default="small", help="the bundled GPT's preset")
+    parser.add_argument("--steps", type=int, default=steps)
+    parser.add_argument("--micro", type=int, default=1, help="sequences per rank and step")
 
 
 def rate_argument(parser, rate: str) -> str | None:
