@@ -38,6 +38,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "distributed"))
 
 from hosts import emulated_hosts, rate_argument, start_ranks, training_arguments  # noqa: E402
+from report import emit, table  # noqa: E402
 
 # A row: (engine, backend). The ZeRO++ rows' hpZ size is the ranks per host.
 ROWS = {
@@ -257,13 +258,9 @@ def main() -> int:
         "corpus",
         f"- command: `python benchmarks/bench_hosts_training.py {' '.join(sys.argv[1:])}`",
         "",
-        "| " + " | ".join(head) + " |",
-        "|---|" + "---:|" * (len(head) - 1),
+        *table(head, [[row, *summary(runs, row)] for row in rows]),
     ]
-    lines += ["| " + " | ".join([row, *summary(runs, row)]) + " |" for row in rows]
-    print("\n".join(lines), flush=True)
-    if args.output:
-        Path(args.output).write_text("\n".join(lines) + "\n")
+    emit(lines, Path(args.output) if args.output else None)
     return 0
 
 

@@ -33,6 +33,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT / "tests" / "distributed"))
 
 from hosts import emulated_hosts, rate_argument, start_ranks, training_arguments  # noqa: E402
+from report import emit, table  # noqa: E402
 
 # A variant: what it adds to zero_optimization ("hpz" sizes come from --ranks-per-host).
 VARIANTS = {
@@ -183,15 +184,11 @@ def main() -> int:
         f"untimed), {args.launches} launches of each variant, interleaved; data: {args.data}",
         f"- command: `python benchmarks/bench_zeropp.py {' '.join(sys.argv[1:])}`",
         "",
-        "| " + " | ".join(head) + " |",
-        "|---|" + "---:|" * (len(head) - 1),
+        *table(head, [[v, *summary(runs, v)] for v in variants]),
     ]
-    lines += ["| " + " | ".join([v, *summary(runs, v)]) + " |" for v in variants]
     if args.curve_every:
         lines += ["", *curve(runs, variants, args.curve_every)]
-    print("\n".join(lines), flush=True)
-    if args.output:
-        Path(args.output).write_text("\n".join(lines) + "\n")
+    emit(lines, Path(args.output) if args.output else None)
     return 0
 
 
