@@ -185,6 +185,7 @@ def test_cli_json_with_a_preset(capsys):
         (["--gpus", "8", "--gpu-mem", "80"], "--params or --model"),
         (["--params", "7e9", "--gpus", "8", "--gpu-mem", "80", "--pipeline-stages", "3"], "divide"),
         (["--params", "7e9", "--gpus", "2.5", "--gpu-mem", "80"], "whole number"),
+        (["--params", "7e9", "--gpus", "8", "--gpu-mem", "80", "--gpus-per-host", "3"], "divide"),
     ],
 )
 def test_cli_bad_arguments_exit_2_naming_the_argument(capsys, argv, names):
@@ -315,3 +316,87 @@ def test_processes_per_node_decide_each_ranks_share_of_the_host(capsys):
     assert memory("distributed.num_nodes=2") == 2 * shared
     assert memory("distributed.num_processes_per_node=1") == 2 * shared
     assert memory("distributed.num_processes_per_node=2") == shared
+
+
+def test_across_hosts_bytes_per_host_link_and_the_hybrid_row():
+    """7B in bf16 on 2 hosts x 8: each row's bytes per host link are the rank-level formulas
+    with the hosts for the ranks (the backend's hierarchical collectives: one ring per local
+    rank across hosts); FSDP hybrid_shard holds 16Φ/8 and sends DDP's inter-host bytes. Catches
+    the hybrid row sharded over the world, or ZeRO-3 priced at hybrid's inter-host bytes."""
+    result = plan(PHI, 16, 80 * GB, ranks_per_host=8)
+    p = g = 2 * PHI  # bf16 parameters and gradients
+    expected = {"ddp": g, "zero2": (p + g) / 2, "zero3": (2 * p + g) / 2}
+    expected.update(fsdp_hybrid_shard=g, zero3_offload=(2 * p + g) / 2)
+    for name, bytes_ in expected.items():
+        assert result.row(name).inter_host == bytes_, name
+    assert result.row("pipeline").inter_host is None  # placement of stages not known
+    hybrid = result.row("fsdp_hybrid_shard")
+    assert (hybrid.parameters, hybrid.gradients, hybrid.optimizer_state) == (
+        p / 8,
+        g / 8,
+        12 * PHI / 8,
+    )
+    # per rank: within the host (7/8)(2P + G), then its G/8 shard all-reduced over 2 replicas
+    assert hybrid.communication == 7 / 8 * (2 * p + g) + g / 8
+    assert result.ranks_per_host == 8
+    one_host = plan(PHI, 16, 80 * GB)
+    assert all(r.inter_host is None for r in one_host.rows)
+    assert "fsdp_hybrid_shard" not in [r.strategy for r in one_host.rows]
+    with pytest.raises(ValueError, match="ranks_per_host=3 must be >= 1 and divide"):
+        plan(PHI, 16, 80 * GB, ranks_per_host=3)
+
+
+@pytest.mark.parametrize(
+    "params, per_host, expected",
+    [
+        (PHI, 16, "zero2"),  # one host: the practice order
+        (PHI, 8, "fsdp_hybrid_shard"),  # two hosts: hybrid right after DDP
+        (1 * GB, 8, "ddp"),  # DDP fits: simplest, and hybrid's inter-host bytes
+        (60 * GB, 8, "zero3"),  # hybrid 16Φ/8 = 120 GB does not fit, zero3 60 GB does
+    ],
+)
+def test_across_hosts_the_planner_recommends_hybrid_shard(params, per_host, expected):
+    result = plan(params, 16, 80 * GB, ranks_per_host=per_host, overhead=1.0)
+    rec = result.recommendation
+    assert rec.strategy == expected, rec.reason
+    if expected == "fsdp_hybrid_shard":
+        assert "2 hosts of 8 ranks" in rec.reason
+        zero3 = result.row("zero3").inter_host / 2**20
+        assert f"{rec.row.inter_host / 2**20:.1f} MiB per host link" in rec.reason
+        assert f"zero3 / full_shard sends {zero3:.1f} MiB" in rec.reason
+
+
+def test_cli_across_hosts_prints_the_host_link_column(capsys):
+    argv = ["--params", "7e9", "--gpus", "16", "--gpu-mem", "80", "--gpus-per-host", "8"]
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    assert "16 GPUs on 2 hosts x 8" in out and "host link MiB" in out
+    line = next(x for x in out.splitlines() if x.startswith("fsdp hybrid_shard"))
+    assert line.split()[-1] == f"{2 * PHI / 2**20:.1f}"  # DDP's bytes: 2(H-1)/H·G = G (bf16)
+    assert "recommendation: fsdp_hybrid_shard" in out
+
+
+def test_config_across_nodes_plans_the_run_s_hybrid_mesh(capsys):
+    """distributed.num_nodes gives the hosts; bytes per host link in the dtypes FSDP moves
+    (bf16 gathers, fp32 reductions): hybrid_shard all-reduces fp32 gradients, 2(H-1)/H·4Φ,
+    full_shard gathers bf16 parameters in the forward and backward of each of 2 micro-batches
+    and reduce-scatters once, (H-1)/H·(2·2Φ·2 + 4Φ). A hybrid_shard run's memory check reads the
+    hybrid row (sharded over the host's 4 ranks), not full_shard's over the world of 8."""
+    from pathlib import Path
+
+    from shardwise.train import api
+    from shardwise.train.config import load_config
+
+    config = Path(__file__).resolve().parents[2] / "examples" / "configs" / "fsdp.yaml"
+    keys = ["distributed.world_size=8", "distributed.num_nodes=2"]
+    keys += ["training.gradient_accumulation_steps=2"]
+    assert main(["--config", str(config), *keys, "--gpu-mem", "16", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    rows, phi = {r["strategy"]: r for r in out["rows"]}, out["params"]
+    assert out["ranks_per_host"] == 4
+    assert rows["fsdp_hybrid_shard"]["parameters"] == math.ceil(rows["ddp"]["parameters"] / 4)
+    assert rows["fsdp_hybrid_shard"]["inter_host"] == math.ceil(4 * phi)
+    assert rows["zero3"]["inter_host"] == math.ceil((2 * 2 * phi * 2 + 4 * phi) / 2)
+    hybrid = [*keys, "distributed.fsdp_sharding_strategy=hybrid_shard"]
+    fits, text = api.memory_check(load_config(str(config), hybrid, env={}), 16 * 2**30)
+    assert fits and "memory per rank (fsdp hybrid_shard)" in text

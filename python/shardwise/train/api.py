@@ -209,7 +209,8 @@ def memory_check(cfg: TrainConfig, device_bytes: int) -> tuple[bool, str]:
     same plan ``shardwise-plan --config`` prints)."""
     tp = cfg.distributed.tensor_parallel_size
     plan = planner.plan_for_config(cfg, device_bytes)
-    row = plan.row(_plan_row(cfg))
+    name = _plan_row(cfg)  # hybrid_shard on one host's ranks is full_shard
+    row = plan.row(name if name in {r.strategy for r in plan.rows} else "zero3")
     gib = 1024**3
     text = (
         (f"tensor parallel {tp}: " if tp > 1 else "")
@@ -231,5 +232,6 @@ def _plan_row(cfg: TrainConfig) -> str:
         return {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}[stage]
     if strategy == "fsdp":
         sharding = cfg.fsdp_config().fsdp_sharding_strategy
-        return {"shard_grad_op": "fsdp_shard_grad_op", "no_shard": "ddp"}.get(sharding, "zero3")
+        rows = {"shard_grad_op": "fsdp_shard_grad_op", "no_shard": "ddp"}
+        return {**rows, "hybrid_shard": "fsdp_hybrid_shard"}.get(sharding, "zero3")
     return "ddp"

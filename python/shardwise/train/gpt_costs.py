@@ -170,3 +170,42 @@ def gpt_tp_communication_bytes(
         small += (2 * norms + 2 * cfg.layers) * cfg.dim * 4 * ring_ar  # norm w/b + row biases
         regather = (2 * cfg.layers + 1) * a * block_bytes * ring_half  # qkv, up, head
     return {"blocks": blocks, "regather": regather, "total": blocks + ends + loss + small}
+
+
+def activation_bytes(
+    gpt_config,
+    micro_batch_size: int,
+    dtype_bytes: int = 2,
+    checkpointing: bool = False,
+    *,
+    seq_len: int | None = None,
+    attention_scores: bool = True,
+) -> int:
+    """Activation bytes of one microbatch through a ``GPTConfig`` model (s = sequence, b = batch,
+    h = dim, a = heads, L = layers, V = vocabulary).
+
+    Per transformer layer, from Korthikanti et al. 2022 ("Reducing Activation Recomputation in
+    Large Transformer Models", arXiv 2205.05198, eq. 1, no tensor parallelism), in half
+    precision: ``s·b·h·(34 + 5·a·s/h)`` bytes; ``34·s·b·h`` are the saved layer inputs, QKV,
+    MLP and norm activations (and 1-byte dropout masks), ``5·a·s²·b`` the attention scores,
+    softmax and its dropout mask. For ``dtype_bytes`` other than 2 it is scaled by
+    ``dtype_bytes / 2``. ``attention_scores=False`` drops the ``5·a·s/h`` term (fused SDPA /
+    flash attention keeps no s² matrices). Plus the head: logits ``s·b·V·dtype_bytes`` and their
+    fp32 copy for the loss ``s·b·V·4`` (``GPT.loss`` casts with ``.float()``; none in fp32).
+
+    With ``checkpointing`` (full recomputation per block) only each block's input is kept,
+    ``L·s·b·h·dtype_bytes``, plus one block's full activations while it is recomputed.
+    """
+    for name, value in (("micro_batch_size", micro_batch_size), ("dtype_bytes", dtype_bytes)):
+        if value <= 0:
+            raise ValueError(f"{name} must be > 0, got {value}")
+    s = seq_len if seq_len is not None else gpt_config.seq_len
+    b, h, a = micro_batch_size, gpt_config.dim, gpt_config.heads
+    per_token = 34 + (5 * a * s / h if attention_scores else 0)
+    layer = s * b * h * per_token * dtype_bytes / 2
+    head = s * b * gpt_config.vocab_size * (dtype_bytes + (4 if dtype_bytes != 4 else 0))
+    if checkpointing:
+        blocks = gpt_config.layers * s * b * h * dtype_bytes + layer
+    else:
+        blocks = gpt_config.layers * layer
+    return int(blocks + head)

@@ -48,6 +48,12 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--gpus", type=_number(int, 1, "the number of GPUs, >= 1"))
     p.add_argument(
+        "--gpus-per-host",
+        type=_number(int, 1, "the GPUs of one host, dividing --gpus"),
+        help="hosts = --gpus / this: each row's bytes per host link, and FSDP hybrid_shard "
+        "recommended after DDP (with --config: distributed.num_processes_per_node)",
+    )
+    p.add_argument(
         "--gpu-mem",
         type=_number(float, 1e-9, "GiB per GPU such as 80"),
         help="default with --config: this host's memory (or GPU's) per local rank",
@@ -76,6 +82,12 @@ def _plan_from_config(args, parser) -> Plan:
     """The plan for a shardwise-train config (``plan_for_config``)."""
     from .config import load_config
 
+    if args.gpus_per_host is not None:
+        parser.error(
+            "--gpus-per-host is for --gpus without --config; with --config set "
+            "distributed.num_processes_per_node (or distributed.num_nodes)"
+        )
+
     env = {"WORLD_SIZE": str(args.gpus)} if args.gpus else {}
     # with --gpus the plan is for a machine with that many GPUs (a cuda config validates here)
     cfg = load_config(args.config, args.overrides, env=env, cuda_devices=args.gpus or None)
@@ -102,6 +114,8 @@ def _plan_from_args(args, parser) -> Plan:
         )
     if args.params is None and args.model is None:
         parser.error("--params or --model is required; e.g. --params 7e9 or --model 1b")
+    if args.gpus_per_host is not None and args.gpus % args.gpus_per_host:
+        parser.error(f"--gpus-per-host {args.gpus_per_host} must divide --gpus {args.gpus}")
     if args.pipeline_stages is not None and args.gpus % args.pipeline_stages:
         parser.error(f"--pipeline-stages {args.pipeline_stages} must divide --gpus {args.gpus}")
     dtype = 4 if args.mixed_precision == "fp32" else 2
@@ -125,19 +139,26 @@ def _plan_from_args(args, parser) -> Plan:
         pipeline_stages=args.pipeline_stages,
         overhead=args.overhead,
         zero3_gather_bytes=gather,
+        ranks_per_host=args.gpus_per_host,
     )
 
 
 def format_table(result: Plan) -> str:
-    """A plain-text table, GiB per rank (communication: MiB sent per rank and optimizer step),
-    and the recommendation."""
+    """A plain-text table, GiB per rank (communication: MiB sent per rank and optimizer step;
+    across hosts also MiB each host sends over its link), and the recommendation."""
+    per_host = result.ranks_per_host or result.world_size
+    hosts = result.world_size // per_host
     head = ("strategy", "params", "grads", "optimizer", "activations", "gathered", "total")
     head += ("x overhead", "fits", "comm MiB/step")
+    on = f" on {hosts} hosts x {per_host}" if hosts > 1 else ""
     lines = [
-        f"{result.params / 1e9:.3g}B parameters, {result.world_size} GPUs x "
+        f"{result.params / 1e9:.3g}B parameters, {result.world_size} GPUs{on} x "
         f"{result.device_memory_bytes / GIB:.1f} GiB, {result.mixed_precision}, "
         f"{result.optimizer}, overhead {result.overhead:g} (GiB per rank)",
-        f"{head[0]:<24}" + "".join(f"{h:>12}" for h in head[1:-1]) + f"{head[-1]:>15}",
+        f"{head[0]:<24}"
+        + "".join(f"{h:>12}" for h in head[1:-1])
+        + f"{head[-1]:>15}"
+        + (f"{'host link MiB':>15}" if hosts > 1 else ""),
     ]
     for r in result.rows:
         label = f"{r.label} ({result.pipeline_stages})" if r.strategy == "pipeline" else r.label
@@ -147,11 +168,16 @@ def format_table(result: Plan) -> str:
             f"{label:<24}"
             + "".join(f"{c / GIB:>12.2f}" for c in cells)
             + f"{'yes' if r.fits else 'no':>12}"
-            + (f"{r.communication / 2**20:>15.1f}" if r.communication is not None else f"{'?':>15}")
+            + _mib(r.communication)
+            + (_mib(r.inter_host) if hosts > 1 else "")
         )
     rec = result.recommendation
     lines.append(f"recommendation: {rec.strategy} ({rec.reason})")
     return "\n".join(lines)
+
+
+def _mib(count: int | None) -> str:
+    return f"{count / 2**20:>15.1f}" if count is not None else f"{'?':>15}"
 
 
 def main(argv: list[str] | None = None) -> int:

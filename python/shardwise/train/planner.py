@@ -25,6 +25,7 @@ zero2, fsdp shard_grad_op             P             G / N         O / N
 zero3, fsdp full_shard                P / N         G / N         O / N
 pipeline, p stages, dp = N / p        P / p         G / p         O / p
 zero3 + cpu offload                   P / N         G / N         0 (O / N on host)
+fsdp hybrid_shard, S ranks per shard  P / S         G / S         O / S
 ====================================  ============  ============  ============
 
 So with bf16 + Adam: DDP 16Φ, ZeRO-1 4Φ + 12Φ/N, ZeRO-2 2Φ + 14Φ/N, ZeRO-3 16Φ/N. The
@@ -49,9 +50,20 @@ DDP's fp32 gradients under autocast, FSDP's param and reduce dtypes), plus tenso
 (``gpt_costs``) and the pipeline's stage messages when the model's shapes are known
 (``plan_for_config``).
 
+Across hosts (``ranks_per_host`` R < N, H = N / R hosts): each row's ``inter_host`` is the
+bytes each host sends over its link per optimizer step under shardwise's hierarchical
+collectives (within a host over shared memory; across hosts one ring per local rank, carrying
+1/R of the data): an all-reduce of X bytes sends 2(H-1)/H·X from each host, a reduce-scatter or
+all-gather (H-1)/H·X, so the host-level formulas are the rank-level ones with H for N. FSDP's
+hybrid_shard (shard within the host, S = R by default; replicate across hosts) all-reduces its
+gradient shards across hosts, 2(H-1)/H·G per host: DDP's inter-host bytes, where ZeRO-3 /
+full_shard sends (H-1)/H·(2P·m + G) because every forward and backward gathers across hosts.
+
 Recommendation order (simplest first): a single device when there is one and it fits,
 then DDP, ZeRO-2 (start there, not at stage 1), ZeRO-3 / FSDP full_shard only when stage 2 does
 not fit, pipeline parallelism when sharding alone does not fit, and CPU offload as last resort.
+When the data axis spans hosts, FSDP hybrid_shard comes right after DDP (the default for a
+group that spans hosts: sharded memory at DDP's inter-host bytes).
 """
 
 from __future__ import annotations
@@ -62,6 +74,7 @@ from dataclasses import asdict, dataclass, field, replace
 
 from .gpt_costs import (  # noqa: F401  (the GPT's costs, also used as planner.*)
     _saved_bytes,
+    activation_bytes,
     gpt_activation_bytes,
     gpt_gather_bytes,
     gpt_largest_stage_params,
@@ -72,6 +85,7 @@ from .state_bytes import state_bytes_per_param
 
 GIB = 1024**3
 ORDER = ("ddp", "zero2", "zero3", "tp_zero3", "pipeline", "zero3_offload")  # simplest first
+ORDER_ACROSS_HOSTS = ("ddp", "fsdp_hybrid_shard", *ORDER[1:])
 LABELS = {
     "ddp": "ddp",
     "zero1": "zero1",
@@ -81,6 +95,7 @@ LABELS = {
     "tp_zero3": "tp x zero3, seq. par.",
     "pipeline": "pipeline",
     "zero3_offload": "zero3 + cpu offload",
+    "fsdp_hybrid_shard": "fsdp hybrid_shard",
 }
 
 
@@ -102,6 +117,9 @@ class Row:
     # ring bytes this rank sends per optimizer step (_data_communication); None: not known
     # (a tp or pipeline row planned from a parameter count, without the model's shapes)
     communication: int | None = 0
+    # bytes each host sends over its link per optimizer step (_data_communication over the
+    # hosts); None: one host, or a tp / pipeline row whose placement across hosts is not known
+    inter_host: int | None = None
 
 
 @dataclass(frozen=True)
@@ -124,6 +142,7 @@ class Plan:
     pipeline_stages: int
     rows: tuple[Row, ...]
     recommendation: Recommendation
+    ranks_per_host: int | None = None  # None: every rank on one host
 
     def row(self, strategy: str) -> Row:
         for row in self.rows:
@@ -184,6 +203,8 @@ class _Inputs:
     # row -> bytes per element of the parameters it gathers and the gradients it reduces, where
     # they differ from the states' own (plan's communicated_bytes)
     communicated: dict = field(default_factory=dict)
+    ranks_per_host: int | None = None  # None: one host
+    hybrid_shard_size: int | None = None  # the hybrid row's shard group (default: the host)
 
 
 def _data_communication(name: str, par: float, grad: float, n: int, m: int) -> float:
@@ -263,12 +284,63 @@ def _rows(i: _Inputs) -> tuple[list[Row], int]:
         rows.append(pipeline(stages))
     offload = _row("zero3_offload", par / n, grad / n, 0, act, *args, host=opt / n, gathered=gather)
     rows.append(replace(offload, communication=math.ceil(comm("zero3"))))
-    return rows, stages
+    return _across_hosts(i, rows), stages
 
 
-def _recommend(rows: list[Row], world_size: int, memory: int, stages: int) -> Recommendation:
+# the rank-level formula of _data_communication each row's collectives follow
+_FORMULA = {"fsdp_shard_grad_op": "zero2", "zero3_offload": "zero3", "fsdp_hybrid_shard": "ddp"}
+
+
+def _across_hosts(i: _Inputs, rows: list[Row]) -> list[Row]:
+    """``rows`` with FSDP's hybrid_shard row (S = hybrid_shard_size, default the host's ranks,
+    when 1 < S < N) after zero3, and every data-parallel row's ``inter_host`` bytes when the
+    ranks span hosts (module docstring, "Across hosts")."""
+    bp, bg, bo = state_bytes_per_param(i.precision, i.optimizer)
+    n, m, per_host = i.n, i.micro_batches, i.ranks_per_host or i.n
+    shards, hosts = i.hybrid_shard_size or per_host, n // per_host
+
+    def moved(name: str) -> tuple[float, float]:
+        p, g = i.communicated.get(name, (bp, bg))
+        return p * i.phi, g * i.phi
+
+    if 1 < shards < n:
+        par, grad = moved("fsdp_hybrid_shard")
+        replicas = n // shards
+        traffic = _data_communication("zero3", par, grad, shards, m)  # within the shard group
+        traffic += 2 * (replicas - 1) / replicas * grad / shards  # its shard, across replicas
+        hybrid = _row(
+            "fsdp_hybrid_shard",
+            bp * i.phi / shards,
+            bg * i.phi / shards,
+            bo * i.phi / shards,
+            i.act,
+            i.overhead,
+            i.memory,
+            gathered=i.gather,
+            comm=traffic + i.extra_communication,
+        )
+        at = next(k for k, r in enumerate(rows) if r.strategy == "zero3") + 1
+        rows = [*rows[:at], hybrid, *rows[at:]]
+    if hosts == 1:
+        return rows
+
+    def inter_host(row: Row) -> int | None:
+        if row.strategy in ("tp_zero3", "pipeline"):
+            return None
+        if row.strategy == "fsdp_hybrid_shard" and shards != per_host:
+            return None  # replicas within a host too: not one ring per local rank
+        formula = _FORMULA.get(row.strategy, row.strategy)
+        return math.ceil(_data_communication(formula, *moved(row.strategy), hosts, m))
+
+    return [replace(row, inter_host=inter_host(row)) for row in rows]
+
+
+def _recommend(
+    rows: list[Row], world_size: int, memory: int, stages: int, per_host: int
+) -> Recommendation:
     by_name = {r.strategy: r for r in rows}
     gib = f"{memory / GIB:.1f} GiB"
+    hosts = world_size // per_host
     reasons = {
         "ddp": "model states and activations fit each device whole; plain DDP is simplest",
         "zero2": "DDP does not fit; ZeRO-2 (or FSDP shard_grad_op) shards grads + optimizer state",
@@ -279,7 +351,17 @@ def _recommend(rows: list[Row], world_size: int, memory: int, stages: int) -> Re
         "zero3_offload": "nothing fits on the device alone; offload optimizer state to CPU "
         "(last resort, slow)",
     }
-    for name in ORDER:
+    hybrid = by_name.get("fsdp_hybrid_shard")
+    if hosts > 1 and hybrid is not None and hybrid.inter_host is not None:
+        reasons["fsdp_hybrid_shard"] = (
+            f"DDP does not fit; the data axis spans {hosts} hosts of {per_host} ranks: FSDP "
+            "hybrid_shard shards within each host and replicates across hosts, sending "
+            f"{hybrid.inter_host / 2**20:.1f} MiB per host link per step in one all-reduce "
+            "per unit (DDP's bytes) where zero3 / full_shard sends "
+            f"{by_name['zero3'].inter_host / 2**20:.1f} MiB and gathers across hosts in every "
+            "forward and backward"
+        )
+    for name in ORDER_ACROSS_HOSTS if "fsdp_hybrid_shard" in reasons else ORDER:
         row = by_name.get(name)
         if row is None or not row.fits:
             continue
@@ -320,6 +402,8 @@ def plan(
     tp_communication_bytes=None,
     extra_communication_bytes: float = 0.0,
     communicated_bytes: dict[str, tuple[int, int]] | None = None,
+    ranks_per_host: int | None = None,
+    hybrid_shard_size: int | None = None,
 ) -> Plan:
     """Per-rank bytes of every strategy for ``params`` parameters on ``world_size`` devices of
     ``device_memory_bytes`` each, and the simplest one that fits.
@@ -340,6 +424,10 @@ def plan(
     ``communicated_bytes``: row name -> (bytes per parameter element gathered, per gradient
     element reduced) where a row moves other dtypes than the states it holds
     (``communicated_bytes_for_config``); default: the parameters' and gradients' own.
+    ``ranks_per_host``: the ranks on each host (torchrun's ``--nproc-per-node``; None: all on
+    one); below ``world_size`` it gives every data-parallel row its ``inter_host`` bytes and
+    puts FSDP hybrid_shard right after DDP in the recommendation order. ``hybrid_shard_size``:
+    the hybrid_shard row's shard group (a configured mesh's shards; default the host's ranks).
     """
     _check(params=params, world_size=world_size, device_memory_bytes=device_memory_bytes)
     for name, value in (
@@ -350,6 +438,12 @@ def plan(
             raise ValueError(f"{name} must be >= 0, got {value}")
     if overhead < 1.0:
         raise ValueError(f"overhead must be >= 1.0 (a multiplier), got {overhead}")
+    for name, value in (
+        ("ranks_per_host", ranks_per_host),
+        ("hybrid_shard_size", hybrid_shard_size),
+    ):
+        if value is not None and (value < 1 or world_size % value):
+            raise ValueError(f"{name}={value} must be >= 1 and divide world_size={world_size}")
     if pipeline_stages is not None and (pipeline_stages < 1 or world_size % pipeline_stages != 0):
         raise ValueError(
             f"pipeline_stages={pipeline_stages} must be >= 1 and divide world_size={world_size}"
@@ -371,6 +465,8 @@ def plan(
             tp_communication_bytes,
             extra_communication_bytes,
             dict(communicated_bytes or {}),
+            ranks_per_host,
+            hybrid_shard_size,
         )
     )
     return Plan(
@@ -382,7 +478,8 @@ def plan(
         overhead,
         stages,
         tuple(rows),
-        _recommend(rows, world_size, device_memory_bytes, stages),
+        _recommend(rows, world_size, device_memory_bytes, stages, ranks_per_host or world_size),
+        ranks_per_host,
     )
 
 
@@ -390,43 +487,6 @@ def _check(**positive) -> None:
     for name, value in positive.items():
         if value <= 0:
             raise ValueError(f"{name} must be > 0, got {value}")
-
-
-def activation_bytes(
-    gpt_config,
-    micro_batch_size: int,
-    dtype_bytes: int = 2,
-    checkpointing: bool = False,
-    *,
-    seq_len: int | None = None,
-    attention_scores: bool = True,
-) -> int:
-    """Activation bytes of one microbatch through a ``GPTConfig`` model (s = sequence, b = batch,
-    h = dim, a = heads, L = layers, V = vocabulary).
-
-    Per transformer layer, from Korthikanti et al. 2022 ("Reducing Activation Recomputation in
-    Large Transformer Models", arXiv 2205.05198, eq. 1, no tensor parallelism), in half
-    precision: ``s·b·h·(34 + 5·a·s/h)`` bytes; ``34·s·b·h`` are the saved layer inputs, QKV,
-    MLP and norm activations (and 1-byte dropout masks), ``5·a·s²·b`` the attention scores,
-    softmax and its dropout mask. For ``dtype_bytes`` other than 2 it is scaled by
-    ``dtype_bytes / 2``. ``attention_scores=False`` drops the ``5·a·s/h`` term (fused SDPA /
-    flash attention keeps no s² matrices). Plus the head: logits ``s·b·V·dtype_bytes`` and their
-    fp32 copy for the loss ``s·b·V·4`` (``GPT.loss`` casts with ``.float()``; none in fp32).
-
-    With ``checkpointing`` (full recomputation per block) only each block's input is kept,
-    ``L·s·b·h·dtype_bytes``, plus one block's full activations while it is recomputed.
-    """
-    _check(micro_batch_size=micro_batch_size, dtype_bytes=dtype_bytes)
-    s = seq_len if seq_len is not None else gpt_config.seq_len
-    b, h, a = micro_batch_size, gpt_config.dim, gpt_config.heads
-    per_token = 34 + (5 * a * s / h if attention_scores else 0)
-    layer = s * b * h * per_token * dtype_bytes / 2
-    head = s * b * gpt_config.vocab_size * (dtype_bytes + (4 if dtype_bytes != 4 else 0))
-    if checkpointing:
-        blocks = gpt_config.layers * s * b * h * dtype_bytes + layer
-    else:
-        blocks = gpt_config.layers * layer
-    return int(blocks + head)
 
 
 def plan_for_config(cfg, memory: int, optimizer: str = "adamw", overhead: float = 1.1) -> Plan:
@@ -449,6 +509,10 @@ def plan_for_config(cfg, memory: int, optimizer: str = "adamw", overhead: float 
     if d.strategy == "pipeline" and d.pipeline is not None:
         micro_batches *= d.pipeline.num_microbatches or stages
     block_bytes = 4 if precision == "fp32" else 2
+    # the data axis's ranks per host (tp groups within a host) and a hybrid mesh's shard group
+    per_host = d.num_processes_per_node // tp if d.num_processes_per_node % tp == 0 else None
+    layout = cfg.layout()
+    hybrid = layout.axis_size("fsdp") if layout.axis_size("dp") > 1 else None
 
     def tp_bytes(degree: int, sequence_parallel: bool = True, saved: bool = False) -> float:
         counts = gpt_tp_communication_bytes(
@@ -482,6 +546,8 @@ def plan_for_config(cfg, memory: int, optimizer: str = "adamw", overhead: float 
             tp_bytes(tp, sp, d.sequence_parallel_save_gathered) * micro_batches if tp > 1 else 0.0
         ),
         communicated_bytes=communicated_bytes_for_config(cfg),
+        ranks_per_host=per_host if per_host and world % per_host == 0 else None,
+        hybrid_shard_size=hybrid if hybrid and hybrid < world else None,
     )
 
 
@@ -491,7 +557,8 @@ def communicated_bytes_for_config(cfg) -> dict[str, tuple[int, int]]:
     pipeline's replicas hold fp32 parameters under autocast, so they reduce fp32 gradients (DDP in
     ``distributed.ddp_comm_hook``'s dtype when one is set); FSDP gathers in its param_dtype and
     reduces in fsdp_reduce_dtype, as the config's FSDP keys resolve them (the
-    fsdp_shard_grad_op row, and the zero3 and tp_zero3 rows when the strategy is fsdp); ZeRO
+    fsdp_shard_grad_op and fsdp_hybrid_shard rows, and the zero3 and tp_zero3 rows when the
+    strategy is fsdp); ZeRO
     moves its bf16 / fp16 parameters and gradients (the rows' default). In fp32 all move fp32."""
     from ..fsdp.config import FSDPConfig, dtype_of
     from .parallelize import fsdp_keys
@@ -508,6 +575,7 @@ def communicated_bytes_for_config(cfg) -> dict[str, tuple[int, int]]:
             for k in ("fsdp_param_dtype", "fsdp_reduce_dtype")
         )
     out = {"ddp": (4, 2 if hooked else 4), "pipeline": (4, 4), "fsdp_shard_grad_op": fsdp}
+    out["fsdp_hybrid_shard"] = fsdp
     if d.strategy == "fsdp":
         out.update(zero3=fsdp, tp_zero3=fsdp)
     return out
