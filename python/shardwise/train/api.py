@@ -233,5 +233,6 @@ def _plan_row(cfg: TrainConfig) -> str:
     if strategy == "fsdp":
         sharding = cfg.fsdp_config().fsdp_sharding_strategy
         rows = {"shard_grad_op": "fsdp_shard_grad_op", "no_shard": "ddp"}
-        return {**rows, "hybrid_shard": "fsdp_hybrid_shard"}.get(sharding, "zero3")
+        rows["hybrid_shard"] = "fsdp_hybrid_shard"
+        return rows.get(sharding, "zero3")
     return "ddp"

@@ -146,11 +146,10 @@ def _plan_from_args(args, parser) -> Plan:
 def format_table(result: Plan) -> str:
     """A plain-text table, GiB per rank (communication: MiB sent per rank and optimizer step;
     across hosts also MiB each host sends over its link), and the recommendation."""
-    per_host = result.ranks_per_host or result.world_size
-    hosts = result.world_size // per_host
+    hosts = result.hosts
     head = ("strategy", "params", "grads", "optimizer", "activations", "gathered", "total")
     head += ("x overhead", "fits", "comm MiB/step")
-    on = f" on {hosts} hosts x {per_host}" if hosts > 1 else ""
+    on = f" on {hosts} hosts x {result.ranks_per_host}" if hosts > 1 else ""
     lines = [
         f"{result.params / 1e9:.3g}B parameters, {result.world_size} GPUs{on} x "
         f"{result.device_memory_bytes / GIB:.1f} GiB, {result.mixed_precision}, "

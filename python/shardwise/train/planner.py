@@ -144,6 +144,10 @@ class Plan:
     recommendation: Recommendation
     ranks_per_host: int | None = None  # None: every rank on one host
 
+    @property
+    def hosts(self) -> int:
+        return self.world_size // (self.ranks_per_host or self.world_size)
+
     def row(self, strategy: str) -> Row:
         for row in self.rows:
             if row.strategy == strategy:
@@ -352,7 +356,7 @@ def _recommend(
         "(last resort, slow)",
     }
     hybrid = by_name.get("fsdp_hybrid_shard")
-    if hosts > 1 and hybrid is not None and hybrid.inter_host is not None:
+    if hybrid is not None and hybrid.inter_host is not None:  # set only across hosts
         reasons["fsdp_hybrid_shard"] = (
             f"DDP does not fit; the data axis spans {hosts} hosts of {per_host} ranks: FSDP "
             "hybrid_shard shards within each host and replicates across hosts, sending "
