@@ -7,7 +7,8 @@
 // multiples of 64 bytes, so a piece handed to a RecvConsumer never splits an element.
 //
 // Large messages are written with ordinary or streaming stores, whichever this rank has measured
-// to be faster (store_choice.h: it depends on whether the ranks' cores share a cache).
+// to be faster (store_choice.h: it depends on whether the ranks' cores share a cache), or with
+// ordinary stores where the host's ranks outnumber its cores.
 //
 // sendrecv interleaves both halves in one progress loop: write what fits into the ring to the
 // send peer, consume what has arrived from the receive peer, repeat. A rank with nothing to do
@@ -91,6 +92,9 @@ class ShmTransport : public Transport {
 
   // Whether messages of single_copy_bytes or more go by a single copy in this group.
   bool single_copy() const { return single_copy_; }
+  // How large messages are written: options.stores, except that a measured choice becomes
+  // ordinary stores where this host's ranks outnumber its cores (StoreChoice::for_host).
+  StoreChoice::Kind stores() const { return stores_.kind(); }
 
   // Bytes of shared memory a group of `size` ranks with `ring_bytes` rings maps.
   static size_t segment_bytes(int size, size_t ring_bytes);

@@ -1,8 +1,9 @@
 // StoreChoice (collectives/store_choice.h): small messages never stream; in each size class the
 // first exchanges alternate ordinary and streaming stores (a slow cold first sample does not
 // decide), the faster wins, the other kind is retried every kExploreEvery-th exchange, and a
-// placement change (the other kind becoming faster) takes over within a few retries. Timings here
-// are given, not measured.
+// placement change (the other kind becoming faster) takes over within a few retries; where the
+// host's ranks outnumber its cores the choice is ordinary stores. Timings here are given, not
+// measured.
 #include <gtest/gtest.h>
 
 #include "collectives/store_choice.h"
@@ -18,6 +19,22 @@ bool exchange(StoreChoice& choice, size_t bytes, double ordinary, double streami
   const double rate = streamed ? streaming : ordinary;
   choice.record(bytes, nanoseconds(static_cast<int64_t>(static_cast<double>(bytes) / rate)));
   return streamed;
+}
+
+// Ranks that outnumber the cores share them and their caches: the measured choice becomes
+// ordinary stores there, and only there; a kind asked for explicitly is always kept.
+TEST(StoreChoice, RanksOutnumberingTheCoresUseOrdinaryStores) {
+  using Kind = StoreChoice::Kind;
+  EXPECT_EQ(StoreChoice::for_host(Kind::kMeasured, 2, 2), Kind::kMeasured);
+  EXPECT_EQ(StoreChoice::for_host(Kind::kMeasured, 1, 2), Kind::kMeasured);
+  EXPECT_EQ(StoreChoice::for_host(Kind::kMeasured, 3, 2), Kind::kOrdinary);
+  EXPECT_EQ(StoreChoice::for_host(Kind::kMeasured, 8, 2), Kind::kOrdinary);
+  for (Kind kind : {Kind::kOrdinary, Kind::kStreaming}) {
+    EXPECT_EQ(StoreChoice::for_host(kind, 2, 2), kind);
+    EXPECT_EQ(StoreChoice::for_host(kind, 8, 2), kind);
+  }
+  StoreChoice ordinary(StoreChoice::for_host(Kind::kMeasured, 4, 2));
+  for (int i = 0; i < 100; ++i) EXPECT_FALSE(exchange(ordinary, 8 << 20, 1.0, 10.0));
 }
 
 TEST(StoreChoice, SmallMessagesUseOrdinaryStores) {
