@@ -354,6 +354,24 @@ def test_model_preset_shorthand_and_field_overrides():
     assert (gpt.dim, gpt.layers, gpt.vocab_size) == (512, 2, 8192)
 
 
+def test_model_selection_replaces_the_model_section(capsys):
+    """``model=NAME`` selects like a Hydra config group. Catches the selection merged into the
+    file's model section, which kept demo.yaml's ``model.dim`` beside a model family and refused
+    the run ("model.dim sizes the bundled GPT")."""
+    demo = str(EXAMPLES / "demo.yaml")
+    cfg = load("model=gemma3_1b", "model.hf_overrides.num_hidden_layers=1", path=demo)
+    assert cfg.model.hf_config == "gemma3_1b" and cfg.model.dim is None
+    assert cfg.model.hf_overrides == {"num_hidden_layers": 1}
+    assert cfg.training.max_steps == 400 and cfg.distributed.strategy == "fsdp"  # kept
+    printed = capsys.readouterr().err
+    assert "model=gemma3_1b replaces the config's model section" in printed
+    assert "model.dim=192" in printed and "model.preset=tiny" in printed
+    small = load("model=small", path=demo).gpt_config()
+    assert (small.dim, small.layers) == (512, 6)  # the preset's, not demo.yaml's 192 x 4
+    kept = load('model.mesh_shape=[[2,1],["fsdp","tp"]]', "model=small", env={"WORLD_SIZE": "2"})
+    assert kept.model.mesh_shape == [[2, 1], ["fsdp", "tp"]]
+
+
 def test_malformed_override_is_reported():
     assert "override 'training.seed'" in error_of("training.seed")
 

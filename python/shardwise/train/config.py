@@ -26,6 +26,7 @@ Design:
 from __future__ import annotations
 
 import os
+import sys
 from collections.abc import Mapping, Sequence
 
 import yaml
@@ -74,7 +75,7 @@ def load_config(
 ) -> TrainConfig:
     """The validated config from a YAML file (or none) and dotted overrides such as
     ``training.micro_batch_size=8`` or ``model.mesh_shape=[[2,1],["fsdp","tp"]]``. A bare
-    ``model=NAME`` selects a preset or a model family. Raises ValueError naming the key, the
+    ``model=NAME`` replaces the model section with a preset or a model family. Raises ValueError naming the key, the
     value and the fix. ``env`` and ``cuda_devices`` describe the machine (default: this one;
     see ``validate``)."""
     return validate(read_mapping(path, overrides), env, cuda_devices)
@@ -83,7 +84,6 @@ def load_config(
 def read_mapping(path: str | None, overrides: Sequence[str] = ()) -> dict:
     """The plain mapping of sections a YAML file (or none) and dotted overrides give, not yet
     validated (``load_config`` validates it; ``shardwise.Trainer`` first adds its sections)."""
-    overrides = [_preset_shorthand(o) for o in overrides]
     try:
         base = OmegaConf.load(path) if path else OmegaConf.create({})
     except (OSError, OmegaConfBaseException, yaml.YAMLError) as error:
@@ -91,6 +91,10 @@ def read_mapping(path: str | None, overrides: Sequence[str] = ()) -> dict:
     if not isinstance(OmegaConf.to_container(base), dict):
         raise ValueError(f"{path}: the config must be a mapping of sections (model, data, ...)")
     for item in overrides:
+        selected = _model_selection(item)
+        if selected is not None:
+            base = _select_model(base, selected, item)
+            continue
         if "=" not in item:
             raise ValueError(
                 f"override {item!r} has no '='; write dotted.key=value, "
@@ -110,13 +114,37 @@ def read_mapping(path: str | None, overrides: Sequence[str] = ()) -> dict:
         raise ValueError(f"config interpolation failed: {error}") from error
 
 
-def _preset_shorthand(item: str) -> str:
-    """``model=NAME``: a bundled GPT preset (``model.preset``) or a named model family
-    (``model.hf_config``, ``models/families.py``)."""
+# Keys of the model section that place the model rather than describe it: a model selection
+# keeps them.
+_LAYOUT_MODEL_KEYS = ("mesh_shape",)
+
+
+def _model_selection(item: str) -> dict | None:
+    """The model section a bare ``model=NAME`` selects: a bundled GPT preset (``model.preset``)
+    or a named model family (``model.hf_config``, ``models/families.py``); None for any other
+    override."""
     key, sep, value = item.partition("=")
-    if not sep or key.strip() != "model" or "[" in value:
-        return item
-    return f"model.hf_config={value}" if value.strip() in FAMILIES else f"model.preset={value}"
+    if not sep or key.strip() != "model" or "[" in value or "{" in value:
+        return None
+    name = value.strip()
+    return {"hf_config": name} if name in FAMILIES else {"preset": name}
+
+
+def _select_model(base, selected: dict, item: str):
+    """``model=NAME`` as a Hydra config-group selection: the model section becomes ``selected``
+    (the layout keys the section held are kept), every other section stays, and the keys it
+    replaced are printed (once per job: by the process of rank 0)."""
+    model = OmegaConf.to_container(base).get("model") or {}
+    if not isinstance(model, dict):
+        model = {}
+    kept = {k: model[k] for k in _LAYOUT_MODEL_KEYS if k in model}
+    replaced = {k: v for k, v in model.items() if k not in kept and selected.get(k) != v}
+    if replaced and os.environ.get("RANK", "0") == "0":
+        listed = ", ".join(f"model.{k}={v}" for k, v in replaced.items())
+        print(f"shardwise: {item} replaces the config's model section ({listed})", file=sys.stderr)
+    merged = OmegaConf.to_container(base)
+    merged["model"] = {**selected, **kept}
+    return OmegaConf.create(merged)
 
 
 def validate(
