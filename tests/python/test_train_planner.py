@@ -6,6 +6,7 @@ import json
 import math
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -229,6 +230,39 @@ def test_gpt_activation_estimate_matches_what_the_whole_model_saves(preset, micr
     estimate = planner.gpt_activation_bytes(cfg, micro, precision)
     measured = planner._saved_bytes(cfg, micro, precision == "bf16")
     assert abs(measured - estimate) <= 0.10 * measured, (measured, estimate)
+
+
+@pytest.mark.parametrize(
+    "precision,tp,sequence_parallel", [("fp32", 1, False), ("bf16", 1, False), ("bf16", 2, True)]
+)
+def test_activations_traced_on_fake_tensors_are_the_real_run_s(precision, tp, sequence_parallel):
+    """The planner traces on fake tensors (no memory allocated); every saved storage must be
+    counted as a real forward counts it, byte for byte. Catches a fake trace that drops or
+    duplicates storages (fake storages have no data pointer to tell them apart by)."""
+    cfg, bf16 = PRESETS["tiny"], precision == "bf16"
+    args = (cfg, 2, bf16, tp, sequence_parallel)
+    assert planner._saved_bytes(*args) == planner._saved_bytes(*args, fake=False) > 0
+
+
+def test_a_262k_vocabulary_model_is_planned_without_allocating_it(tmp_path):
+    """gemma3_1b on 8 GPUs: its 262k-vocabulary logits alone are gigabytes per sequence, and the
+    planner once ran them for real (23-24 GB resident, killed by the OOM killer). Planned on fake
+    tensors it must stay under 2 GiB resident (the process's own peak, from wait4)."""
+    import os
+
+    config = Path(__file__).resolve().parents[2] / "examples" / "configs" / "demo.yaml"
+    argv = ["--config", str(config), "--gpus", "8", "--gpu-mem", "80", "--json", "model=gemma3_1b"]
+    out = tmp_path / "plan.json"
+    with out.open("w") as stdout:
+        child = subprocess.Popen(
+            [sys.executable, "-m", "shardwise.train.plan_cli", *argv], stdout=stdout
+        )
+        _, status, usage = os.wait4(child.pid, 0)
+        child.returncode = os.waitstatus_to_exitcode(status)  # reaped here, not by Popen
+    assert child.returncode == 0
+    plan_json = json.loads(out.read_text())
+    assert plan_json["params"] > 0.99e9 and plan_json["world_size"] == 8
+    assert usage.ru_maxrss * 1024 < 2 * 2**30, f"{usage.ru_maxrss / 2**20:.2f} GiB resident"
 
 
 def test_tensor_parallelism_comes_after_zero3_when_activations_do_not_fit():

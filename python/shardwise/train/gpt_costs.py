@@ -60,34 +60,42 @@ def _saved_bytes(
     tp: int = 1,
     sequence_parallel: bool = False,
     save_gathered: bool = False,
+    fake: bool = True,
 ) -> int:
     """Bytes autograd saves for backward in one forward + loss of the bundled GPT (storages
     other than the parameters, each counted once), measured with saved_tensors_hooks; with
-    ``tp`` > 1, on tp rank 0 of the model cut by ``gpt_plan`` (``shape_only_group``)."""
+    ``tp`` > 1, on tp rank 0 of the model cut by ``gpt_plan`` (``shape_only_group``). Traced on
+    fake tensors (``FakeTensorMode``): shapes, dtypes and storages as in a real run, no memory
+    allocated, so a model of any size is measured on any machine (a 262k vocabulary's logits
+    alone would take gigabytes). A storage is told apart by its StorageImpl (``_cdata``): fake
+    storages have no data pointer. ``fake=False`` runs the same on real tensors (tests compare)."""
+    import contextlib
+
     import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
 
     from ..models.gpt import GPT
 
-    torch.manual_seed(0)
-    model = GPT(gpt_config)
-    if tp > 1:
-        from .. import tensor_parallel
+    with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext():
+        model = GPT(gpt_config)
+        if tp > 1:
+            from .. import tensor_parallel
 
-        plan = tensor_parallel.gpt_plan(model, sequence_parallel, save_gathered=save_gathered)
-        tensor_parallel.parallelize(model, shape_only_group(tp), plan)
-    params = {p.untyped_storage().data_ptr() for p in model.parameters()}
-    saved: dict[int, int] = {}
+            plan = tensor_parallel.gpt_plan(model, sequence_parallel, save_gathered=save_gathered)
+            tensor_parallel.parallelize(model, shape_only_group(tp), plan)
+        params = {p.untyped_storage()._cdata for p in model.parameters()}
+        saved: dict[int, int] = {}
 
-    def pack(t):
-        storage = t.untyped_storage()
-        if storage.data_ptr() not in params:
-            saved[storage.data_ptr()] = storage.nbytes()
-        return t
+        def pack(t):
+            storage = t.untyped_storage()
+            if storage._cdata not in params:
+                saved[storage._cdata] = storage.nbytes()
+            return t
 
-    tokens = torch.zeros(micro_batch_size, gpt_config.seq_len, dtype=torch.long)
-    with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
-            model.loss(tokens, tokens)
+        tokens = torch.zeros(micro_batch_size, gpt_config.seq_len, dtype=torch.long)
+        with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                model.loss(tokens, tokens)
     return sum(saved.values())
 
 
