@@ -75,9 +75,9 @@ def load_config(
 ) -> TrainConfig:
     """The validated config from a YAML file (or none) and dotted overrides such as
     ``training.micro_batch_size=8`` or ``model.mesh_shape=[[2,1],["fsdp","tp"]]``. A bare
-    ``model=NAME`` replaces the model section with a preset or a model family. Raises ValueError naming the key, the
-    value and the fix. ``env`` and ``cuda_devices`` describe the machine (default: this one;
-    see ``validate``)."""
+    ``model=NAME`` replaces the model section with a preset or a model family. Raises
+    ValueError naming the key, the value and the fix. ``env`` and ``cuda_devices`` describe the
+    machine (default: this one; see ``validate``)."""
     return validate(read_mapping(path, overrides), env, cuda_devices)
 
 
