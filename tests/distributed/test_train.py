@@ -79,7 +79,8 @@ def test_strategy_trains_and_exports(name):
     """Each strategy end to end: the loss falls on real text (a broken gradient sync, a
     mis-scaled loss or a wrong data shard shows as a flat or diverging loss), a checkpoint and a
     safetensors file that plain torch loads into the plain GPT (a name or shape mismatch of a
-    gathered full state dict fails the strict load)."""
+    gathered full state dict fails the strict load); the console gives the planner's predicted
+    step at the start and the measured one beside it at the end."""
     from safetensors.torch import load_file
     from shardwise.models import GPT, PRESETS
 
@@ -94,6 +95,7 @@ def test_strategy_trains_and_exports(name):
     assert "sample:" in log
     console = (out / "console.log").read_text()  # what the console showed, in the run folder
     assert "step 24 loss" in console and "sample:" in console, console[-2000:]
+    assert "predicted step (" in console and "step time: predicted" in console, console[-2000:]
 
 
 @pytest.mark.parametrize("name", list(STRATEGIES))

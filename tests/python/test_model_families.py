@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 from shardwise.models.causal_lm import hf_config
 from shardwise.models.families import FAMILIES
-from shardwise.train import planner
+from shardwise.train import config_plan
 from shardwise.train.config import load_config
 
 pytest.importorskip("transformers")
@@ -51,7 +51,7 @@ def test_the_planner_answers_for_a_family():
     """plan_for_config (shardwise-train's memory check, shardwise-plan --config) on Qwen2 0.5B:
     the published parameters, fp32 model states of DDP = 16 bytes per parameter with Adam."""
     cfg = load("model=qwen2_0_5b", "data.seq_len=16", "training.mixed_precision=no")
-    plan = planner.plan_for_config(cfg, 80 * 2**30)
+    plan = config_plan.plan_for_config(cfg, 80 * 2**30)
     assert plan.params == FAMILIES["qwen2_0_5b"][2]
     row = plan.row("ddp")
     assert row.parameters + row.gradients + row.optimizer_state == 16 * plan.params

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 from shardwise.models.gpt import GPT, PRESETS
-from shardwise.train import planner
+from shardwise.train import config_plan, planner
 from shardwise.train.plan_cli import main
 from shardwise.train.planner import activation_bytes, gpt_gather_bytes, plan
 
@@ -290,7 +290,7 @@ def test_config_plan_counts_tp_activations_and_traffic():
 
     path = Path(__file__).resolve().parents[2] / "examples" / "configs" / "fsdp_x_tp.yaml"
     cfg = load_config(path, [], env={})
-    result = planner.plan_for_config(cfg, 2**40)
+    result = config_plan.plan_for_config(cfg, 2**40)
     gpt = cfg.gpt_config()
     mb = cfg.training.micro_batch_size
     unsplit = gpt_costs.gpt_activation_bytes(gpt, mb, "bf16")
@@ -305,7 +305,7 @@ def test_config_plan_counts_tp_activations_and_traffic():
     # the same config without tp: no tp traffic, all the activations
     mesh = 'model.mesh_shape=[[4,1],["fsdp","tp"]]'
     flat = load_config(path, [mesh, "distributed.sequence_parallel=false"], env={})
-    flat_row = planner.plan_for_config(flat, 2**40).row("zero3")
+    flat_row = config_plan.plan_for_config(flat, 2**40).row("zero3")
     assert flat_row.activations == unsplit
     assert flat_row.communication == math.ceil(0.75 * (2 * 2 + 4) * gpt.num_parameters())
 
@@ -319,7 +319,7 @@ def test_config_plan_moves_the_dtypes_the_run_communicates_in():
 
     def comm(row, *overrides):
         cfg = load("training.mixed_precision=bf16", "distributed.world_size=2", *overrides)
-        return planner.plan_for_config(cfg, 2**40).row(row).communication
+        return config_plan.plan_for_config(cfg, 2**40).row(row).communication
 
     phi = load().gpt_config().num_parameters()
     ddp = ("distributed.strategy=ddp", "training.gradient_accumulation_steps=1")

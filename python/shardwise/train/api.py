@@ -27,7 +27,7 @@ from pathlib import Path
 from pydantic import BaseModel, PrivateAttr, ValidationError
 from torch import nn
 
-from . import datasets, planner
+from . import config_plan, datasets, prediction
 from .config import TrainConfig, read_mapping, validate, validate_distributed
 from .config_schema import DistributedSection, _explain
 from .device import device_memory_bytes
@@ -149,20 +149,26 @@ class Trainer:
             self.train_dataset = train_dataset if train_dataset is not None else self.train_dataset
             self.eval_dataset = eval_dataset if eval_dataset is not None else self.eval_dataset
             self.config = self._validated()
-        note = self.memory_plan()
+        note, predicted = self.memory_plan()
         return TrainingRun(
-            self.config, self.resume, note, self.train_dataset, self.eval_dataset
+            self.config, self.resume, note, self.train_dataset, self.eval_dataset, predicted
         ).run()
 
-    def memory_plan(self) -> str:
-        """The planner's lines for this run; MemoryCheckError when it will not fit (unless
-        ``check_memory=False``)."""
+    def memory_plan(self) -> tuple[str, prediction.Prediction | None]:
+        """The planner's lines for this run and its predicted step (``prediction.for_config``;
+        None where it cannot be made, said in the lines); MemoryCheckError when the run will
+        not fit (unless ``check_memory=False``)."""
         cfg = self.config
         local = cfg.distributed.num_processes_per_node or cfg.distributed.world_size
-        fits, note = memory_check(cfg, device_memory_bytes(local, cfg.training.device))
+        device_bytes = device_memory_bytes(local, cfg.training.device)
+        plan = config_plan.plan_for_config(cfg, device_bytes)
+        fits, note = _memory_lines(cfg, plan, device_bytes)
         if not fits and self.check_memory:
             raise MemoryCheckError(note)
-        return note
+        try:
+            return note, prediction.for_config(cfg, plan)
+        except ValueError as error:
+            return f"{note}\nno step-time prediction: {error}", None
 
 
 def _base_mapping(config) -> dict:
@@ -207,10 +213,12 @@ def _merged(base: dict, sections: dict) -> dict:
 def memory_check(cfg: TrainConfig, device_bytes: int) -> tuple[bool, str]:
     """(fits, the planner's lines for this run's strategy) per rank (``plan_for_config``, the
     same plan ``shardwise-plan --config`` prints)."""
+    return _memory_lines(cfg, config_plan.plan_for_config(cfg, device_bytes), device_bytes)
+
+
+def _memory_lines(cfg: TrainConfig, plan, device_bytes: int) -> tuple[bool, str]:
     tp = cfg.distributed.tensor_parallel_size
-    plan = planner.plan_for_config(cfg, device_bytes)
-    name = _plan_row(cfg)  # hybrid_shard on one host's ranks is full_shard
-    row = plan.row(name if name in {r.strategy for r in plan.rows} else "zero3")
+    row = config_plan.config_row(cfg, plan)
     gib = 1024**3
     text = (
         (f"tensor parallel {tp}: " if tp > 1 else "")
@@ -221,18 +229,3 @@ def memory_check(cfg: TrainConfig, device_bytes: int) -> tuple[bool, str]:
         f"; planner recommends {plan.recommendation.strategy}: {plan.recommendation.reason}"
     )
     return row.fits, text
-
-
-def _plan_row(cfg: TrainConfig) -> str:
-    strategy = cfg.distributed.strategy
-    if strategy == "pipeline":  # one stage holds the whole model, as DDP does
-        return "pipeline" if cfg.distributed.pipeline_parallel_size > 1 else "ddp"
-    if strategy == "zero":
-        stage = cfg.zero_config()["zero_optimization"]["stage"]
-        return {0: "ddp", 1: "zero1", 2: "zero2", 3: "zero3"}[stage]
-    if strategy == "fsdp":
-        sharding = cfg.fsdp_config().fsdp_sharding_strategy
-        rows = {"shard_grad_op": "fsdp_shard_grad_op", "no_shard": "ddp"}
-        rows["hybrid_shard"] = "fsdp_hybrid_shard"
-        return rows.get(sharding, "zero3")
-    return "ddp"

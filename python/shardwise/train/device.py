@@ -140,3 +140,10 @@ def device_memory_bytes(local_world: int, device: str = "cpu") -> int:
     if device == "cuda":
         return torch.cuda.get_device_properties(torch.cuda.current_device()).total_memory
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // max(1, local_world)
+
+
+def cpu_threads_per_rank(local_ranks: int, deterministic: bool = False) -> int:
+    """The threads a CPU rank computes with: this host's cores shared by its ``local_ranks``
+    ranks (at least one each); one in deterministic mode (a BLAS may split a reduction over its
+    threads)."""
+    return 1 if deterministic else max(1, (os.cpu_count() or 1) // local_ranks)

@@ -53,6 +53,42 @@ def shape_only_group(size: int):
     return group
 
 
+def _rank_model(gpt_config, tp: int, sequence_parallel: bool, save_gathered: bool):
+    """The bundled GPT as one rank holds it: whole, or tp rank 0 of it cut by ``gpt_plan`` over
+    ``shape_only_group(tp)``. Built under the caller's fake mode, if any."""
+    from ..models.gpt import GPT
+
+    model = GPT(gpt_config)
+    if tp > 1:
+        from .. import tensor_parallel
+
+        plan = tensor_parallel.gpt_plan(model, sequence_parallel, save_gathered=save_gathered)
+        tensor_parallel.parallelize(model, shape_only_group(tp), plan)
+    return model
+
+
+def gpt_traces(
+    gpt_config,
+    micro_batch_size: int,
+    bf16: bool,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    save_gathered: bool = False,
+):
+    """The operators of one micro-batch of the bundled GPT on one rank (``op_trace``, on fake
+    tensors): (forward + loss + backward, forward + loss alone)."""
+    from .op_trace import trace_training_step
+
+    def build():
+        return _rank_model(gpt_config, tp, sequence_parallel, save_gathered)
+
+    shape = (micro_batch_size, gpt_config.seq_len)
+    return (
+        trace_training_step(build, shape, bf16),
+        trace_training_step(build, shape, bf16, backward=False),
+    )
+
+
 def _saved_bytes(
     gpt_config,
     micro_batch_size: int,
@@ -74,15 +110,8 @@ def _saved_bytes(
     import torch
     from torch._subclasses.fake_tensor import FakeTensorMode
 
-    from ..models.gpt import GPT
-
     with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext():
-        model = GPT(gpt_config)
-        if tp > 1:
-            from .. import tensor_parallel
-
-            plan = tensor_parallel.gpt_plan(model, sequence_parallel, save_gathered=save_gathered)
-            tensor_parallel.parallelize(model, shape_only_group(tp), plan)
+        model = _rank_model(gpt_config, tp, sequence_parallel, save_gathered)
         params = {p.untyped_storage()._cdata for p in model.parameters()}
         saved: dict[int, int] = {}
 

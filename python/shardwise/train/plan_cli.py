@@ -1,7 +1,9 @@
-"""``shardwise-plan``: the memory planner (``planner.py``) on the command line, for a
-shardwise-train config (``--config``) or for a parameter count and a machine (``--params``,
-``--gpus``, ``--gpu-mem``); a table of the per-rank memory of each strategy and the simplest one
-that fits, or ``--json``.
+"""``shardwise-plan``: the memory planner (``planner.py``) and the step-time model
+(``step_time.py``) on the command line, for a shardwise-train config (``--config``) or for a
+parameter count and a machine (``--params``, ``--gpus``, ``--gpu-mem``), or a cluster file
+(``--cluster``); a table of the per-rank memory and the predicted step of each strategy, the
+simplest one that fits and the fits ranked by predicted tokens/s, or ``--json``. Step times
+need the model's shapes: a config or ``--model``.
 """
 
 from __future__ import annotations
@@ -9,10 +11,14 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from dataclasses import replace
 
+from . import prediction
+from .cluster import DEVICES, Cluster, load_cluster
+from .config_plan import plan_for_config
 from .device import device_memory_bytes
 from .gpt_costs import gpt_gather_bytes
-from .planner import GIB, Plan, activation_bytes, plan, plan_for_config
+from .planner import GIB, Plan, activation_bytes, plan
 from .state_bytes import OPTIMIZERS, PRECISIONS
 
 
@@ -74,23 +80,36 @@ def _parser() -> argparse.ArgumentParser:
         help="default: the fewest stages that fit",
     )
     p.add_argument("--overhead", type=_number(float, 1.0, "a multiplier >= 1.0"), default=1.1)
+    p.add_argument(
+        "--cluster",
+        help="a cluster YAML (device, hosts, gpus_per_host, gpu_mem_gib, link GB/s) instead of "
+        "--gpus / --gpu-mem / --gpus-per-host",
+    )
+    p.add_argument(
+        "--device",
+        choices=DEVICES,
+        help="whose rates price the step: cpu (this machine, measured) or a GPU (default: "
+        "the cluster's, cpu for a CPU config or without GPUs, else h100)",
+    )
     p.add_argument("--json", action="store_true", help="machine-readable output")
     return p
 
 
-def _plan_from_config(args, parser) -> Plan:
-    """The plan for a shardwise-train config (``plan_for_config``)."""
+def _plan_from_config(args, parser, cluster: Cluster | None):
+    """The plan for a shardwise-train config (``plan_for_config``) and its prediction."""
     from .config import load_config
 
     if args.gpus_per_host is not None:
         parser.error(
             "--gpus-per-host is for --gpus without --config; with --config set "
-            "distributed.num_processes_per_node (or distributed.num_nodes)"
+            "distributed.num_processes_per_node (or distributed.num_nodes), or give --cluster"
         )
-
     env = {"WORLD_SIZE": str(args.gpus)} if args.gpus else {}
-    # with --gpus the plan is for a machine with that many GPUs (a cuda config validates here)
-    cfg = load_config(args.config, args.overrides, env=env, cuda_devices=args.gpus or None)
+    devices = args.gpus or None  # a machine with that many GPUs (a cuda config validates here)
+    if cluster is not None:
+        env["LOCAL_WORLD_SIZE"] = str(cluster.gpus_per_host)
+        devices = cluster.gpus_per_host if cluster.device != "cpu" else 0
+    cfg = load_config(args.config, args.overrides, env=env, cuda_devices=devices)
     if args.gpu_mem is not None:
         memory = int(args.gpu_mem * GIB)
     else:
@@ -98,14 +117,32 @@ def _plan_from_config(args, parser) -> Plan:
             cfg.distributed.num_processes_per_node or cfg.distributed.world_size,
             cfg.training.device,
         )
-    return plan_for_config(cfg, memory, args.optimizer, args.overhead)
+    result = plan_for_config(cfg, memory, args.optimizer, args.overhead)
+    return result, prediction.for_config(cfg, result, args.device, cluster)
 
 
-def _plan_from_args(args, parser) -> Plan:
+def _cluster(args, parser) -> Cluster | None:
+    """``--cluster``'s file, which stands for --gpus, --gpu-mem and --gpus-per-host."""
+    if args.cluster is None:
+        return None
+    given = [f for f, v in (("--gpus", args.gpus), ("--gpu-mem", args.gpu_mem),
+                            ("--gpus-per-host", args.gpus_per_host)) if v is not None]  # fmt: skip
+    if given:
+        parser.error(f"--cluster gives the machine; drop {', '.join(given)}")
+    cluster = load_cluster(args.cluster)
+    args.gpus, args.gpu_mem = cluster.gpus, cluster.gpu_mem_gib
+    if args.config is None and cluster.hosts > 1:
+        args.gpus_per_host = cluster.gpus_per_host
+    return cluster
+
+
+def _plan_from_args(args, parser):
+    """(the plan, its prediction or None: step times need the model's shapes)."""
     from shardwise.models.gpt import PRESETS
 
+    cluster = _cluster(args, parser)
     if args.config is not None:
-        return _plan_from_config(args, parser)
+        return _plan_from_config(args, parser, cluster)
     if args.overrides:
         parser.error(f"overrides {args.overrides} need --config FILE")
     if args.gpus is None or args.gpu_mem is None:
@@ -120,7 +157,7 @@ def _plan_from_args(args, parser) -> Plan:
         parser.error(f"--pipeline-stages {args.pipeline_stages} must divide --gpus {args.gpus}")
     dtype = 4 if args.mixed_precision == "fp32" else 2
     activations = int((args.activations_gib or 0) * GIB)
-    params, gather = args.params, 0
+    params, gather, cfg = args.params, 0, None
     if args.model is not None:
         cfg = PRESETS[args.model]
         gather = gpt_gather_bytes(cfg, args.mixed_precision)
@@ -129,7 +166,7 @@ def _plan_from_args(args, parser) -> Plan:
             activations = activation_bytes(
                 cfg, args.micro_batch, dtype, args.activation_checkpointing, seq_len=args.seq_len
             )
-    return plan(
+    result = plan(
         params,
         args.gpus,
         int(args.gpu_mem * GIB),
@@ -141,12 +178,28 @@ def _plan_from_args(args, parser) -> Plan:
         zero3_gather_bytes=gather,
         ranks_per_host=args.gpus_per_host,
     )
+    if cfg is None:
+        return result, None
+    device = args.device or (cluster.device if cluster else "h100")
+    chosen = result.recommendation.row.strategy if result.recommendation.row else "zero3"
+    return result, prediction.for_gpt(
+        result,
+        replace(cfg, seq_len=args.seq_len or cfg.seq_len),  # traced at the sequence trained
+        micro_batch_size=args.micro_batch,
+        micro_batches=1,
+        checkpointing=args.activation_checkpointing,
+        strategy=chosen,
+        device=device,
+        cluster=cluster,
+    )
 
 
-def format_table(result: Plan) -> str:
+def format_table(result: Plan, predicted: prediction.Prediction | None = None) -> str:
     """A plain-text table, GiB per rank (communication: MiB sent per rank and optimizer step;
-    across hosts also MiB each host sends over its link), and the recommendation."""
+    across hosts also MiB each host sends over its link; with a prediction each row's step
+    seconds and tokens/s), the recommendation, and the fits ranked by predicted tokens/s."""
     hosts = result.hosts
+    times = predicted.times if predicted else {}
     head = ("strategy", "params", "grads", "optimizer", "activations", "gathered", "total")
     head += ("x overhead", "fits", "comm MiB/step")
     on = f" on {hosts} hosts x {result.ranks_per_host}" if hosts > 1 else ""
@@ -157,7 +210,8 @@ def format_table(result: Plan) -> str:
         f"{head[0]:<24}"
         + "".join(f"{h:>12}" for h in head[1:-1])
         + f"{head[-1]:>15}"
-        + (f"{'host link MiB':>15}" if hosts > 1 else ""),
+        + (f"{'host link MiB':>15}" if hosts > 1 else "")
+        + (f"{'step s':>10}{'tokens/s':>12}" if times else ""),
     ]
     for r in result.rows:
         label = f"{r.label} ({result.pipeline_stages})" if r.strategy == "pipeline" else r.label
@@ -169,10 +223,23 @@ def format_table(result: Plan) -> str:
             + f"{'yes' if r.fits else 'no':>12}"
             + _mib(r.communication)
             + (_mib(r.inter_host) if hosts > 1 else "")
+            + (_time(times.get(r.strategy)) if times else "")
         )
     rec = result.recommendation
     lines.append(f"recommendation: {rec.strategy} ({rec.reason})")
+    if predicted is not None:
+        lines.append(f"fastest that fit (predicted tokens/s): {', '.join(predicted.ranking)}")
+        lines.append(f"step times on {predicted.device}: {predicted.source}")
+        if predicted.predicted:
+            shown = ", ".join(
+                f"{k} {v:.4g}" for k, v in predicted.predicted.items() if isinstance(v, float)
+            )
+            lines.append(f"predicted ({predicted.strategy}): {shown}")
     return "\n".join(lines)
+
+
+def _time(t) -> str:
+    return f"{t.step_s:>10.3g}{t.tokens_per_s:>12.0f}" if t is not None else f"{'?':>10}{'?':>12}"
 
 
 def _mib(count: int | None) -> str:
@@ -183,16 +250,18 @@ def main(argv: list[str] | None = None) -> int:
     parser = _parser()
     try:
         args = parser.parse_args(argv)
-        result = _plan_from_args(args, parser)
+        result, predicted = _plan_from_args(args, parser)
     except SystemExit as exit_:  # argparse: --help (0) or a bad argument (2)
         return int(exit_.code or 0)
     except ValueError as error:
         print(f"shardwise-plan: error: {error}", file=sys.stderr)
         return 2
     if args.json:
-        print(json.dumps(result.to_dict(), indent=2))
+        out = result.to_dict()
+        out.update(predicted.to_dict() if predicted else {"predicted": None})
+        print(json.dumps(out, indent=2))
     else:
-        print(format_table(result))
+        print(format_table(result, predicted))
     return 0
 
 

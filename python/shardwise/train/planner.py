@@ -143,6 +143,7 @@ class Plan:
     rows: tuple[Row, ...]
     recommendation: Recommendation
     ranks_per_host: int | None = None  # None: every rank on one host
+    tp_degree: int = 1  # the tp x zero3 row's tensor-parallel degree (1: no such row)
 
     @property
     def hosts(self) -> int:
@@ -224,12 +225,19 @@ def _data_communication(name: str, par: float, grad: float, n: int, m: int) -> f
     return r * (2 * par * m + grad)  # zero3, zero3_offload
 
 
-def _rows(i: _Inputs) -> tuple[list[Row], int]:
+def optimizer_bytes_per_param(strategy: str, precision: str, optimizer: str) -> int:
+    """Bytes of optimizer state a row holds per parameter it updates: the states' (K), and in
+    fp32 4 more for ZeRO 1/2, which step a flat fp32 partition, a copy even in fp32 (DeepSpeed's
+    as well)."""
+    k = state_bytes_per_param(precision, optimizer)[2]
+    return k + (4 if precision == "fp32" and strategy in ("zero1", "zero2") else 0)
+
+
+def _rows(i: _Inputs) -> tuple[list[Row], int, int]:
     bp, bg, bo = state_bytes_per_param(i.precision, i.optimizer)
     phi, n, act, gather, m = i.phi, i.n, i.act, i.gather, i.micro_batches
     par, grad, opt = bp * phi, bg * phi, bo * phi  # P, G, O in the module docstring
-    # ZeRO 1/2 step a flat fp32 partition: in fp32 too it is a copy (DeepSpeed's as well)
-    zopt = opt + (4 * phi if i.precision == "fp32" else 0)
+    zopt = optimizer_bytes_per_param("zero1", i.precision, i.optimizer) * phi
     args = (i.overhead, i.memory)
 
     def comm(name: str, sharded_over: int = n, states: float = 1.0, row: str = "") -> float:
@@ -288,7 +296,7 @@ def _rows(i: _Inputs) -> tuple[list[Row], int]:
         rows.append(pipeline(stages))
     offload = _row("zero3_offload", par / n, grad / n, 0, act, *args, host=opt / n, gathered=gather)
     rows.append(replace(offload, communication=math.ceil(comm("zero3"))))
-    return _across_hosts(i, rows), stages
+    return _across_hosts(i, rows), stages, tp
 
 
 # the rank-level formula of _data_communication each row's collectives follow
@@ -340,7 +348,7 @@ def _across_hosts(i: _Inputs, rows: list[Row]) -> list[Row]:
 
 
 def _recommend(
-    rows: list[Row], world_size: int, memory: int, stages: int, per_host: int
+    rows: list[Row], world_size: int, memory: int, stages: int, per_host: int, tp: int
 ) -> Recommendation:
     by_name = {r.strategy: r for r in rows}
     gib = f"{memory / GIB:.1f} GiB"
@@ -374,8 +382,7 @@ def _recommend(
         if name == "pipeline":
             reason = reasons[name] + f" ({stages} stages x {world_size // stages} data-parallel)"
         elif name == "tp_zero3":
-            t = round(by_name["zero3"].activations / max(1, row.activations))
-            reason = reasons[name] + f" (tp {t} x zero3 over {world_size // t})"
+            reason = reasons[name] + f" (tp {tp} x zero3 over {world_size // tp})"
         else:
             reason = reasons[name]
         return Recommendation(name, f"{reason}; needs {row.required / GIB:.1f} of {gib}", row)
@@ -452,7 +459,7 @@ def plan(
         raise ValueError(
             f"pipeline_stages={pipeline_stages} must be >= 1 and divide world_size={world_size}"
         )
-    rows, stages = _rows(
+    rows, stages, tp = _rows(
         _Inputs(
             params,
             world_size,
@@ -482,8 +489,9 @@ def plan(
         overhead,
         stages,
         tuple(rows),
-        _recommend(rows, world_size, device_memory_bytes, stages, ranks_per_host or world_size),
+        _recommend(rows, world_size, device_memory_bytes, stages, ranks_per_host or world_size, tp),
         ranks_per_host,
+        tp,
     )
 
 
@@ -491,95 +499,3 @@ def _check(**positive) -> None:
     for name, value in positive.items():
         if value <= 0:
             raise ValueError(f"{name} must be > 0, got {value}")
-
-
-def plan_for_config(cfg, memory: int, optimizer: str = "adamw", overhead: float = 1.1) -> Plan:
-    """The plan of a validated shardwise-train config (``config.TrainConfig``): its GPT,
-    precision, micro-batch and stages; with a tp axis, the rows are the strategies over the data
-    axis of the tensor-parallel model: its parameters, activations (measured on one tp rank)
-    and gathered units per tp rank, and its tp traffic added to every row's communication.
-    ``shardwise-train``'s memory check and ``shardwise-plan --config`` both call this, so they
-    cannot disagree."""
-    gpt, world, d = cfg.gpt_config(), cfg.distributed.world_size, cfg.distributed
-    tp, sp, t = d.tensor_parallel_size, d.sequence_parallel, cfg.training
-    params = gpt.num_parameters()
-    if tp > 1:
-        params = gpt_tp_parameters(gpt, tp, sp)
-        world //= tp
-    precision = {"no": "fp32"}.get(cfg.mixed_precision, cfg.mixed_precision)
-    stages = d.pipeline_parallel_size
-    # every layout runs the same micro-batches of micro_batch_size sequences per step
-    micro_batches = t.gradient_accumulation_steps
-    if d.strategy == "pipeline" and d.pipeline is not None:
-        micro_batches *= d.pipeline.num_microbatches or stages
-    block_bytes = 4 if precision == "fp32" else 2
-    # the data axis's ranks per host (tp groups within a host) and a hybrid mesh's shard group
-    per_host = d.num_processes_per_node // tp if d.num_processes_per_node % tp == 0 else None
-    layout = cfg.layout()
-    hybrid = layout.axis_size("fsdp") if layout.axis_size("dp") > 1 else None
-
-    def tp_bytes(degree: int, sequence_parallel: bool = True, saved: bool = False) -> float:
-        counts = gpt_tp_communication_bytes(
-            gpt, t.micro_batch_size, sequence_parallel, block_bytes, degree
-        )
-        return counts["total"] + (0 if saved else counts["regather"])
-
-    return plan(
-        params,
-        world,
-        memory,
-        mixed_precision=precision,
-        optimizer=optimizer,
-        activation_bytes_per_rank=gpt_activation_bytes(
-            gpt,
-            t.micro_batch_size,
-            precision,
-            cfg.activation_checkpointing,
-            tp,
-            sp,
-            d.sequence_parallel_save_gathered,
-        ),
-        pipeline_stages=stages if stages > 1 else None,
-        overhead=overhead,
-        zero3_gather_bytes=gpt_gather_bytes(gpt, precision, tp),
-        largest_stage_params=lambda p: gpt_largest_stage_params(gpt, p) // tp,
-        micro_batches=micro_batches,
-        stage_message_bytes=t.micro_batch_size * gpt.seq_len * gpt.dim * 4,
-        tp_communication_bytes=tp_bytes if tp == 1 else None,
-        extra_communication_bytes=(
-            tp_bytes(tp, sp, d.sequence_parallel_save_gathered) * micro_batches if tp > 1 else 0.0
-        ),
-        communicated_bytes=communicated_bytes_for_config(cfg),
-        ranks_per_host=per_host if per_host and world % per_host == 0 else None,
-        hybrid_shard_size=hybrid if hybrid and hybrid < world else None,
-    )
-
-
-def communicated_bytes_for_config(cfg) -> dict[str, tuple[int, int]]:
-    """What the data-parallel rows of a shardwise-train config move per element, where it is
-    not the states' dtype (``plan``'s communicated_bytes). Under bf16 / fp16, DDP and the
-    pipeline's replicas hold fp32 parameters under autocast, so they reduce fp32 gradients (DDP in
-    ``distributed.ddp_comm_hook``'s dtype when one is set); FSDP gathers in its param_dtype and
-    reduces in fsdp_reduce_dtype, as the config's FSDP keys resolve them (the
-    fsdp_shard_grad_op and fsdp_hybrid_shard rows, and the zero3 and tp_zero3 rows when the
-    strategy is fsdp); ZeRO
-    moves its bf16 / fp16 parameters and gradients (the rows' default). In fp32 all move fp32."""
-    from ..fsdp.config import FSDPConfig, dtype_of
-    from .parallelize import fsdp_keys
-
-    if cfg.mixed_precision == "no":
-        return {}
-    d = cfg.distributed
-    hooked = d.ddp_comm_hook != "no"
-    keys = fsdp_keys(d.fsdp or {}, cfg.mixed_precision)
-    fsdp = (4, 4)
-    if keys["fsdp_mixed_precision"]:
-        fsdp = tuple(
-            dtype_of(k, keys.get(k, getattr(FSDPConfig, k))).itemsize
-            for k in ("fsdp_param_dtype", "fsdp_reduce_dtype")
-        )
-    out = {"ddp": (4, 2 if hooked else 4), "pipeline": (4, 4), "fsdp_shard_grad_op": fsdp}
-    out["fsdp_hybrid_shard"] = fsdp
-    if d.strategy == "fsdp":
-        out.update(zero3=fsdp, tp_zero3=fsdp)
-    return out

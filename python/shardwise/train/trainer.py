@@ -89,17 +89,21 @@ class TrainingRun:
         memory_note: str = "",
         train_dataset=None,
         eval_dataset=None,
+        predicted=None,
     ):
         self.cfg, self.resume_requested, self.memory_note = cfg, resume, memory_note
+        self.predicted = predicted  # prediction.Prediction of this run's step, or None
+        self._step_seconds: list[float] = []
         t, d = cfg.training, cfg.distributed
         self.gpt = cfg.run_gpt_config()
         self.output_dir = Path(t.checkpoint.dir)
         self.device = device_mod.local_device(t.device, d.local_rank)  # before NCCL starts
         self.rank, self.world = init_distributed(d.backend, cfg.launch_env(), d.timeout_s)
         self.device_notes = _checked_devices(self.device, self.world, t.allow_mixed_devices)
-        torch.set_num_threads(max(1, (os.cpu_count() or 1) // _local_world(self.world)))
-        if t.deterministic:  # a BLAS may split a reduction over its threads: one, everywhere
-            torch.set_num_threads(1)
+        torch.set_num_threads(
+            device_mod.cpu_threads_per_rank(_local_world(self.world), t.deterministic)
+        )
+        if t.deterministic:
             # cuBLAS picks a fixed workspace only when told so, before its first call
             os.environ.setdefault("CUBLAS_WORKSPACE_CONFIG", ":4096:8")
             torch.use_deterministic_algorithms(True)
@@ -261,6 +265,7 @@ class TrainingRun:
             f"{cfg.effective_batch_size} sequences of {gpt.seq_len} tokens"
             + (f"\nmesh: {self.stepper.mesh_description}" if self.stepper.mesh_description else "")
             + (f"\n{self.memory_note}" if self.memory_note else "")
+            + (f"\n{self.predicted.start_line()}" if self.predicted else "")
         )
         for line in self.device_notes:
             self.sinks.note(line)
@@ -302,6 +307,8 @@ class TrainingRun:
         finally:
             profiler.close()
             stop.close()
+        if self.predicted is not None and self._step_seconds:
+            self.sinks.note(self.predicted.measured_line(self._step_seconds))
         if stop.requested:
             self.wait_for_save()
             name = signal.Signals(stop.signum).name
@@ -345,6 +352,7 @@ class TrainingRun:
             mine.update(zip(("gpu_allocated", "gpu_reserved", "gpu_peak"), gpu, strict=True))
         per_rank = metrics.gather_dicts(mine)  # the step's one collective for the metrics
         step_s = max(r["step"] for r in per_rank)
+        self._step_seconds.append(step_s)
         tokens = cfg.effective_batch_size * seq_len
         replica = self.stream_rows * t.gradient_accumulation_steps * seq_len  # same on every rank
         record = {

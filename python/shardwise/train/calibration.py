@@ -1,0 +1,263 @@
+"""What a device sustains, for the step-time model (``step_time.py``): a matmul rate per dtype
+width, a memory bandwidth, a fixed cost per operator, and whether communication overlaps compute.
+
+Two sources, and every figure says which it rests on (``DeviceRates.source``):
+
+- **this CPU, measured** the first time a plan asks for it, with the threads one rank of the
+  planned run uses (the trainer gives each of a host's R ranks ``cores // R`` threads), then
+  cached in ``$XDG_CACHE_HOME/shardwise/calibration.json`` (default ``~/.cache``) under the CPU's
+  model name, the thread count and the torch version (``measure_cpu`` says what it runs, about 3
+  s). A cached entry is validated (every field a positive number of the expected kind) and
+  measured afresh when not; delete the file to measure again.
+- **GPUs, from data sheets and one measurement:** the dense bf16 peaks of ``device.BF16_PEAKS``
+  and the vendors' memory bandwidths, each scaled by what the committed H200 runs measured
+  (``benchmarks/results/2026-11-26-fsdp-gpu-h200.md``): an 8192^3 bf16 matmul ran at 805 of
+  989 TFLOP/s (0.81 of peak), and GPT small's compute-only step (0.009 s for 330 operators at
+  negligible roofline time) gives 27 us per operator of eager PyTorch. fp32 matmuls use TF32
+  tensor cores at half the bf16 rate; fused attention is taken at 0.6 of the matmul rate
+  (assumed, as FlashAttention-2 reports on these GPUs). Only the H200's figures are measured
+  here; the others assume the same fractions.
+
+On a GPU the collectives run beside the kernels (NCCL's own channels), so communication can hide
+behind compute; on the CPU the shardwise backend's collectives copy with the same cores that
+compute, so the model adds them.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import platform
+import time
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .device import bf16_peak
+
+# H200's measured fractions (module docstring)
+MATMUL_FRACTION = 805.0 / 989.4
+GPU_OP_SECONDS = 27e-6
+MEMORY_FRACTION = 0.8  # assumed: achievable STREAM-like bandwidth over the data sheet's
+ATTENTION_FRACTION = 0.6  # assumed: fused attention's rate over the matmul rate (FlashAttention-2)
+
+# Data-sheet memory bandwidths (bytes/s), by a substring of the device name; first match wins.
+GPU_MEMORY_BANDWIDTH = (
+    ("H200", 4.8e12),
+    ("H100 PCIe", 2.0e12),
+    ("H100", 3.35e12),
+    ("A100", 2.039e12),
+    ("L40S", 0.864e12),
+)
+GPUS = {"h200": "H200", "h100": "H100", "a100": "A100", "l40s": "L40S"}
+
+
+@dataclass(frozen=True)
+class DeviceRates:
+    """A device's sustained rates; ``matmul_flops`` maps a dtype's itemsize (2: bf16 / fp16,
+    4: fp32) to FLOP/s."""
+
+    name: str
+    matmul_flops: dict[int, float]
+    attention_flops: dict[int, float]
+    memory_bytes_per_s: float
+    op_seconds: float
+    overlaps_communication: bool
+    source: str
+
+    def flop_rate(self, kind: str, itemsize: int) -> float:
+        """FLOP/s of an operator of ``kind`` (``op_trace.OpCost.kind``) in a dtype of
+        ``itemsize`` bytes (the fp32 rate for a width not measured)."""
+        table = self.attention_flops if kind == "attention" else self.matmul_flops
+        return table.get(itemsize) or table[4]
+
+
+def device_key(name: str) -> str:
+    """``cpu``, or the table's key (``h100``, ...) of a GPU named by key or by its CUDA device
+    name (``NVIDIA H200``: the longest listed name it contains); ValueError for another."""
+    if name.lower() in ("cpu", *GPUS):
+        return name.lower()
+    for key, full in sorted(GPUS.items(), key=lambda kv: -len(kv[1])):
+        if full in name:
+            return key
+    raise ValueError(
+        f"no published rates for the device {name!r}; name one of {', '.join(GPUS)} or "
+        "'cpu' (this machine, measured)"
+    )
+
+
+def gpu_rates(name: str) -> DeviceRates:
+    """The rates of a GPU by name (``h100``, ``h200``, ``a100``, ``l40s``, or a CUDA device
+    name such as ``NVIDIA H200``)."""
+    full = GPUS.get(name.lower(), name)
+    peak = bf16_peak(full)
+    memory = next((bw for key, bw in GPU_MEMORY_BANDWIDTH if key in full), None)
+    if peak is None or memory is None:
+        raise ValueError(
+            f"no published rates for the device {name!r}; name one of {', '.join(GPUS)} or "
+            "'cpu' (this machine, measured)"
+        )
+    bf16 = peak * MATMUL_FRACTION
+    measured = "H200" in full
+    matmul = {2: bf16, 4: bf16 / 2}
+    return DeviceRates(
+        full,
+        matmul,
+        {k: v * ATTENTION_FRACTION for k, v in matmul.items()},
+        memory * MEMORY_FRACTION,
+        GPU_OP_SECONDS,
+        True,
+        "measured on an H200 (2026-11-26)" if measured else "data sheet x the H200's fractions",
+    )
+
+
+def _best(run, repeats: int = 5) -> float:
+    run()
+    best = float("inf")
+    for _ in range(repeats):
+        start = time.perf_counter()
+        run()
+        best = min(best, time.perf_counter() - start)
+    return best
+
+
+def _matmul_flops(dtype: torch.dtype, size: int = 1024) -> float:
+    a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
+    return 2.0 * size**3 / _best(lambda: torch.mm(a, b))
+
+
+def _memory_bandwidth(elements: int = 16 << 20) -> float:
+    a, b, c = torch.ones(elements), torch.ones(elements), torch.empty(elements)
+    return 3 * 4 * elements / _best(lambda: torch.add(a, b, out=c))
+
+
+def _attention_flops(dtype: torch.dtype, shape=(4, 8, 256, 64)) -> float:
+    """Causal scaled-dot-product attention, forward + backward, at torch's FLOP formulas."""
+    from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
+
+    q, k, v = (torch.randn(shape, dtype=dtype, requires_grad=True) for _ in range(3))
+    grad = torch.randn(shape, dtype=dtype)
+
+    def run():
+        out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+        out.backward(grad)
+
+    flops = sdpa_flop_count(shape, shape, shape) + sdpa_backward_flop_count(
+        shape, shape, shape, shape
+    )
+    return flops / _best(run)
+
+
+def _calibration_step(cfg, micro_batch: int):
+    """(seconds of one real forward + backward of a GPT of ``cfg`` in fp32, its trace)."""
+    from ..models.gpt import GPT
+    from . import op_trace
+
+    torch.manual_seed(0)
+    model = GPT(cfg)
+    tokens = torch.zeros(micro_batch, cfg.seq_len, dtype=torch.long)
+    seconds = _best(lambda: model.loss(tokens, tokens).backward(), repeats=5)
+    trace = op_trace.trace_training_step(lambda: GPT(cfg), tokens.shape, bf16=False)
+    return seconds, trace
+
+
+def measure_cpu(threads: int) -> DeviceRates:
+    """This CPU's rates with ``threads`` threads (restored after). The matmul and attention
+    rates come from those kernels alone; the cost per operator from a 2-layer, 64-wide GPT on 8
+    tokens (its time is almost all dispatch: its roofline is subtracted); the memory
+    bandwidth of the other operators (casts, softmax, norms, GELU, adds: their bytes over their
+    time) from a 2-layer, 256-wide GPT on 512 tokens, after its matmuls, attention and
+    dispatch are subtracted."""
+    from ..models.gpt import GPTConfig
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(threads)
+    try:
+        dtypes = {4: torch.float32, 2: torch.bfloat16}
+        matmul = {k: _matmul_flops(d) for k, d in dtypes.items()}
+        attention = {k: _attention_flops(d) for k, d in dtypes.items()}
+        rates = DeviceRates("cpu", matmul, attention, _memory_bandwidth(), 0.0, False, "")
+        tiny = GPTConfig(vocab_size=64, seq_len=8, dim=64, layers=2, heads=2)
+        seconds, trace = _calibration_step(tiny, 1)
+        op = max(1e-7, (seconds - trace.roofline_seconds(rates)) / len(trace))
+        mid = GPTConfig(vocab_size=4096, seq_len=256, dim=256, layers=2, heads=4)
+        seconds, trace = _calibration_step(mid, 2)
+        left = seconds - trace.roofline_seconds(rates, ("matmul", "attention")) - op * len(trace)
+        memory = trace.bytes_of("memory") / left if left > 0 else rates.memory_bytes_per_s
+        when = time.strftime("%Y-%m-%d")
+        source = f"measured on this CPU ({threads} threads, {when})"
+        return DeviceRates("cpu", matmul, attention, memory, op, False, source)
+    finally:
+        torch.set_num_threads(before)
+
+
+def _cache_file() -> Path:
+    base = os.environ.get("XDG_CACHE_HOME") or str(Path.home() / ".cache")
+    return Path(base) / "shardwise" / "calibration.json"
+
+
+def _cpu_key(threads: int) -> str:
+    model = platform.processor() or platform.machine()
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    return f"{model} | {threads} threads | torch {torch.__version__}"
+
+
+def _rates_table(entry, key: str) -> dict[int, float]:
+    table = {int(k): float(v) for k, v in entry[key].items()}
+    if set(table) != {2, 4} or not all(v > 0 for v in table.values()):
+        raise ValueError(key)
+    return table
+
+
+def _from_cache(entry) -> DeviceRates | None:
+    """The rates a cache entry holds, or None where any field is missing or out of range."""
+    try:
+        memory, op = float(entry["memory_bytes_per_s"]), float(entry["op_seconds"])
+        if memory <= 0 or op <= 0:
+            return None
+        return DeviceRates(
+            "cpu",
+            _rates_table(entry, "matmul_flops"),
+            _rates_table(entry, "attention_flops"),
+            memory,
+            op,
+            False,
+            str(entry.get("source", "measured on this CPU")),
+        )
+    except (KeyError, TypeError, ValueError, AttributeError):
+        return None
+
+
+def cpu_rates(threads: int) -> DeviceRates:
+    """This CPU's rates for ranks of ``threads`` threads: cached, else measured and cached."""
+    path, key = _cache_file(), _cpu_key(threads)
+    try:
+        cached = json.loads(path.read_text())
+    except (OSError, ValueError):
+        cached = {}
+    cached = cached if isinstance(cached, dict) else {}
+    rates = _from_cache(cached.get(key))
+    if rates is not None:
+        return rates
+    rates = measure_cpu(threads)
+    cached[key] = asdict(rates)
+    try:
+        from ..atomic_file import atomic_write
+
+        path.parent.mkdir(parents=True, exist_ok=True)
+        atomic_write(path, lambda f: f.write(json.dumps(cached, indent=1).encode()))
+    except OSError:
+        pass  # an unwritable cache only costs the next plan a new measurement
+    return rates
+
+
+def rates_for(device: str, threads: int = 1) -> DeviceRates:
+    """``cpu`` (this machine, ``threads`` per rank) or a GPU (``gpu_rates``)."""
+    return cpu_rates(threads) if device_key(device) == "cpu" else gpu_rates(device)

@@ -1,0 +1,167 @@
+"""What one training micro-batch asks of a device, operator by operator, traced on fake tensors.
+
+A forward, the loss and the backward run under ``FakeTensorMode`` (shapes, dtypes and storages
+as in a real run, no memory allocated), inside a dispatch mode that records every ATen operator
+the run executes: its FLOPs (torch's own formulas, ``torch.utils.flop_counter.flop_registry``;
+0 for an operator without one, such as an elementwise add) and the bytes it reads and writes
+(its tensor inputs and outputs). Operators whose outputs alias an input (views: ``view``,
+``transpose``, ``expand``, ...) move no memory and are left out, as torch's RuntimeEstimator
+leaves them out. torch has no formula for the CPU flash attention; it gets the CUDA one's.
+``step_time.py`` turns the record into seconds on a device (a roofline per operator, plus a
+fixed cost per operator).
+
+torch's ``RuntimeEstimator`` does the same roofline, but reads the rates of the GPU it runs on
+(it refuses to run without one), so it cannot price a cluster that is not here; this trace
+keeps the operators and leaves the rates to a table (``calibration.py``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+from torch.utils._pytree import tree_flatten
+from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
+
+
+@dataclass(frozen=True)
+class OpCost:
+    """One executed operator: its name, FLOPs, bytes read + written, and the itemsize of its
+    widest floating-point output (the dtype its matmul runs in)."""
+
+    name: str
+    flops: int
+    bytes: int
+    itemsize: int
+
+    @property
+    def kind(self) -> str:
+        """``attention`` (a fused attention kernel: its own rate), ``matmul`` (any other
+        operator with a FLOP formula) or ``memory`` (bound by its bytes)."""
+        if "attention" in self.name:
+            return "attention"
+        return "matmul" if self.flops else "memory"
+
+
+@dataclass(frozen=True)
+class Trace:
+    """The operators of one traced region, in execution order."""
+
+    ops: tuple[OpCost, ...]
+
+    @property
+    def flops(self) -> int:
+        return sum(op.flops for op in self.ops)
+
+    @property
+    def bytes(self) -> int:
+        return sum(op.bytes for op in self.ops)
+
+    def __len__(self) -> int:
+        return len(self.ops)
+
+    def roofline_seconds(self, rates, kinds=("matmul", "attention", "memory")) -> float:
+        """Each operator of ``kinds`` at the slower of its FLOPs at ``rates.flop_rate(kind,
+        itemsize)`` and its bytes at ``rates.memory_bytes_per_s`` (a
+        ``calibration.DeviceRates``), summed."""
+        return sum(
+            max(
+                op.flops / rates.flop_rate(op.kind, op.itemsize),
+                op.bytes / rates.memory_bytes_per_s,
+            )
+            for op in self.ops
+            if op.kind in kinds
+        )
+
+    def bytes_of(self, kind: str) -> int:
+        return sum(op.bytes for op in self.ops if op.kind == kind)
+
+
+# Operators that alias their input without an alias annotation in their schema.
+_FREE = {"aten._unsafe_view", "aten.lift_fresh", "aten.detach"}
+
+
+def _moves_nothing(func, outputs) -> bool:
+    """Views (an output aliasing an input, not written: ``add_`` writes its alias and counts),
+    the aliasing operators above, and queries that return no tensor (``prim.device``)."""
+    if str(func._overloadpacket) in _FREE:
+        return True
+    if any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns):
+        return True
+    return not any(isinstance(t, torch.Tensor) for t in outputs)
+
+
+def _cpu_attention_flops(query, key, value, *args, out_val=None, **kwargs) -> int:
+    return sdpa_flop_count(query.shape, key.shape, value.shape)
+
+
+def _cpu_attention_backward_flops(grad_out, query, key, value, *args, out_val=None, **kwargs):
+    return sdpa_backward_flop_count(grad_out.shape, query.shape, key.shape, value.shape)
+
+
+# torch's formulas, plus the CPU flash attention's (the same as the CUDA one's; torch has none)
+_FLOPS = {
+    **{str(packet): formula for packet, formula in flop_registry.items()},
+    "aten._scaled_dot_product_flash_attention_for_cpu": _cpu_attention_flops,
+    "aten._scaled_dot_product_flash_attention_for_cpu_backward": _cpu_attention_backward_flops,
+}
+
+
+def _tensor_bytes(values) -> int:
+    return sum(t.numel() * t.element_size() for t in values if isinstance(t, torch.Tensor))
+
+
+class _Recorder(TorchDispatchMode):
+    def __init__(self):
+        super().__init__()
+        self.ops: list[OpCost] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        outputs, _ = tree_flatten(out)
+        if _moves_nothing(func, outputs):
+            return out
+        name = str(func._overloadpacket)
+        formula = _FLOPS.get(name)
+        flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
+        inputs, _ = tree_flatten((args, kwargs))
+        floats = [t.element_size() for t in outputs if isinstance(t, torch.Tensor)]
+        floats = [s for s in floats if s in (2, 4, 8)] or [4]
+        moved = _tensor_bytes(inputs) + _tensor_bytes(outputs)
+        self.ops.append(OpCost(name, flops, moved, max(floats)))
+        return out
+
+
+def trace(run: Callable[[], None]) -> Trace:
+    """The operators ``run()`` executes; call it under ``FakeTensorMode`` to allocate nothing
+    (``trace_training_step`` does)."""
+    recorder = _Recorder()
+    with recorder:
+        run()
+    return Trace(tuple(recorder.ops))
+
+
+def trace_training_step(
+    build_model, tokens_shape: tuple[int, int], bf16: bool, backward: bool = True
+) -> Trace:
+    """One micro-batch of training on fake tensors: ``build_model()`` (called under the fake
+    mode, so its parameters are fake too), its ``loss(tokens, tokens)`` under bf16 autocast when
+    ``bf16``, and the backward (not with ``backward=False``: the forward alone, what activation
+    checkpointing runs again). The optimizer step is not in it (``step_time.py`` prices it from
+    the rank's share of the parameters)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        model = build_model()
+        tokens = torch.zeros(tokens_shape, dtype=torch.long)
+
+        def run():
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+                loss = model.loss(tokens, tokens)
+            if backward:
+                loss.backward()
+
+        return trace(run)

@@ -1,0 +1,195 @@
+"""A plan's predicted step times (``step_time.py``) on a device and cluster: for a shardwise-train
+config (``for_config``: its model, micro-batches, precision, checkpointing and tp cut, the row its
+strategy runs) or for a bundled GPT preset (``for_gpt``: the row the planner recommends).
+
+``Prediction.predicted`` holds the one row a run would use, under the names the run's records
+use: ``step_s``, ``tokens_per_s``, ``compute_s``, ``comm_s`` and, per rank,
+``peak_rss_mb_per_rank`` on the CPU (the row's bytes plus the resident set of this process,
+which has imported torch and shardwise as a rank has) or ``peak_device_mb_per_rank`` on a GPU
+(the row's bytes: what ``torch.cuda.max_memory_allocated`` counts, without the CUDA context).
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from . import step_time
+from .calibration import device_key, rates_for
+from .cluster import Cluster
+from .device import cpu_threads_per_rank
+from .gpt_costs import gpt_traces
+
+
+@dataclass(frozen=True)
+class Prediction:
+    device: str
+    source: str  # what the device's rates rest on (calibration.DeviceRates.source)
+    strategy: str  # the row ``predicted`` describes
+    times: dict  # strategy -> StepTime | None (communication unknown)
+    ranking: tuple[str, ...]  # the rows that fit, fastest first
+    predicted: dict | None
+
+    def start_line(self) -> str:
+        """The console's account of the prediction when a run starts."""
+        p = self.predicted
+        if p is None:
+            return f"no step-time prediction for {self.strategy}: its communication is unknown"
+        return (
+            f"predicted step ({self.strategy} on {self.device}, {self.source}): "
+            f"{p['step_s']:.3g} s, {p['tokens_per_s']:.0f} tokens/s (compute "
+            f"{p['compute_s']:.3g} s, communication {p['comm_s']:.3g} s)"
+        )
+
+    def measured_line(self, step_seconds: list[float]) -> str:
+        """The summary's step time against the prediction: the median step after the first
+        (which pays for warm-up), or the only one."""
+        timed = step_seconds[1:] or step_seconds
+        measured = statistics.median(timed)
+        if self.predicted is None:
+            return f"step time: measured {measured:.3g} s (no prediction)"
+        expected = self.predicted["step_s"]
+        return (
+            f"step time: predicted {expected:.3g} s, measured {measured:.3g} s "
+            f"({(measured - expected) / expected:+.0%}; median of {len(timed)} steps)"
+        )
+
+    def to_dict(self) -> dict:
+        times = {k: (v.to_dict() if v else None) for k, v in self.times.items()}
+        return {
+            "device": self.device,
+            "source": self.source,
+            "strategy": self.strategy,
+            "step_times": times,
+            "ranking": list(self.ranking),
+            "predicted": self.predicted,
+        }
+
+
+def _resident_bytes() -> int:
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmRSS:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return 0
+
+
+def _size_ratio(gpt) -> float:
+    """Another model (a Hugging Face family: ``causal_lm.ModelShape``) is traced as the bundled
+    GPT of its width, depth, heads and vocabulary; its own layers differ (Llama's SwiGLU MLP has
+    three matrices), so its compute is scaled by its parameters over that GPT's (training
+    FLOPs grow with the parameters, 6 per parameter and token). 1 for the bundled GPT."""
+    from dataclasses import fields
+
+    from ..models.gpt import GPTConfig
+
+    if type(gpt) is GPTConfig:
+        return 1.0
+    proxy = GPTConfig(**{f.name: getattr(gpt, f.name) for f in fields(GPTConfig)})
+    return gpt.num_parameters() / proxy.num_parameters()
+
+
+def _this_gpu() -> str:
+    """This machine's GPU's table key when it has one that is listed, else h100."""
+    import torch
+
+    if torch.cuda.is_available():
+        try:
+            return device_key(torch.cuda.get_device_name())
+        except ValueError:
+            pass
+    return "h100"
+
+
+def for_gpt(
+    result,
+    gpt,
+    *,
+    micro_batch_size: int,
+    micro_batches: int,
+    checkpointing: bool,
+    strategy: str,
+    device: str = "cpu",
+    cluster: Cluster | None = None,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    save_gathered: bool = False,
+    deterministic: bool = False,
+) -> Prediction:
+    """The step times of ``result``'s rows for the bundled GPT ``gpt`` traced at
+    ``micro_batch_size`` sequences (on one tp rank of ``tp``), and ``strategy``'s as
+    ``predicted``. ``device``: ``cpu`` or a GPU (``calibration.device_key``)."""
+    per_host = result.ranks_per_host or result.world_size
+    threads = cpu_threads_per_rank(per_host * tp, deterministic)
+    device = device_key(device)
+    rates = rates_for(device, threads)
+    bf16 = result.mixed_precision != "fp32"
+    full, forward = gpt_traces(gpt, micro_batch_size, bf16, tp, sequence_parallel, save_gathered)
+    seconds = step_time.trace_seconds(full, rates)
+    if checkpointing:
+        seconds += step_time.trace_seconds(forward, rates)
+    seconds *= _size_ratio(gpt)
+    work = step_time.Work(
+        seconds,
+        micro_batches,
+        micro_batches * micro_batch_size * gpt.seq_len,
+        step_time.update_bytes(result.optimizer, result.mixed_precision),
+        traced_tp=tp,
+    )
+    cluster = cluster or Cluster(device, result.hosts, per_host * tp, 1.0)
+    links = step_time.Links(
+        cluster.intra_host_bytes_per_s(rates.memory_bytes_per_s), cluster.inter_host_bytes_per_s()
+    )
+    contention = 1.0
+    if device == "cpu":
+        contention = step_time.cpu_contention(per_host * tp, threads)
+    times = step_time.predict_plan(result, work, rates, links, contention)
+    ranking = step_time.rank_rows(times, {r.strategy: r.fits for r in result.rows})
+    chosen = times.get(strategy)
+    predicted = None
+    if chosen is not None:
+        row = result.row(strategy)
+        predicted = {k: getattr(chosen, k) for k in ("step_s", "tokens_per_s", "compute_s")}
+        predicted["comm_s"] = chosen.comm_s
+        if device == "cpu":
+            rss = (row.total + _resident_bytes()) / 2**20
+            predicted["peak_rss_mb_per_rank"] = round(rss, 1)
+        else:
+            predicted["peak_device_mb_per_rank"] = round(row.total / 2**20, 1)
+    return Prediction(device, rates.source, strategy, times, tuple(ranking), predicted)
+
+
+def for_config(cfg, result, device: str | None = None, cluster: Cluster | None = None):
+    """The prediction of a shardwise-train config's plan (``config_plan.plan_for_config``) on
+    ``device`` (default: the cluster's; else ``cpu`` for a CPU run, else this machine's GPU
+    when listed, else h100)."""
+    from .config_plan import row_for_config
+
+    d, t, gpt = cfg.distributed, cfg.training, cfg.gpt_config()
+    micro_batches = t.gradient_accumulation_steps
+    if d.strategy == "pipeline" and d.pipeline is not None:
+        micro_batches *= d.pipeline.num_microbatches or d.pipeline_parallel_size
+    if device is None and cluster is not None:
+        device = cluster.device
+    if device is None:
+        device = "cpu" if t.device == "cpu" else _this_gpu()
+    strategy = row_for_config(cfg)
+    if strategy not in {r.strategy for r in result.rows}:
+        strategy = "zero3"
+    return for_gpt(
+        result,
+        gpt,
+        micro_batch_size=t.micro_batch_size,
+        micro_batches=micro_batches,
+        checkpointing=cfg.activation_checkpointing,
+        strategy=strategy,
+        device=device,
+        cluster=cluster,
+        tp=d.tensor_parallel_size,
+        sequence_parallel=d.sequence_parallel,
+        save_gathered=d.sequence_parallel_save_gathered,
+        deterministic=t.deterministic,
+    )

@@ -1,0 +1,180 @@
+"""Step time of each planned strategy (``planner.Plan``'s rows), from a cost model: the
+operators of one traced micro-batch (``op_trace.py``) priced on a device (``calibration.py``),
+the optimizer's update, and each row's communication over a cluster's links.
+
+Per rank and optimizer step, with m micro-batches, T the traced forward + backward of one
+micro-batch (F its forward alone) and A = T + F under activation checkpointing, else T:
+
+- one operator costs ``max(flops / matmul rate, bytes / memory bandwidth) + op_seconds`` (a
+  roofline, plus the fixed cost of dispatching it); T and F are the sums over the trace;
+- compute: ``m · A`` for the data-parallel rows; ``m · A / t`` for the tp x zero3 row of degree t
+  when the traced model is not already cut; a pipeline of p stages under 1F1B runs
+  ``(m + p - 1)`` stage slots of ``A / p`` (the fill and drain are its bubble);
+- optimizer: the parameters this rank updates (its optimizer state over the bytes each
+  parameter holds there) times the bytes an update reads and writes (AdamW: parameter, gradient
+  and two moments read, three written, 28 bytes in fp32; SGD with momentum 20; a low-precision
+  copy written adds 2), over the memory bandwidth;
+- communication: the row's ring bytes per rank (``Row.communication``) over the bus bandwidth
+  within a host, plus, across hosts, its bytes per host link (``Row.inter_host``) over the
+  link's; the hierarchical collectives run those phases one after the other;
+- overlap: on a GPU the engines hide communication behind compute, DDP and ZeRO-1/2 behind
+  the backward (taken as 2/3 of the compute), ZeRO-3 / FSDP full_shard and hybrid_shard behind
+  forward and backward (the prefetched gathers); only the rest is exposed. On the CPU the
+  collectives copy with the cores that compute, so all of it is added;
+- ranks that outnumber a host's cores (CPU) take turns: compute and communication stretch by
+  ``ranks x threads / cores``.
+
+``step_s = compute_s + optimizer_s + exposed communication``, and tokens/s is the tokens the
+row's replicas train per step over it: every row runs the same micro-batches per replica, so a
+tp or pipeline row, whose t or p ranks hold one replica, trains 1/t or 1/p of DDP's tokens.
+Not modelled: the latency of each collective (dominant only for tiny messages), stragglers, and
+the data loader.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import asdict, dataclass
+
+from .calibration import DeviceRates
+from .op_trace import Trace
+
+# bytes an optimizer update reads and writes per parameter (fp32 states; module docstring)
+UPDATE_BYTES = {"adamw": 28, "adam": 28, "sgd": 20}
+_HIDE_BEHIND = {"ddp": 2 / 3, "zero1": 2 / 3, "zero2": 2 / 3, "fsdp_shard_grad_op": 2 / 3}
+
+
+@dataclass(frozen=True)
+class Links:
+    """The bandwidths a rank's collectives see: within its host (bus bandwidth, bytes/s) and
+    over its host's link to the others (bytes/s; None: one host)."""
+
+    intra_host: float
+    inter_host: float | None = None
+
+
+@dataclass(frozen=True)
+class StepTime:
+    """One row's predicted step, in the names the run's records use."""
+
+    strategy: str
+    step_s: float
+    tokens_per_s: float
+    compute_s: float
+    comm_s: float  # all of the row's communication; exposed_comm_s is what the step waits for
+    exposed_comm_s: float
+    optimizer_s: float
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+def trace_seconds(trace: Trace, rates: DeviceRates) -> float:
+    """The trace's roofline (``Trace.roofline_seconds``) plus each operator's fixed cost."""
+    return trace.roofline_seconds(rates) + len(trace) * rates.op_seconds
+
+
+@dataclass(frozen=True)
+class Work:
+    """What every row of one plan shares: seconds of one micro-batch's forward + backward
+    (``micro_batch_s``: with checkpointing's second forward included) on one rank, the
+    micro-batches each replica runs per step, the tokens one replica trains per step, the bytes
+    an optimizer update moves per parameter, and the tp degree the traced model already has."""
+
+    micro_batch_s: float
+    micro_batches: int
+    tokens_per_replica: int
+    update_bytes: int
+    traced_tp: int = 1
+
+
+def _compute(strategy: str, work: Work, stages: int, tp: int) -> float:
+    m, a = work.micro_batches, work.micro_batch_s
+    if strategy == "pipeline" and stages > 1:
+        return (m + stages - 1) * a / stages
+    if strategy == "tp_zero3" and work.traced_tp == 1:
+        return m * a / tp
+    return m * a
+
+
+def _replicas(strategy: str, ranks: int, stages: int, tp: int) -> int:
+    """Model replicas among the plan's ``ranks`` data ranks: a pipeline's p stages or a tp row's
+    t ranks hold one replica together."""
+    if strategy == "pipeline" and stages > 1:
+        return ranks // stages
+    return ranks // tp if strategy == "tp_zero3" else ranks
+
+
+def predict_row(
+    row,
+    work: Work,
+    rates: DeviceRates,
+    links: Links,
+    *,
+    optimizer_bytes_per_param: float,
+    ranks: int,
+    stages: int = 1,
+    tp: int = 1,
+    contention: float = 1.0,
+) -> StepTime | None:
+    """The step time of one ``planner.Row`` over ``ranks`` data ranks; None when its
+    communication is not known. Every row runs the same micro-batches per replica (the
+    planner's convention), so its tokens per step are its replicas' (``_replicas``)."""
+    if row.communication is None:
+        return None
+    compute = _compute(row.strategy, work, stages, tp) * contention
+    state = row.optimizer_state or row.host  # offload keeps the optimizer state on the host
+    updated = state / optimizer_bytes_per_param if optimizer_bytes_per_param else 0.0
+    optimizer = updated * work.update_bytes / rates.memory_bytes_per_s * contention
+    comm = row.communication / links.intra_host
+    if row.inter_host and links.inter_host:
+        comm += row.inter_host / links.inter_host
+    comm *= contention
+    exposed = comm
+    if rates.overlaps_communication:
+        hidden = _HIDE_BEHIND.get(row.strategy, 1.0 if row.strategy != "pipeline" else 0.0)
+        exposed = max(0.0, comm - hidden * compute)
+    step = compute + optimizer + exposed
+    tokens = _replicas(row.strategy, ranks, stages, tp) * work.tokens_per_replica
+    return StepTime(row.strategy, step, tokens / step, compute, comm, exposed, optimizer)
+
+
+def cpu_contention(ranks_per_host: int, threads: int, cores: int | None = None) -> float:
+    """How much longer everything takes when a host's ranks' threads outnumber its cores."""
+    cores = cores or os.cpu_count() or 1
+    return max(1.0, ranks_per_host * threads / cores)
+
+
+def rank_rows(times: dict[str, StepTime | None], fits: dict[str, bool]) -> list[str]:
+    """The strategies that fit, fastest first (by predicted tokens/s)."""
+    known = [t for name, t in times.items() if t is not None and fits.get(name)]
+    return [t.strategy for t in sorted(known, key=lambda t: -t.tokens_per_s)]
+
+
+def predict_plan(
+    plan, work: Work, rates: DeviceRates, links: Links, contention: float = 1.0
+) -> dict[str, StepTime | None]:
+    """Every row's step time (``predict_row``), by strategy."""
+    from .planner import optimizer_bytes_per_param
+
+    return {
+        row.strategy: predict_row(
+            row,
+            work,
+            rates,
+            links,
+            optimizer_bytes_per_param=optimizer_bytes_per_param(
+                row.strategy, plan.mixed_precision, plan.optimizer
+            ),
+            ranks=plan.world_size,
+            stages=plan.pipeline_stages,
+            tp=plan.tp_degree,
+            contention=contention,
+        )
+        for row in plan.rows
+    }
+
+
+def update_bytes(optimizer: str, precision: str) -> int:
+    """Bytes an optimizer update reads and writes per parameter (module docstring)."""
+    return UPDATE_BYTES[optimizer] + (2 if precision != "fp32" else 0)
