@@ -296,6 +296,13 @@ bench-hosts-training: build ## training across 4 emulated hosts x 2 ranks beside
 		--ranks-per-host 2 --rate $$rate \
 		--output benchmarks/results/$$(date +%Y-%m-%d)-hosts-training-4x2-$$rate-cpu.md; done
 
+# The planner against measured runs: per-rank model state (bench_planner.py) and the predicted
+# step time and peak RSS of the example configs (bench_step_time.py, ~12 min).
+bench-planner: build ## the planner's memory and step-time predictions beside measured runs
+	$(PY) benchmarks/bench_planner.py --output benchmarks/results/$$(date +%Y-%m-%d)-planner-cpu.md
+	$(PY) benchmarks/bench_step_time.py --launches 3 \
+		--output benchmarks/results/$$(date +%Y-%m-%d)-step-time-cpu.md
+
 bench-zeropp: build ## ZeRO-3 with and without DeepSpeed's ZeRO++ keys across 2 emulated hosts x 2 ranks
 	$(PY) benchmarks/bench_zeropp.py --hosts 2 --ranks-per-host 2 --rate 1gbit \
 		--output benchmarks/results/$$(date +%Y-%m-%d)-zeropp-2x2-1gbit-cpu.md
