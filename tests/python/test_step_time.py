@@ -14,8 +14,9 @@ from shardwise.train.cluster import load_cluster
 from shardwise.train.plan_cli import main
 
 CONFIGS = Path(__file__).resolve().parents[2] / "examples" / "configs"
+ATTENTION = {4: {64: 5e11}, 2: {64: 1e12}}
 RATES = calibration.DeviceRates(
-    "test", {4: 1e12, 2: 2e12}, {4: 5e11, 2: 1e12}, 1e11, 1e-5, False, "given"
+    "test", {4: {64: 1e12}, 2: {64: 2e12}}, ATTENTION, ATTENTION, 1e11, 1e-5, False, "given"
 )
 
 
@@ -48,7 +49,7 @@ def test_views_move_nothing_and_in_place_writes_count():
         ops = op_trace.trace(run).ops
     assert [op.name for op in ops] == ["aten.add_", "aten.mm"]
     assert ops[0].bytes == 2 * 8 * 4 * 4 and ops[0].flops == 0
-    assert ops[1].flops == 2 * 8 * 4 * 2 and ops[1].kind == "matmul"
+    assert ops[1].flops == 2 * 8 * 4 * 2 and ops[1].kind == "matmul" and ops[1].size == 2
 
 
 def _row(name, comm=2e9, inter=None, optimizer_state=12e9):
@@ -78,7 +79,8 @@ def test_step_time_adds_compute_optimizer_and_communication_on_the_cpu():
 def test_on_a_gpu_communication_hides_behind_what_each_engine_overlaps():
     """DDP hides its all-reduce behind the backward (2/3 of the compute), ZeRO-3 behind forward
     and backward (prefetch); the rest is exposed. Catches a model that overlaps everything."""
-    gpu = calibration.DeviceRates("gpu", {4: 1e12, 2: 1e12}, {4: 1e12, 2: 1e12}, 1e11, 0, True, "")
+    flat = {4: {64: 1e12}, 2: {64: 1e12}}
+    gpu = calibration.DeviceRates("gpu", flat, flat, flat, 1e11, 0, True, "")
     links = step_time.Links(1e9)  # 10 s of communication against 4 s of compute
     args = dict(optimizer_bytes_per_param=12, ranks=2)
     ddp = step_time.predict_row(_row("ddp", comm=1e10), _work(), gpu, links, **args)
@@ -126,6 +128,18 @@ def test_the_cpu_calibration_is_cached_and_a_bad_cache_is_measured_again(tmp_pat
     path.write_text("not json")
     calibration.cpu_rates(3)
     assert measured == [3, 3, 3]
+
+
+def test_small_matmuls_run_at_the_measured_curve_s_rate():
+    """A matmul's rate follows its smallest dimension: the measured points, log2-interpolated
+    between them, the ends held beyond. Catches a width-64 model priced at a 1024-wide matmul's
+    rate (the tiny preset ran 2-3x its prediction)."""
+    curve = {4: {64: 1e10, 256: 3e10, 1024: 5e10}}
+    rates = calibration.DeviceRates("cpu", curve, curve, curve, 1e10, 1e-6, False, "")
+    assert rates.flop_rate("matmul", 4, 64) == 1e10 and rates.flop_rate("matmul", 4, 16) == 1e10
+    assert rates.flop_rate("matmul", 4, 128) == pytest.approx(2e10)
+    assert rates.flop_rate("matmul", 4, 4096) == 5e10 == rates.flop_rate("matmul", 4)
+    assert rates.flop_rate("attention", 2, 256) == 3e10  # bf16 unmeasured: the fp32 curve
 
 
 def test_gpu_rates_by_key_or_cuda_name_and_unknown_devices_refused():

@@ -1,13 +1,17 @@
-"""What a device sustains, for the step-time model (``step_time.py``): a matmul rate per dtype
-width, a memory bandwidth, a fixed cost per operator, and whether communication overlaps compute.
+"""What a device sustains, for the step-time model (``step_time.py``): matmul and attention
+rates per dtype width and size, a memory bandwidth, a fixed cost per operator, and whether
+communication overlaps compute.
 
 Two sources, and every figure says which it rests on (``DeviceRates.source``):
 
 - **this CPU, measured** the first time a plan asks for it, with the threads one rank of the
   planned run uses (the trainer gives each of a host's R ranks ``cores // R`` threads), then
   cached in ``$XDG_CACHE_HOME/shardwise/calibration.json`` (default ``~/.cache``) under the CPU's
-  model name, the thread count and the torch version (``measure_cpu`` says what it runs, about 3
-  s). A cached entry is validated (every field a positive number of the expected kind) and
+  model name, the thread count and the torch version (``measure_cpu`` says what it runs, about 5
+  s): matmuls of 1024 tokens at widths 32-1024 (``MATMUL_SIZES``; small widths run far below
+  the peak), attention forward and backward apart at head sizes 16-128 (the CPU's backward runs
+  at a fraction of its forward's rate), the cost per operator and the other operators'
+  bandwidth from two small real training steps. A cached entry is validated (every field a positive number of the expected kind) and
   measured afresh when not; delete the file to measure again.
 - **GPUs, from data sheets and one measurement:** the dense bf16 peaks of ``device.BF16_PEAKS``
   and the vendors' memory bandwidths, each scaled by what the committed H200 runs measured
@@ -26,6 +30,7 @@ compute, so the model adds them.
 from __future__ import annotations
 
 import json
+import math
 import os
 import platform
 import time
@@ -55,22 +60,40 @@ GPUS = {"h200": "H200", "h100": "H100", "a100": "A100", "l40s": "L40S"}
 
 @dataclass(frozen=True)
 class DeviceRates:
-    """A device's sustained rates; ``matmul_flops`` maps a dtype's itemsize (2: bf16 / fp16,
-    4: fp32) to FLOP/s."""
+    """A device's sustained rates. ``matmul_flops``, ``attention_flops`` (forward) and
+    ``attention_backward_flops`` map a dtype's itemsize (2: bf16 / fp16, 4: fp32) to a curve:
+    FLOP/s at each measured size (a matmul's smallest dimension, an attention's head size)."""
 
     name: str
-    matmul_flops: dict[int, float]
-    attention_flops: dict[int, float]
+    matmul_flops: dict[int, dict[int, float]]
+    attention_flops: dict[int, dict[int, float]]
+    attention_backward_flops: dict[int, dict[int, float]]
     memory_bytes_per_s: float
     op_seconds: float
     overlaps_communication: bool
     source: str
 
-    def flop_rate(self, kind: str, itemsize: int) -> float:
+    def flop_rate(self, kind: str, itemsize: int, size: int = 0) -> float:
         """FLOP/s of an operator of ``kind`` (``op_trace.OpCost.kind``) in a dtype of
-        ``itemsize`` bytes (the fp32 rate for a width not measured)."""
-        table = self.attention_flops if kind == "attention" else self.matmul_flops
-        return table.get(itemsize) or table[4]
+        ``itemsize`` bytes (the fp32 curve for a width not measured) and ``size``: the curve
+        interpolated in log2(size), its ends held beyond them (0: the largest size's)."""
+        tables = {"attention": self.attention_flops, "attention_backward":
+                  self.attention_backward_flops}  # fmt: skip
+        table = tables.get(kind, self.matmul_flops)
+        return _interpolate(table.get(itemsize) or table[4], size)
+
+
+def _interpolate(curve: dict[int, float], size: int) -> float:
+    points = sorted(curve.items())
+    if size <= 0 or size >= points[-1][0]:
+        return points[-1][1]
+    if size <= points[0][0]:
+        return points[0][1]
+    for (s0, r0), (s1, r1) in zip(points, points[1:], strict=False):
+        if s0 <= size <= s1:
+            f = (math.log2(size) - math.log2(s0)) / (math.log2(s1) - math.log2(s0))
+            return r0 + f * (r1 - r0)
+    return points[-1][1]
 
 
 def device_key(name: str) -> str:
@@ -100,11 +123,13 @@ def gpu_rates(name: str) -> DeviceRates:
         )
     bf16 = peak * MATMUL_FRACTION
     measured = "H200" in full
-    matmul = {2: bf16, 4: bf16 / 2}
+    matmul = {2: {1024: bf16}, 4: {1024: bf16 / 2}}  # one point: the large matmul's
+    attention = {k: {1024: c[1024] * ATTENTION_FRACTION} for k, c in matmul.items()}
     return DeviceRates(
         full,
         matmul,
-        {k: v * ATTENTION_FRACTION for k, v in matmul.items()},
+        attention,
+        attention,
         memory * MEMORY_FRACTION,
         GPU_OP_SECONDS,
         True,
@@ -122,9 +147,16 @@ def _best(run, repeats: int = 5) -> float:
     return best
 
 
-def _matmul_flops(dtype: torch.dtype, size: int = 1024) -> float:
-    a, b = torch.randn(size, size).to(dtype), torch.randn(size, size).to(dtype)
-    return 2.0 * size**3 / _best(lambda: torch.mm(a, b))
+MATMUL_SIZES = (32, 64, 128, 256, 512, 1024)
+HEAD_SIZES = (16, 32, 64, 128)
+
+
+def _matmul_flops(dtype: torch.dtype, size: int) -> float:
+    """A transformer's shape: 1024 tokens x ``size`` features into 3 x ``size`` (1024 square at
+    the largest size)."""
+    m, n = 1024, 3 * size if size < 1024 else 1024
+    a, b = torch.randn(m, size).to(dtype), torch.randn(size, n).to(dtype)
+    return 2.0 * m * size * n / _best(lambda: torch.mm(a, b))
 
 
 def _memory_bandwidth(elements: int = 16 << 20) -> float:
@@ -132,21 +164,30 @@ def _memory_bandwidth(elements: int = 16 << 20) -> float:
     return 3 * 4 * elements / _best(lambda: torch.add(a, b, out=c))
 
 
-def _attention_flops(dtype: torch.dtype, shape=(4, 8, 256, 64)) -> float:
-    """Causal scaled-dot-product attention, forward + backward, at torch's FLOP formulas."""
+def _attention_flops(dtype: torch.dtype, head: int) -> tuple[float, float]:
+    """Causal scaled-dot-product attention, 4 x 8 heads of ``head`` over 256 positions, at
+    torch's FLOP formulas: (forward FLOP/s, backward FLOP/s: forward + backward less the
+    forward)."""
     from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
+    shape = (4, 8, 256, head)
     q, k, v = (torch.randn(shape, dtype=dtype, requires_grad=True) for _ in range(3))
     grad = torch.randn(shape, dtype=dtype)
 
-    def run():
+    def forward():
+        with torch.no_grad():
+            torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
+
+    def both():
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         out.backward(grad)
 
-    flops = sdpa_flop_count(shape, shape, shape) + sdpa_backward_flop_count(
-        shape, shape, shape, shape
+    ahead, whole = _best(forward), _best(both)
+    backward = max(whole - ahead, 1e-3 * whole)
+    return (
+        sdpa_flop_count(shape, shape, shape) / ahead,
+        sdpa_backward_flop_count(shape, shape, shape, shape) / backward,
     )
-    return flops / _best(run)
 
 
 def _calibration_step(cfg, micro_batch: int):
@@ -175,19 +216,23 @@ def measure_cpu(threads: int) -> DeviceRates:
     torch.set_num_threads(threads)
     try:
         dtypes = {4: torch.float32, 2: torch.bfloat16}
-        matmul = {k: _matmul_flops(d) for k, d in dtypes.items()}
-        attention = {k: _attention_flops(d) for k, d in dtypes.items()}
-        rates = DeviceRates("cpu", matmul, attention, _memory_bandwidth(), 0.0, False, "")
+        matmul = {k: {s: _matmul_flops(d, s) for s in MATMUL_SIZES} for k, d in dtypes.items()}
+        heads = {k: {s: _attention_flops(d, s) for s in HEAD_SIZES} for k, d in dtypes.items()}
+        attention = {k: {s: r[0] for s, r in c.items()} for k, c in heads.items()}
+        backward = {k: {s: r[1] for s, r in c.items()} for k, c in heads.items()}
+        bandwidth = _memory_bandwidth()
+        rates = DeviceRates("cpu", matmul, attention, backward, bandwidth, 0.0, False, "")
         tiny = GPTConfig(vocab_size=64, seq_len=8, dim=64, layers=2, heads=2)
         seconds, trace = _calibration_step(tiny, 1)
         op = max(1e-7, (seconds - trace.roofline_seconds(rates)) / len(trace))
         mid = GPTConfig(vocab_size=4096, seq_len=256, dim=256, layers=2, heads=4)
         seconds, trace = _calibration_step(mid, 2)
-        left = seconds - trace.roofline_seconds(rates, ("matmul", "attention")) - op * len(trace)
+        computed = trace.roofline_seconds(rates, ("matmul", "attention", "attention_backward"))
+        left = seconds - computed - op * len(trace)
         memory = trace.bytes_of("memory") / left if left > 0 else rates.memory_bytes_per_s
         when = time.strftime("%Y-%m-%d")
         source = f"measured on this CPU ({threads} threads, {when})"
-        return DeviceRates("cpu", matmul, attention, memory, op, False, source)
+        return DeviceRates("cpu", matmul, attention, backward, memory, op, False, source)
     finally:
         torch.set_num_threads(before)
 
@@ -209,9 +254,10 @@ def _cpu_key(threads: int) -> str:
     return f"{model} | {threads} threads | torch {torch.__version__}"
 
 
-def _rates_table(entry, key: str) -> dict[int, float]:
-    table = {int(k): float(v) for k, v in entry[key].items()}
-    if set(table) != {2, 4} or not all(v > 0 for v in table.values()):
+def _rates_table(entry, key: str) -> dict[int, dict[int, float]]:
+    table = {int(k): {int(s): float(r) for s, r in c.items()} for k, c in entry[key].items()}
+    rates = [r for c in table.values() for r in c.values()]
+    if set(table) != {2, 4} or not all(table.values()) or not all(r > 0 for r in rates):
         raise ValueError(key)
     return table
 
@@ -226,6 +272,7 @@ def _from_cache(entry) -> DeviceRates | None:
             "cpu",
             _rates_table(entry, "matmul_flops"),
             _rates_table(entry, "attention_flops"),
+            _rates_table(entry, "attention_backward_flops"),
             memory,
             op,
             False,

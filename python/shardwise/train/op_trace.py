@@ -28,20 +28,23 @@ from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sd
 
 @dataclass(frozen=True)
 class OpCost:
-    """One executed operator: its name, FLOPs, bytes read + written, and the itemsize of its
-    widest floating-point output (the dtype its matmul runs in)."""
+    """One executed operator: its name, FLOPs, bytes read + written, the itemsize of its
+    widest floating-point output (the dtype its matmul runs in) and, for a matmul, its smallest
+    dimension (an attention's head size): small ones run far below a device's peak."""
 
     name: str
     flops: int
     bytes: int
     itemsize: int
+    size: int = 0
 
     @property
     def kind(self) -> str:
-        """``attention`` (a fused attention kernel: its own rate), ``matmul`` (any other
-        operator with a FLOP formula) or ``memory`` (bound by its bytes)."""
+        """``attention`` or ``attention_backward`` (a fused attention kernel, forward or
+        backward: rates of their own), ``matmul`` (any other operator with a FLOP formula) or
+        ``memory`` (bound by its bytes)."""
         if "attention" in self.name:
-            return "attention"
+            return "attention_backward" if "backward" in self.name else "attention"
         return "matmul" if self.flops else "memory"
 
 
@@ -62,13 +65,15 @@ class Trace:
     def __len__(self) -> int:
         return len(self.ops)
 
-    def roofline_seconds(self, rates, kinds=("matmul", "attention", "memory")) -> float:
+    def roofline_seconds(
+        self, rates, kinds=("matmul", "attention", "attention_backward", "memory")
+    ) -> float:
         """Each operator of ``kinds`` at the slower of its FLOPs at ``rates.flop_rate(kind,
-        itemsize)`` and its bytes at ``rates.memory_bytes_per_s`` (a
+        itemsize, size)`` and its bytes at ``rates.memory_bytes_per_s`` (a
         ``calibration.DeviceRates``), summed."""
         return sum(
             max(
-                op.flops / rates.flop_rate(op.kind, op.itemsize),
+                op.flops / rates.flop_rate(op.kind, op.itemsize, op.size),
                 op.bytes / rates.memory_bytes_per_s,
             )
             for op in self.ops
@@ -91,6 +96,17 @@ def _moves_nothing(func, outputs) -> bool:
     if any(r.alias_info is not None and not r.alias_info.is_write for r in func._schema.returns):
         return True
     return not any(isinstance(t, torch.Tensor) for t in outputs)
+
+
+def _size(name: str, args) -> int:
+    """A matmul's smallest dimension (m, k or n), an attention's head size."""
+    tensors = [t for t in args if isinstance(t, torch.Tensor)]
+    if "attention" in name:
+        return int(tensors[0].shape[-1])
+    if len(tensors) >= 2 and tensors[-1].dim() >= 2 and tensors[-2].dim() >= 2:
+        a, b = tensors[-2].shape, tensors[-1].shape  # addmm's bias comes first
+        return int(min(a[-2], a[-1], b[-1]))
+    return 0
 
 
 def _cpu_attention_flops(query, key, value, *args, out_val=None, **kwargs) -> int:
@@ -131,7 +147,7 @@ class _Recorder(TorchDispatchMode):
         floats = [t.element_size() for t in outputs if isinstance(t, torch.Tensor)]
         floats = [s for s in floats if s in (2, 4, 8)] or [4]
         moved = _tensor_bytes(inputs) + _tensor_bytes(outputs)
-        self.ops.append(OpCost(name, flops, moved, max(floats)))
+        self.ops.append(OpCost(name, flops, moved, max(floats), _size(name, args) if flops else 0))
         return out
 
 
