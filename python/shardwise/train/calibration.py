@@ -11,8 +11,9 @@ Two sources, and every figure says which it rests on (``DeviceRates.source``):
   s): matmuls of 1024 tokens at widths 32-1024 (``MATMUL_SIZES``; small widths run far below
   the peak), attention forward and backward apart at head sizes 16-128 (the CPU's backward runs
   at a fraction of its forward's rate), the cost per operator and the other operators'
-  bandwidth from two small real training steps. A cached entry is validated (every field a positive number of the expected kind) and
-  measured afresh when not; delete the file to measure again.
+  bandwidth from two small real training steps. A cached entry is validated (every field a
+  positive number of the expected kind) and measured afresh when not; delete the file to
+  measure again.
 - **GPUs, from data sheets and one measurement:** the dense bf16 peaks of ``device.BF16_PEAKS``
   and the vendors' memory bandwidths, each scaled by what the committed H200 runs measured
   (``benchmarks/results/2026-11-26-fsdp-gpu-h200.md``): an 8192^3 bf16 matmul ran at 805 of
