@@ -60,6 +60,9 @@ struct ShmTransportOptions {
   // How large messages are written into the rings: measured per size class (store_choice.h), or
   // always ordinary (cached) or streaming (non-temporal) stores.
   StoreChoice::Kind stores = StoreChoice::Kind::kMeasured;
+  // This host's online CPUs, which StoreChoice::for_host weighs the ranks against; 0: asked of
+  // the system (sysconf).
+  long cores = 0;
 };
 
 class ShmTransport : public Transport {

@@ -42,7 +42,10 @@ ShmTransport::ShmTransport(const ShmTransportOptions& options)
       single_copy_bytes_(options.single_copy_bytes),
       group_ranks_(options.group_ranks),
       abort_grace_(options.abort_grace),
-      stores_(StoreChoice::for_host(options.stores, options.size, ::sysconf(_SC_NPROCESSORS_ONLN))),
+      stores_(StoreChoice::for_host(
+          options.stores,
+          options.size,
+          options.cores > 0 ? options.cores : ::sysconf(_SC_NPROCESSORS_ONLN))),
       name_(options.name) {
   for (int word = 0; word < 8; ++word) probe_[word] = probe_token(rank_, word);
   if (size_ < 1 || rank_ < 0 || rank_ >= size_) {

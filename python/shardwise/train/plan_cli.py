@@ -186,7 +186,6 @@ def _plan_from_args(args, parser):
         result,
         replace(cfg, seq_len=args.seq_len or cfg.seq_len),  # traced at the sequence trained
         micro_batch_size=args.micro_batch,
-        micro_batches=1,
         checkpointing=args.activation_checkpointing,
         strategy=chosen,
         device=device,

@@ -144,6 +144,7 @@ class Plan:
     recommendation: Recommendation
     ranks_per_host: int | None = None  # None: every rank on one host
     tp_degree: int = 1  # the tp x zero3 row's tensor-parallel degree (1: no such row)
+    micro_batches: int = 1  # per rank and optimizer step (plan's micro_batches)
 
     @property
     def hosts(self) -> int:
@@ -492,6 +493,7 @@ def plan(
         _recommend(rows, world_size, device_memory_bytes, stages, ranks_per_host or world_size, tp),
         ranks_per_host,
         tp,
+        micro_batches,
     )
 
 

@@ -109,7 +109,6 @@ def for_gpt(
     gpt,
     *,
     micro_batch_size: int,
-    micro_batches: int,
     checkpointing: bool,
     strategy: str,
     device: str = "cpu",
@@ -134,8 +133,8 @@ def for_gpt(
     seconds *= _size_ratio(gpt)
     work = step_time.Work(
         seconds,
-        micro_batches,
-        micro_batches * micro_batch_size * gpt.seq_len,
+        result.micro_batches,
+        result.micro_batches * micro_batch_size * gpt.seq_len,
         step_time.update_bytes(result.optimizer, result.mixed_precision),
         traced_tp=tp,
     )
@@ -165,27 +164,21 @@ def for_gpt(
 def for_config(cfg, result, device: str | None = None, cluster: Cluster | None = None):
     """The prediction of a shardwise-train config's plan (``config_plan.plan_for_config``) on
     ``device`` (default: the cluster's; else ``cpu`` for a CPU run, else this machine's GPU
-    when listed, else h100)."""
-    from .config_plan import row_for_config
+    when listed, else h100). The micro-batches per step are the plan's, the row the config's
+    (``config_plan.config_row``)."""
+    from .config_plan import config_row
 
     d, t, gpt = cfg.distributed, cfg.training, cfg.gpt_config()
-    micro_batches = t.gradient_accumulation_steps
-    if d.strategy == "pipeline" and d.pipeline is not None:
-        micro_batches *= d.pipeline.num_microbatches or d.pipeline_parallel_size
     if device is None and cluster is not None:
         device = cluster.device
     if device is None:
         device = "cpu" if t.device == "cpu" else _this_gpu()
-    strategy = row_for_config(cfg)
-    if strategy not in {r.strategy for r in result.rows}:
-        strategy = "zero3"
     return for_gpt(
         result,
         gpt,
         micro_batch_size=t.micro_batch_size,
-        micro_batches=micro_batches,
         checkpointing=cfg.activation_checkpointing,
-        strategy=strategy,
+        strategy=config_row(cfg, result).strategy,
         device=device,
         cluster=cluster,
         tp=d.tensor_parallel_size,
