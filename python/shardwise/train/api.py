@@ -155,9 +155,9 @@ class Trainer:
         ).run()
 
     def memory_plan(self) -> tuple[str, prediction.Prediction | None]:
-        """The planner's lines for this run and its predicted step (``prediction.for_config``;
-        None where it cannot be made, said in the lines); MemoryCheckError when the run will
-        not fit (unless ``check_memory=False``)."""
+        """The planner's lines for this run and, on rank 0 (which prints), its predicted step
+        (``prediction.for_config``; None where it cannot be made, said in the lines);
+        MemoryCheckError when the run will not fit (unless ``check_memory=False``)."""
         cfg = self.config
         local = cfg.distributed.num_processes_per_node or cfg.distributed.world_size
         device_bytes = device_memory_bytes(local, cfg.training.device)
@@ -165,6 +165,8 @@ class Trainer:
         fits, note = _memory_lines(cfg, plan, device_bytes)
         if not fits and self.check_memory:
             raise MemoryCheckError(note)
+        if cfg.distributed.rank != 0:  # rank 0 alone prints the prediction and the comparison
+            return note, None
         try:
             return note, prediction.for_config(cfg, plan)
         except ValueError as error:
