@@ -55,12 +55,14 @@ def main() -> int:
     rows = [plan_row(f, g) for f in FAMILIES for g in GPUS]
     print(f"# Scale on paper: the planner on H100 clusters ({datetime.date.today()})\n")
     print(
-        "`python scripts/plan_scale.py`: `examples/configs/fsdp.yaml` (bf16 autocast, activation\n"
-        "checkpointing, AdamW, 4 sequences of 2048 tokens per GPU) with `model=NAME`, on hosts of\n"
-        "8 H100s (80 GiB, 360 GB/s within a host, 400 GB/s per host link). Every figure is a\n"
-        "prediction ([planning.md](planning.md)): memory from the ZeRO formulas and activations\n"
-        "traced on fake tensors; step time from data-sheet rates scaled by what one H200 measured\n"
-        "(no H100 has run here). MFU: 6 x parameters x tokens/s over the bf16 data-sheet peak.\n"
+        "`python scripts/plan_scale.py`: `examples/configs/fsdp.yaml` (bf16 parameters under\n"
+        "FSDP's own mixed precision, activation checkpointing, AdamW, 4 sequences of 2048 tokens\n"
+        "per GPU) with `model=NAME`, on hosts of 8 H100s (80 GiB, 360 GB/s within a host, 400\n"
+        "GB/s per host link). Every figure is a prediction ([planning.md](planning.md)): memory\n"
+        "from the ZeRO formulas and the model itself traced on fake tensors (its activation\n"
+        "peak, in the config's bf16 parameters for every row); step time from data-sheet rates\n"
+        "scaled by what one H200 measured (no H100 has run here). MFU: 6 x parameters x tokens/s\n"
+        "over the bf16 data-sheet peak.\n"
     )
     print("| " + " | ".join(head) + " |")
     print("|---|" + "---:|" * (len(head) - 1))

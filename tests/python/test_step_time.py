@@ -3,7 +3,7 @@ tensors (``op_trace.py``), the device rates and their cache (``calibration.py``)
 file (``cluster.py``), and ``shardwise-plan``'s prediction (``prediction.py``)."""
 
 import json
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -109,13 +109,16 @@ def test_the_cpu_calibration_is_cached_and_a_bad_cache_is_measured_again(tmp_pat
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
     measured = []
 
-    cpu = replace(RATES, name="cpu")
+    cpu = replace(
+        RATES, name="cpu", resident_base_bytes=2**29, resident_warmup_bytes=2**27,
+        allocator_retention=1.2,
+    )  # fmt: skip
 
     def measure(threads):
         measured.append(threads)
         return cpu
 
-    monkeypatch.setattr(calibration, "measure_cpu", measure)
+    monkeypatch.setattr(calibration, "_measure_fresh", measure)
     assert calibration.cpu_rates(3) == cpu and measured == [3]
     assert calibration.cpu_rates(3) == cpu and measured == [3]  # from the file
     path = tmp_path / "shardwise" / "calibration.json"
@@ -128,6 +131,56 @@ def test_the_cpu_calibration_is_cached_and_a_bad_cache_is_measured_again(tmp_pat
     path.write_text("not json")
     calibration.cpu_rates(3)
     assert measured == [3, 3, 3]
+    cached = json.loads(path.read_text())
+    cached[key]["allocator_retention"] = 0.5  # below 1: retains less than is live
+    path.write_text(json.dumps(cached))
+    calibration.cpu_rates(3)
+    assert measured == [3, 3, 3, 3]
+
+
+def test_a_calibration_of_another_version_is_measured_again(tmp_path, monkeypatch):
+    """The cache key names the calibration's version: an entry measured with other sizes (the
+    attention curve was once keyed by head size alone) is never read as this version's."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    key = calibration._cpu_key(2)
+    assert key.endswith(f"v{calibration.CALIBRATION_VERSION}")
+    old = key.rsplit("|", 1)[0] + f"| v{calibration.CALIBRATION_VERSION - 1}"
+    path = tmp_path / "shardwise" / "calibration.json"
+    path.parent.mkdir(parents=True)
+    cpu = replace(RATES, name="cpu", resident_base_bytes=2**29)
+    path.write_text(json.dumps({old: asdict(cpu)}))
+    measured = []
+    monkeypatch.setattr(calibration, "_measure_fresh", lambda t: measured.append(t) or cpu)
+    calibration.cpu_rates(2)
+    assert measured == [2]
+
+
+def test_a_flop_operator_is_priced_in_its_inputs_dtype_at_its_shape():
+    """Under bf16 autocast the attention runs in bf16, though CPU flash attention also returns
+    (and its backward takes) an fp32 logsumexp: pricing it by its widest tensor put bf16
+    attention at the fp32 rate, 4x too fast for a short sequence's backward. Its size is the
+    query's positions x head size (the CPU kernel's rate follows that product)."""
+    cfg = PRESETS["tiny"]
+    trace = op_trace.trace_training_step(lambda: GPT(cfg), (2, cfg.seq_len), bf16=True)
+    attention = [op for op in trace.ops if "attention" in op.name]
+    assert {op.kind for op in attention} == {"attention", "attention_backward"}
+    assert {op.itemsize for op in attention} == {2}
+    assert {op.size for op in attention} == {cfg.seq_len * cfg.dim // cfg.heads}
+    fp32 = op_trace.trace_training_step(lambda: GPT(cfg), (2, cfg.seq_len), bf16=False)
+    assert {op.itemsize for op in fp32.ops if op.flops} == {4}
+
+
+def test_bf16_parameters_trace_every_matmul_in_bf16_without_autocast_casts():
+    """ZeRO and FSDP's mixed precision hold bf16 parameters and run no autocast: the trace must
+    hold no cast of a weight (autocast's per-forward copies) and every matmul in bf16."""
+    cfg = PRESETS["tiny"]
+    shape = (2, cfg.seq_len)
+    autocast = op_trace.trace_training_step(lambda: GPT(cfg), shape, bf16=True)
+    low = op_trace.trace_training_step(lambda: GPT(cfg), shape, bf16=True, low_params=True)
+    assert {op.itemsize for op in low.ops if op.flops} == {2}
+    casts = [op for op in autocast.ops if op.name == "aten._to_copy"]
+    low_casts = [op for op in low.ops if op.name == "aten._to_copy"]
+    assert len(low_casts) < len(casts) // 2, (len(low_casts), len(casts))
 
 
 def test_small_matmuls_run_at_the_measured_curve_s_rate():

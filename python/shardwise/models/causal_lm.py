@@ -23,7 +23,7 @@ import importlib
 import importlib.util
 import json
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import torch
@@ -42,6 +42,9 @@ class ModelShape(GPTConfig):
 
     parameters: int = 0
     layer_class: str = ""
+    # what builds the model (a ``ModelBuilder``), so that the planner traces the model itself
+    # (on fake tensors) rather than the bundled GPT of its sizes; None: not known
+    builder: object = None
 
     def num_parameters(self) -> int:
         return self.parameters
@@ -281,7 +284,8 @@ class ModelBuilder:
         return CausalLM(build_hf(self.config(), self.pretrained if weights else None))
 
     def shape(self, seq_len: int, vocab_size: int) -> ModelShape:
-        return shape_of(lambda: self(weights=False).inner, seq_len, vocab_size)
+        shape = shape_of(lambda: self(weights=False).inner, seq_len, vocab_size)
+        return replace(shape, builder=self)
 
     def max_positions(self) -> int | None:
         config = self.config()

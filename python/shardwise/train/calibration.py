@@ -7,13 +7,16 @@ Two sources, and every figure says which it rests on (``DeviceRates.source``):
 - **this CPU, measured** the first time a plan asks for it, with the threads one rank of the
   planned run uses (the trainer gives each of a host's R ranks ``cores // R`` threads), then
   cached in ``$XDG_CACHE_HOME/shardwise/calibration.json`` (default ``~/.cache``) under the CPU's
-  model name, the thread count and the torch version (``measure_cpu`` says what it runs, about 5
-  s): matmuls of 1024 tokens at widths 32-1024 (``MATMUL_SIZES``; small widths run far below
-  the peak), attention forward and backward apart at head sizes 16-128 (the CPU's backward runs
-  at a fraction of its forward's rate), the cost per operator and the other operators'
-  bandwidth from two small real training steps. A cached entry is validated (every field a
-  positive number of the expected kind) and measured afresh when not; delete the file to
-  measure again.
+  model name, the thread count, the torch version and ``CALIBRATION_VERSION`` (``measure_cpu``
+  says what it runs, about 15 s, in a fresh interpreter): matmuls of 1024 tokens at widths
+  32-1024 (``MATMUL_SIZES``; small widths run far below the peak) in a training step's three
+  layouts; attention forward and backward apart at 64-256 positions and head sizes 16-128
+  (``ATTENTION_SHAPES``: the rate follows positions x head size, the CPU's backward runs at a
+  fraction of its forward's, bf16's at a third of it on short sequences); the cost per
+  operator and the other operators' bandwidth from two small real training steps; and what a
+  rank's resident set holds beyond its tensors (``resident.py``). A cached entry is validated
+  (every field a positive number of the expected kind) and measured afresh when not; delete the
+  file to measure again.
 - **GPUs, from data sheets and one measurement:** the dense bf16 peaks of ``device.BF16_PEAKS``
   and the vendors' memory bandwidths, each scaled by what the committed H200 runs measured
   (``benchmarks/results/2026-11-26-fsdp-gpu-h200.md``): an 8192^3 bf16 matmul ran at 805 of
@@ -35,11 +38,12 @@ import math
 import os
 import platform
 import time
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 import torch
 
+from . import resident
 from .device import bf16_peak
 
 # H200's measured fractions (module docstring)
@@ -63,7 +67,8 @@ GPUS = {"h200": "H200", "h100": "H100", "a100": "A100", "l40s": "L40S"}
 class DeviceRates:
     """A device's sustained rates. ``matmul_flops``, ``attention_flops`` (forward) and
     ``attention_backward_flops`` map a dtype's itemsize (2: bf16 / fp16, 4: fp32) to a curve:
-    FLOP/s at each measured size (a matmul's smallest dimension, an attention's head size)."""
+    FLOP/s at each measured size (a matmul's smallest dimension, an attention's positions x
+    head size)."""
 
     name: str
     matmul_flops: dict[int, dict[int, float]]
@@ -73,6 +78,20 @@ class DeviceRates:
     op_seconds: float
     overlaps_communication: bool
     source: str
+    # a CPU rank's resident set beyond its live tensors (``resident.Resident``); a GPU's
+    # allocator counts its tensors alone (torch.cuda.max_memory_allocated)
+    resident_base_bytes: int = 0
+    resident_warmup_bytes: int = 0
+    allocator_retention: float = 1.0
+
+    def peak_memory_bytes(self, live_bytes: int) -> int:
+        """A rank's peak memory when ``live_bytes`` of tensors are live at once: on the CPU its
+        resident set (``resident.Resident.peak_bytes``), on a GPU the allocated bytes."""
+        from .resident import Resident
+
+        return Resident(
+            self.resident_base_bytes, self.resident_warmup_bytes, self.allocator_retention
+        ).peak_bytes(live_bytes)
 
     def flop_rate(self, kind: str, itemsize: int, size: int = 0) -> float:
         """FLOP/s of an operator of ``kind`` (``op_trace.OpCost.kind``) in a dtype of
@@ -149,15 +168,22 @@ def _best(run, repeats: int = 5) -> float:
 
 
 MATMUL_SIZES = (32, 64, 128, 256, 512, 1024)
-HEAD_SIZES = (16, 32, 64, 128)
+# (positions, head size): an attention's curve is keyed by their product (op_trace._size)
+ATTENTION_SHAPES = ((64, 16), (64, 32), (128, 32), (256, 32), (256, 64), (256, 128))
+# what a cache entry was measured under; an entry of another version is measured again
+CALIBRATION_VERSION = 8
 
 
 def _matmul_flops(dtype: torch.dtype, size: int) -> float:
-    """A transformer's shape: 1024 tokens x ``size`` features into 3 x ``size`` (1024 square at
-    the largest size)."""
+    """A transformer's shape, 1024 tokens x ``size`` features into 3 x ``size`` (1024 square at
+    the largest size), in the three layouts one linear layer's training step runs: the forward
+    ``x @ W^T``, the input's gradient ``g @ W`` and the weight's ``g^T @ x``. Their mean rate
+    (three times the FLOPs over the three times): the CPU's bf16 kernels run the transposed
+    left operand of the weight's gradient at about 0.6 of the others' rate."""
     m, n = 1024, 3 * size if size < 1024 else 1024
-    a, b = torch.randn(m, size).to(dtype), torch.randn(size, n).to(dtype)
-    return 2.0 * m * size * n / _best(lambda: torch.mm(a, b))
+    x, w, g = (torch.randn(*shape).to(dtype) for shape in ((m, size), (n, size), (m, n)))
+    layouts = (lambda: x @ w.t(), lambda: g @ w, lambda: g.t() @ x)
+    return 3 * 2.0 * m * size * n / sum(_best(layout) for layout in layouts)
 
 
 def _memory_bandwidth(elements: int = 16 << 20) -> float:
@@ -165,13 +191,13 @@ def _memory_bandwidth(elements: int = 16 << 20) -> float:
     return 3 * 4 * elements / _best(lambda: torch.add(a, b, out=c))
 
 
-def _attention_flops(dtype: torch.dtype, head: int) -> tuple[float, float]:
-    """Causal scaled-dot-product attention, 4 x 8 heads of ``head`` over 256 positions, at
-    torch's FLOP formulas: (forward FLOP/s, backward FLOP/s: forward + backward less the
-    forward)."""
+def _attention_flops(dtype: torch.dtype, positions: int, head: int) -> tuple[float, float]:
+    """Causal scaled-dot-product attention, 8 heads of ``head`` over ``positions`` in a batch of
+    1024 positions in all, at torch's FLOP formulas: (forward FLOP/s, backward FLOP/s: forward +
+    backward less the forward)."""
     from torch.utils.flop_counter import sdpa_backward_flop_count, sdpa_flop_count
 
-    shape = (4, 8, 256, head)
+    shape = (max(1, 1024 // positions), 8, positions, head)
     q, k, v = (torch.randn(shape, dtype=dtype, requires_grad=True) for _ in range(3))
     grad = torch.randn(shape, dtype=dtype)
 
@@ -191,17 +217,27 @@ def _attention_flops(dtype: torch.dtype, head: int) -> tuple[float, float]:
     )
 
 
-def _calibration_step(cfg, micro_batch: int):
-    """(seconds of one real forward + backward of a GPT of ``cfg`` in fp32, its trace)."""
+def _calibration_step(cfg, micro_batch: int, repeats: int = 5):
+    """(seconds of one real forward + backward of a GPT of ``cfg`` in fp32, the best of
+    ``repeats``; its trace)."""
     from ..models.gpt import GPT
     from . import op_trace
 
     torch.manual_seed(0)
     model = GPT(cfg)
     tokens = torch.zeros(micro_batch, cfg.seq_len, dtype=torch.long)
-    seconds = _best(lambda: model.loss(tokens, tokens).backward(), repeats=5)
+    seconds = _best(lambda: model.loss(tokens, tokens).backward(), repeats=repeats)
     trace = op_trace.trace_training_step(lambda: GPT(cfg), tokens.shape, bf16=False)
     return seconds, trace
+
+
+def _memory_rate(rates: DeviceRates, seconds: float, trace) -> float:
+    """The other operators' bandwidth (casts, softmax, norms, GELU, adds: their bytes over their
+    time) that makes ``trace`` take the measured ``seconds`` after its matmuls, attention and
+    dispatch (at ``rates``) are subtracted; ``rates``' own where nothing is left."""
+    computed = trace.roofline_seconds(rates, ("matmul", "attention", "attention_backward"))
+    left = seconds - computed - rates.op_seconds * len(trace)
+    return trace.bytes_of("memory") / left if left > 0 else rates.memory_bytes_per_s
 
 
 def measure_cpu(threads: int) -> DeviceRates:
@@ -218,22 +254,27 @@ def measure_cpu(threads: int) -> DeviceRates:
     try:
         dtypes = {4: torch.float32, 2: torch.bfloat16}
         matmul = {k: {s: _matmul_flops(d, s) for s in MATMUL_SIZES} for k, d in dtypes.items()}
-        heads = {k: {s: _attention_flops(d, s) for s in HEAD_SIZES} for k, d in dtypes.items()}
+        heads = {
+            k: {n * h: _attention_flops(d, n, h) for n, h in ATTENTION_SHAPES}
+            for k, d in dtypes.items()
+        }
         attention = {k: {s: r[0] for s, r in c.items()} for k, c in heads.items()}
         backward = {k: {s: r[1] for s, r in c.items()} for k, c in heads.items()}
         bandwidth = _memory_bandwidth()
         rates = DeviceRates("cpu", matmul, attention, backward, bandwidth, 0.0, False, "")
         tiny = GPTConfig(vocab_size=64, seq_len=8, dim=64, layers=2, heads=2)
-        seconds, trace = _calibration_step(tiny, 1)
+        seconds, trace = _calibration_step(tiny, 1, repeats=25)  # ms each: the best of many
         op = max(1e-7, (seconds - trace.roofline_seconds(rates)) / len(trace))
+        rates = replace(rates, op_seconds=op)
         mid = GPTConfig(vocab_size=4096, seq_len=256, dim=256, layers=2, heads=4)
-        seconds, trace = _calibration_step(mid, 2)
-        computed = trace.roofline_seconds(rates, ("matmul", "attention", "attention_backward"))
-        left = seconds - computed - op * len(trace)
-        memory = trace.bytes_of("memory") / left if left > 0 else rates.memory_bytes_per_s
+        memory = _memory_rate(rates, *_calibration_step(mid, 2, repeats=10))
         when = time.strftime("%Y-%m-%d")
         source = f"measured on this CPU ({threads} threads, {when})"
-        return DeviceRates("cpu", matmul, attention, backward, memory, op, False, source)
+        held = resident.measure_fresh(threads)
+        return DeviceRates(
+            "cpu", matmul, attention, backward, memory, op, False, source,
+            held.base_bytes, held.warmup_bytes, held.retention,
+        )  # fmt: skip
     finally:
         torch.set_num_threads(before)
 
@@ -252,7 +293,7 @@ def _cpu_key(threads: int) -> str:
                 break
     except OSError:
         pass
-    return f"{model} | {threads} threads | torch {torch.__version__}"
+    return f"{model} | {threads} threads | torch {torch.__version__} | v{CALIBRATION_VERSION}"
 
 
 def _rates_table(entry, key: str) -> dict[int, dict[int, float]]:
@@ -267,7 +308,9 @@ def _from_cache(entry) -> DeviceRates | None:
     """The rates a cache entry holds, or None where any field is missing or out of range."""
     try:
         memory, op = float(entry["memory_bytes_per_s"]), float(entry["op_seconds"])
-        if memory <= 0 or op <= 0:
+        base, warmup = int(entry["resident_base_bytes"]), int(entry["resident_warmup_bytes"])
+        retention = float(entry["allocator_retention"])
+        if memory <= 0 or op <= 0 or base <= 0 or warmup < 0 or not 1.0 <= retention < 4.0:
             return None
         return DeviceRates(
             "cpu",
@@ -278,6 +321,9 @@ def _from_cache(entry) -> DeviceRates | None:
             op,
             False,
             str(entry.get("source", "measured on this CPU")),
+            base,
+            warmup,
+            retention,
         )
     except (KeyError, TypeError, ValueError, AttributeError):
         return None
@@ -294,7 +340,7 @@ def cpu_rates(threads: int) -> DeviceRates:
     rates = _from_cache(cached.get(key))
     if rates is not None:
         return rates
-    rates = measure_cpu(threads)
+    rates = _measure_fresh(threads)
     cached[key] = asdict(rates)
     try:
         from ..atomic_file import atomic_write
@@ -306,6 +352,30 @@ def cpu_rates(threads: int) -> DeviceRates:
     return rates
 
 
+def _measure_fresh(threads: int) -> DeviceRates:
+    """``measure_cpu`` in a new interpreter: the models it trains must not stay in the resident
+    set of the process that asked (a training rank reports its peak RSS)."""
+    import subprocess
+    import sys
+
+    done = subprocess.run(
+        [sys.executable, "-m", "shardwise.train.calibration", str(threads)],
+        capture_output=True, text=True, timeout=600, check=False,
+    )  # fmt: skip
+    rates = None
+    if done.returncode == 0 and done.stdout.strip():
+        rates = _from_cache(json.loads(done.stdout.strip().splitlines()[-1]))
+    if rates is None:
+        raise RuntimeError(f"calibrating this CPU failed:\n{done.stderr[-2000:]}")
+    return rates
+
+
 def rates_for(device: str, threads: int = 1) -> DeviceRates:
     """``cpu`` (this machine, ``threads`` per rank) or a GPU (``gpu_rates``)."""
     return cpu_rates(threads) if device_key(device) == "cpu" else gpu_rates(device)
+
+
+if __name__ == "__main__":
+    import sys
+
+    print(json.dumps(asdict(measure_cpu(int(sys.argv[1])))))

@@ -61,6 +61,7 @@ def plan_for_config(cfg, memory: int, optimizer: str = "adamw", overhead: float 
             tp,
             sp,
             d.sequence_parallel_save_gathered,
+            low_params=low_precision_parameters(cfg),
         ),
         pipeline_stages=stages if stages > 1 else None,
         overhead=overhead,
@@ -106,6 +107,18 @@ def communicated_bytes_for_config(cfg) -> dict[str, tuple[int, int]]:
     if d.strategy == "fsdp":
         out.update(zero3=fsdp, tp_zero3=fsdp)
     return out
+
+
+def low_precision_parameters(cfg) -> bool:
+    """Whether the config's engine computes with bf16 / fp16 parameters and no autocast
+    (``parallelize.casts_parameters``: ZeRO, FSDP's own mixed precision); a pipeline's stages
+    run under autocast."""
+    from .parallelize import casts_parameters
+
+    d = cfg.distributed
+    if d.strategy == "pipeline" or d.pipeline_parallel_size > 1:
+        return False
+    return casts_parameters(d.strategy, d.fsdp or {}, cfg.mixed_precision)
 
 
 def row_for_config(cfg) -> str:

@@ -1,12 +1,13 @@
 """What the bundled GPT costs per rank under each parallelism, for the planner (``planner.py``):
 parameters per tensor-parallel rank and per pipeline stage (counted on the model), activation
-bytes (measured with autograd's saved-tensor hooks, also for a tensor-parallel rank through a
-process group whose collectives do nothing), the units FSDP gathers, and the tensor-parallel
-communication per step (Megatron-LM's count from the shapes)."""
+bytes (the peak of a forward + backward traced on fake tensors by torch's MemTracker, also for
+a tensor-parallel rank through a process group whose collectives do nothing), the units FSDP
+gathers, and the tensor-parallel communication per step (Megatron-LM's count from the
+shapes)."""
 
 from __future__ import annotations
 
-from dataclasses import replace
+import functools
 
 from .state_bytes import state_bytes_per_param
 
@@ -54,10 +55,14 @@ def shape_only_group(size: int):
 
 
 def _rank_model(gpt_config, tp: int, sequence_parallel: bool, save_gathered: bool):
-    """The bundled GPT as one rank holds it: whole, or tp rank 0 of it cut by ``gpt_plan`` over
-    ``shape_only_group(tp)``. Built under the caller's fake mode, if any."""
+    """The model as one rank holds it: a model the config builds (``ModelShape.builder``)
+    itself, else the bundled GPT whole, or tp rank 0 of it cut by ``gpt_plan`` over
+    ``shape_only_group(tp)`` (another model under tp is traced as the GPT of its sizes). Built
+    under the caller's fake mode, if any."""
     from ..models.gpt import GPT
 
+    if tp == 1 and getattr(gpt_config, "builder", None) is not None:
+        return gpt_config.builder(weights=False)  # a Hugging Face or factory model, itself
     model = GPT(gpt_config)
     if tp > 1:
         from .. import tensor_parallel
@@ -67,6 +72,7 @@ def _rank_model(gpt_config, tp: int, sequence_parallel: bool, save_gathered: boo
     return model
 
 
+@functools.lru_cache(maxsize=16)
 def gpt_traces(
     gpt_config,
     micro_batch_size: int,
@@ -74,9 +80,12 @@ def gpt_traces(
     tp: int = 1,
     sequence_parallel: bool = False,
     save_gathered: bool = False,
+    low_params: bool = False,
 ):
     """The operators of one micro-batch of the bundled GPT on one rank (``op_trace``, on fake
-    tensors): (forward + loss + backward, forward + loss alone)."""
+    tensors): (forward + loss + backward, forward + loss alone); ``low_params``: in bf16
+    parameters without autocast (``op_trace.trace_training_step``). Kept per model and shape:
+    a plan of several cluster sizes traces once."""
     from .op_trace import trace_training_step
 
     def build():
@@ -84,8 +93,8 @@ def gpt_traces(
 
     shape = (micro_batch_size, gpt_config.seq_len)
     return (
-        trace_training_step(build, shape, bf16),
-        trace_training_step(build, shape, bf16, backward=False),
+        trace_training_step(build, shape, bf16, low_params=low_params),
+        trace_training_step(build, shape, bf16, backward=False, low_params=low_params),
     )
 
 
@@ -128,6 +137,75 @@ def _saved_bytes(
     return sum(saved.values())
 
 
+def _activation_peak_tracker():
+    """torch's ``MemTracker`` that also keeps the largest sum of activation and temporary bytes
+    seen after any operator (its own peak snapshot is taken where the total, parameters and
+    gradients included, peaks: at the end of backward for a small model, where no activation
+    is left)."""
+    from torch.distributed._tools.mem_tracker import MemTracker, _MemRefType
+
+    class ActivationPeak(MemTracker):
+        activation_peak = 0
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = super().__torch_dispatch__(func, types, args, kwargs)
+            live = sum(
+                at[_MemRefType.ACT] + at[_MemRefType.TEMP]
+                for at in self.get_tracker_snapshot().values()
+            )
+            self.activation_peak = max(self.activation_peak, live)
+            return out
+
+    return ActivationPeak()
+
+
+@functools.lru_cache(maxsize=64)
+def _peak_bytes(
+    gpt_config,
+    micro_batch_size: int,
+    bf16: bool,
+    tp: int = 1,
+    sequence_parallel: bool = False,
+    save_gathered: bool = False,
+    checkpointing: bool = False,
+    fake: bool = True,
+    low_params: bool = False,
+) -> int:
+    """The most activation and temporary bytes live at once in one forward + loss + backward of
+    the bundled GPT (``_rank_model``), tracked by torch's ``MemTracker``
+    (``torch.distributed._tools.mem_tracker``) on fake tensors: what autograd saves, autocast's
+    weight copies, the backward's transients (the logits' gradient, the fp32 loss's copies), and
+    with ``checkpointing`` the blocks' inputs plus the block being recomputed
+    (``recompute.checkpoint_blocks``, the trainer's own rule). Parameters and gradients are left
+    out: the planner counts them from each row's layout. Fake tensors allocate nothing, so the
+    whole model is traced at its own depth and micro-batch (a 262k vocabulary's logits would
+    take gigabytes); ``fake=False`` runs the same on real tensors (tests compare).
+    ``low_params``: the parameters in bf16 and no autocast (ZeRO, FSDP's mixed precision)."""
+    import contextlib
+
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    from .op_trace import build_with_parameters
+
+    with FakeTensorMode(allow_non_fake_inputs=True) if fake else contextlib.nullcontext():
+        model = build_with_parameters(
+            lambda: _rank_model(gpt_config, tp, sequence_parallel, save_gathered),
+            torch.bfloat16 if low_params else None,
+        )
+        if checkpointing:
+            from .recompute import checkpoint_blocks
+
+            checkpoint_blocks(model.blocks)
+        tokens = torch.zeros(micro_batch_size, gpt_config.seq_len, dtype=torch.long)
+        tracker = _activation_peak_tracker()
+        tracker.track_external(model)
+        autocast = bf16 and not low_params
+        with tracker, torch.autocast("cpu", dtype=torch.bfloat16, enabled=autocast):
+            model.loss(tokens, tokens).backward()
+    return tracker.activation_peak
+
+
 def gpt_activation_bytes(
     gpt_config,
     micro_batch_size: int,
@@ -136,34 +214,24 @@ def gpt_activation_bytes(
     tp: int = 1,
     sequence_parallel: bool = False,
     save_gathered: bool = False,
+    low_params: bool = False,
 ) -> int:
     """Activation bytes of one microbatch through the bundled GPT as shardwise-train runs it
-    (bf16 autocast or fp32), measured rather than modelled, on one tp rank when ``tp`` > 1.
-    What autograd saves in a forward is ``f(L, b) = c0 + cL·L + b·(s0 + sL·L)`` for L layers and
-    b sequences: per-forward constants (under autocast the bf16 copies of the weights, cL per
-    layer) and per-sequence bytes (sL per layer, s0 for embeddings, head and loss). Four
-    forwards of the same model with L, b in {1, 2} give the four terms. With activation
-    checkpointing each block keeps only its input (b·s·h·4 bytes, the residual stream stays
-    fp32; split t ways under sequence parallelism) and one block's activations exist at a time
-    while it is recomputed."""
+    (fp32, bf16 autocast or with ``low_params`` bf16 parameters, activation checkpointing or
+    not), on one tp rank when ``tp`` > 1:
+    the peak of the whole model's forward + backward traced on fake tensors (``_peak_bytes``),
+    never a formula."""
     bf16 = mixed_precision != "fp32"
-    f = {
-        (n, b): _saved_bytes(
-            replace(gpt_config, layers=n), b, bf16, tp, sequence_parallel, save_gathered
-        )
-        for n in (1, 2)
-        for b in (1, 2)
-    }
-    s_layer = f[2, 2] - f[1, 2] - (f[2, 1] - f[1, 1])
-    c_layer = f[2, 1] - f[1, 1] - s_layer
-    s_rest = f[1, 2] - f[1, 1] - s_layer
-    c_rest = f[1, 1] - c_layer - s_rest - s_layer
-    b, layers = micro_batch_size, gpt_config.layers
-    if checkpointing:
-        split = tp if sequence_parallel else 1
-        inputs = layers * gpt_config.seq_len * gpt_config.dim * 4 // split
-        return int(c_rest + c_layer * layers + b * (s_rest + s_layer + inputs))
-    return int(c_rest + c_layer * layers + b * (s_rest + s_layer * layers))
+    return _peak_bytes(
+        gpt_config,
+        micro_batch_size,
+        bf16,
+        tp,
+        sequence_parallel,
+        save_gathered,
+        checkpointing,
+        low_params=low_params,
+    )
 
 
 def gpt_gather_bytes(gpt_config, mixed_precision: str = "bf16", tp: int = 1) -> int:

@@ -45,8 +45,18 @@ def measured_peak_flops(
 
 
 def peak_rss_bytes() -> int:
-    """The process's peak resident set (Linux reports KiB)."""
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+    """The process's peak resident set: its memory map's high-water mark (``VmHWM``). Not
+    getrusage's ru_maxrss where /proc has it: Linux carries ru_maxrss over an exec from the
+    process that spawned this one, so a rank started by a larger process would report that
+    process's peak."""
+    try:
+        with open("/proc/self/status") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024  # KiB
+    except OSError:
+        pass
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024  # Linux reports KiB
 
 
 def gather_floats(values: list[float]) -> list[list[float]]:

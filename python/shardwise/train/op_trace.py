@@ -99,10 +99,12 @@ def _moves_nothing(func, outputs) -> bool:
 
 
 def _size(name: str, args) -> int:
-    """A matmul's smallest dimension (m, k or n), an attention's head size."""
+    """A matmul's smallest dimension (m, k or n); an attention's positions x head size (its
+    query's last two dimensions: the CPU kernel's rate follows their product)."""
     tensors = [t for t in args if isinstance(t, torch.Tensor)]
     if "attention" in name:
-        return int(tensors[0].shape[-1])
+        query = tensors[1] if name.endswith("_backward") else tensors[0]  # after grad_out
+        return int(query.shape[-2] * query.shape[-1])
     if len(tensors) >= 2 and tensors[-1].dim() >= 2 and tensors[-2].dim() >= 2:
         a, b = tensors[-2].shape, tensors[-1].shape  # addmm's bias comes first
         return int(min(a[-2], a[-1], b[-1]))
@@ -144,8 +146,12 @@ class _Recorder(TorchDispatchMode):
         formula = _FLOPS.get(name)
         flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
         inputs, _ = tree_flatten((args, kwargs))
-        floats = [t.element_size() for t in outputs if isinstance(t, torch.Tensor)]
-        floats = [s for s in floats if s in (2, 4, 8)] or [4]
+        # the dtype it computes in: a FLOP operator's first floating input's (flash attention
+        # also takes and returns an fp32 logsumexp), another's widest output's (a cast writes
+        # its new dtype)
+        measured = [t for t in (args if flops else outputs) if isinstance(t, torch.Tensor)]
+        floats = [t.element_size() for t in measured if t.is_floating_point()]
+        floats = [s for s in floats if s in (2, 4, 8)][: 1 if flops else None] or [4]
         moved = _tensor_bytes(inputs) + _tensor_bytes(outputs)
         self.ops.append(OpCost(name, flops, moved, max(floats), _size(name, args) if flops else 0))
         return out
@@ -160,22 +166,41 @@ def trace(run: Callable[[], None]) -> Trace:
     return Trace(tuple(recorder.ops))
 
 
+def build_with_parameters(build_model, dtype: torch.dtype | None):
+    """``build_model()`` with its parameters created in ``dtype`` (torch's default dtype for
+    the call; None: as built). Not ``model.to(dtype)``: fake parameters cannot be swapped."""
+    if dtype is None:
+        return build_model()
+    before = torch.get_default_dtype()
+    torch.set_default_dtype(dtype)
+    try:
+        return build_model()
+    finally:
+        torch.set_default_dtype(before)
+
+
 def trace_training_step(
-    build_model, tokens_shape: tuple[int, int], bf16: bool, backward: bool = True
+    build_model,
+    tokens_shape: tuple[int, int],
+    bf16: bool,
+    backward: bool = True,
+    low_params: bool = False,
 ) -> Trace:
     """One micro-batch of training on fake tensors: ``build_model()`` (called under the fake
     mode, so its parameters are fake too), its ``loss(tokens, tokens)`` under bf16 autocast when
     ``bf16``, and the backward (not with ``backward=False``: the forward alone, what activation
-    checkpointing runs again). The optimizer step is not in it (``step_time.py`` prices it from
+    checkpointing runs again). ``low_params``: the parameters themselves in bf16 and no autocast
+    (what ZeRO and FSDP's mixed precision run: every operator in bf16). The optimizer step is
+    not in it (``step_time.py`` prices it from
     the rank's share of the parameters)."""
     from torch._subclasses.fake_tensor import FakeTensorMode
 
     with FakeTensorMode(allow_non_fake_inputs=True):
-        model = build_model()
+        model = build_with_parameters(build_model, torch.bfloat16 if low_params else None)
         tokens = torch.zeros(tokens_shape, dtype=torch.long)
 
         def run():
-            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16):
+            with torch.autocast("cpu", dtype=torch.bfloat16, enabled=bf16 and not low_params):
                 loss = model.loss(tokens, tokens)
             if backward:
                 loss.backward()

@@ -114,6 +114,18 @@ def fsdp_keys(given: dict, precision: str) -> dict:
     return keys
 
 
+def casts_parameters(strategy: str, fsdp: dict, precision: str) -> bool:
+    """Whether the data-parallel engine holds the parameters in ``precision`` (bf16 / fp16)
+    itself, so the model computes in it with no autocast on top: ZeRO, and FSDP under its own
+    mixed precision (``fsdp_keys``). Otherwise (DDP, the pipeline, FSDP with
+    ``fsdp_mixed_precision: false``) fp32 parameters run under autocast."""
+    if precision not in PARAM_DTYPES:
+        return False
+    if strategy == "zero":
+        return True
+    return strategy == "fsdp" and bool(fsdp_keys(fsdp, precision).get("fsdp_mixed_precision"))
+
+
 @dataclass
 class Axes:
     """The mesh as the transforms see it: the data axis (``dp`` or ``fsdp``), the pipeline axis
@@ -305,13 +317,10 @@ def model_blocks(model) -> tuple[list[nn.Module], tuple[str, str] | None]:
 def checkpoint_activations(model: GPT, options: StrategyOptions) -> None:
     """3. Each transformer block recomputes its activations in backward (the pipeline's stages
     hold the same block objects, so this reaches them too)."""
-    if not options.checkpointing:
-        return
-    for block in model.blocks:
-        forward = block.forward  # a Hugging Face layer takes more than the hidden states
-        block.forward = lambda *args, f=forward, **kwargs: torch.utils.checkpoint.checkpoint(
-            f, *args, use_reentrant=False, **kwargs
-        )
+    if options.checkpointing:
+        from .recompute import checkpoint_blocks
+
+        checkpoint_blocks(model.blocks)
 
 
 def compile_blocks(model: GPT, options: StrategyOptions) -> None:

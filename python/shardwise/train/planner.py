@@ -35,14 +35,17 @@ shardwise's stage-3 ``cpu_offload`` also moves the shards, so it needs even less
 
 ZeRO-3 / FSDP full_shard (and its offload variant) also hold the unsharded units they gather
 (``zero3_gather_bytes``; for the bundled GPT ``gpt_gather_bytes``: the largest wrapped unit
-twice, for the prefetch, in the parameter dtype plus once in the gradient dtype).
+twice, for the prefetch, in the parameter dtype plus once in the gradient dtype); DDP holds its
+gradient buckets, one more G (torch DDP with ``gradient_as_bucket_view`` off, as the trainer
+builds it). Both are the row's ``gathered`` bytes.
 
-Activations are per microbatch and per rank (``activation_bytes``); pipeline stages under
-1F1B hold up to p microbatches of L / p layers on the first stage, i.e. about one whole-model
-microbatch, so the pipeline row uses the same activation bytes. Temporary buffers (ZeRO-3's
-gathered layer, communication buckets, allocator fragmentation) are covered by the overhead
-factor: a row fits when ``total × overhead ≤ device memory`` (rule of thumb "params × bytes
-× overhead" from the practice notes).
+Activations are per microbatch and per rank (``activation_bytes_per_rank``: for the bundled
+GPT and a config's model ``gpt_activation_bytes``, the peak of a traced forward + backward);
+pipeline stages under 1F1B hold up to p microbatches of L / p layers on the first stage, i.e.
+about one whole-model microbatch, so the pipeline row uses the same activation bytes. What else
+an allocator holds (its fragmentation, communication staging) is covered by the overhead
+factor: a row fits when ``total × overhead ≤ device memory`` (rule of thumb "params × bytes ×
+overhead" from the practice notes).
 
 Communication per rank and optimizer step (``Row.communication``, ring traffic): the data axis's
 collectives from the state sizes, in the dtypes each row moves (``communicated_bytes_for_config``:
@@ -109,7 +112,9 @@ class Row:
     gradients: int
     optimizer_state: int
     activations: int
-    gathered: int  # ZeRO-3 / full_shard: transient unsharded units (zero3_gather_bytes)
+    # the engine's buffers: ZeRO-3 / full_shard's transient unsharded units
+    # (zero3_gather_bytes), DDP's gradient buckets (a copy of the gradients)
+    gathered: int
     total: int
     required: int  # total × overhead
     fits: bool
@@ -248,7 +253,9 @@ def _rows(i: _Inputs) -> tuple[list[Row], int, int]:
         return data + i.extra_communication
 
     rows = [
-        _row("ddp", par, grad, opt, act, *args, comm=comm("ddp")),
+        # torch DDP's buckets (gradient_as_bucket_view=False, as the trainer builds it) hold a
+        # flat copy of every gradient for the all-reduce
+        _row("ddp", par, grad, opt, act, *args, gathered=grad, comm=comm("ddp")),
         _row("zero1", par, grad, zopt / n, act, *args, comm=comm("zero1")),
         _row("zero2", par, grad / n, zopt / n, act, *args, comm=comm("zero2")),
         _row(

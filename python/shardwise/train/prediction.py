@@ -4,8 +4,8 @@ strategy runs) or for a bundled GPT preset (``for_gpt``: the row the planner rec
 
 ``Prediction.predicted`` holds the one row a run would use, under the names the run's records
 use: ``step_s``, ``tokens_per_s``, ``compute_s``, ``comm_s`` and, per rank,
-``peak_rss_mb_per_rank`` on the CPU (the row's bytes plus the resident set of this process,
-which has imported torch and shardwise as a rank has) or ``peak_device_mb_per_rank`` on a GPU
+``peak_rss_mb_per_rank`` on the CPU (the row's bytes as a rank's resident set holds them:
+``calibration.DeviceRates.peak_memory_bytes``) or ``peak_device_mb_per_rank`` on a GPU
 (the row's bytes: what ``torch.cuda.max_memory_allocated`` counts, without the CUDA context).
 """
 
@@ -41,17 +41,28 @@ class Prediction:
             f"{p['compute_s']:.3g} s, communication {p['comm_s']:.3g} s)"
         )
 
-    def measured_line(self, step_seconds: list[float]) -> str:
+    def measured_line(self, step_seconds: list[float], peak_mb: float | None = None) -> str:
         """The summary's step time against the prediction: the median step after the first
-        (which pays for warm-up), or the only one."""
+        (which pays for warm-up), or the only one; and the largest rank's peak memory
+        (``peak_mb``: its resident set on the CPU, its allocated bytes on a GPU) against the
+        predicted one."""
         timed = step_seconds[1:] or step_seconds
         measured = statistics.median(timed)
         if self.predicted is None:
             return f"step time: measured {measured:.3g} s (no prediction)"
         expected = self.predicted["step_s"]
-        return (
+        line = (
             f"step time: predicted {expected:.3g} s, measured {measured:.3g} s "
             f"({(measured - expected) / expected:+.0%}; median of {len(timed)} steps)"
+        )
+        key = next((k for k in self.predicted if k.startswith("peak_")), None)
+        if peak_mb is None or key is None:
+            return line
+        name = "peak RSS" if key == "peak_rss_mb_per_rank" else "peak device memory"
+        memory = self.predicted[key]
+        return (
+            f"{line}; {name}: predicted {memory:.0f} MiB, measured {peak_mb:.0f} MiB "
+            f"({(peak_mb - memory) / memory:+.0%}; the largest rank's)"
         )
 
     def to_dict(self) -> dict:
@@ -66,28 +77,18 @@ class Prediction:
         }
 
 
-def _resident_bytes() -> int:
-    try:
-        with open("/proc/self/status") as f:
-            for line in f:
-                if line.startswith("VmRSS:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return 0
-
-
-def _size_ratio(gpt) -> float:
-    """Another model (a Hugging Face family: ``causal_lm.ModelShape``) is traced as the bundled
-    GPT of its width, depth, heads and vocabulary; its own layers differ (Llama's SwiGLU MLP has
-    three matrices), so its compute is scaled by its parameters over that GPT's (training
-    FLOPs grow with the parameters, 6 per parameter and token). 1 for the bundled GPT."""
+def _size_ratio(gpt, tp: int = 1) -> float:
+    """A model traced as the bundled GPT of its width, depth, heads and vocabulary (one cut by
+    tp, or a ``causal_lm.ModelShape`` without its builder): its own layers differ (Llama's
+    SwiGLU MLP has three matrices), so its compute is scaled by its parameters over that GPT's
+    (training FLOPs grow with the parameters, 6 per parameter and token). 1 for the bundled
+    GPT and for a model traced itself."""
     from dataclasses import fields
 
     from ..models.gpt import GPTConfig
 
-    if type(gpt) is GPTConfig:
-        return 1.0
+    if type(gpt) is GPTConfig or (tp == 1 and getattr(gpt, "builder", None) is not None):
+        return 1.0  # the bundled GPT, or a model traced itself (gpt_costs._rank_model)
     proxy = GPTConfig(**{f.name: getattr(gpt, f.name) for f in fields(GPTConfig)})
     return gpt.num_parameters() / proxy.num_parameters()
 
@@ -117,20 +118,24 @@ def for_gpt(
     sequence_parallel: bool = False,
     save_gathered: bool = False,
     deterministic: bool = False,
+    low_params: bool = False,
 ) -> Prediction:
     """The step times of ``result``'s rows for the bundled GPT ``gpt`` traced at
     ``micro_batch_size`` sequences (on one tp rank of ``tp``), and ``strategy``'s as
-    ``predicted``. ``device``: ``cpu`` or a GPU (``calibration.device_key``)."""
+    ``predicted``. ``device``: ``cpu`` or a GPU (``calibration.device_key``); ``low_params``:
+    the engine computes with bf16 parameters and no autocast (``gpt_costs.gpt_traces``)."""
     per_host = result.ranks_per_host or result.world_size
     threads = cpu_threads_per_rank(per_host * tp, deterministic)
     device = device_key(device)
     rates = rates_for(device, threads)
     bf16 = result.mixed_precision != "fp32"
-    full, forward = gpt_traces(gpt, micro_batch_size, bf16, tp, sequence_parallel, save_gathered)
+    full, forward = gpt_traces(
+        gpt, micro_batch_size, bf16, tp, sequence_parallel, save_gathered, low_params and bf16
+    )
     seconds = step_time.trace_seconds(full, rates)
     if checkpointing:
         seconds += step_time.trace_seconds(forward, rates)
-    seconds *= _size_ratio(gpt)
+    seconds *= _size_ratio(gpt, tp)
     work = step_time.Work(
         seconds,
         result.micro_batches,
@@ -154,7 +159,7 @@ def for_gpt(
         predicted = {k: getattr(chosen, k) for k in ("step_s", "tokens_per_s", "compute_s")}
         predicted["comm_s"] = chosen.comm_s
         if device == "cpu":
-            rss = (row.total + _resident_bytes()) / 2**20
+            rss = rates.peak_memory_bytes(row.total) / 2**20
             predicted["peak_rss_mb_per_rank"] = round(rss, 1)
         else:
             predicted["peak_device_mb_per_rank"] = round(row.total / 2**20, 1)
@@ -166,7 +171,7 @@ def for_config(cfg, result, device: str | None = None, cluster: Cluster | None =
     ``device`` (default: the cluster's; else ``cpu`` for a CPU run, else this machine's GPU
     when listed, else h100). The micro-batches per step are the plan's, the row the config's
     (``config_plan.config_row``)."""
-    from .config_plan import config_row
+    from .config_plan import config_row, low_precision_parameters
 
     d, t, gpt = cfg.distributed, cfg.training, cfg.gpt_config()
     if device is None and cluster is not None:
@@ -185,4 +190,5 @@ def for_config(cfg, result, device: str | None = None, cluster: Cluster | None =
         sequence_parallel=d.sequence_parallel,
         save_gathered=d.sequence_parallel_save_gathered,
         deterministic=t.deterministic,
+        low_params=low_precision_parameters(cfg),
     )

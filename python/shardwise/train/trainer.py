@@ -94,6 +94,7 @@ class TrainingRun:
         self.cfg, self.resume_requested, self.memory_note = cfg, resume, memory_note
         self.predicted = predicted  # prediction.Prediction of this run's step, or None
         self._step_seconds: list[float] = []
+        self._peak_mb: float | None = None
         t, d = cfg.training, cfg.distributed
         self.gpt = cfg.run_gpt_config()
         self.output_dir = Path(t.checkpoint.dir)
@@ -308,7 +309,7 @@ class TrainingRun:
             profiler.close()
             stop.close()
         if self.predicted is not None and self._step_seconds:
-            self.sinks.note(self.predicted.measured_line(self._step_seconds))
+            self.sinks.note(self.predicted.measured_line(self._step_seconds, self._peak_mb))
         if stop.requested:
             self.wait_for_save()
             name = signal.Signals(stop.signum).name
@@ -353,6 +354,9 @@ class TrainingRun:
         per_rank = metrics.gather_dicts(mine)  # the step's one collective for the metrics
         step_s = max(r["step"] for r in per_rank)
         self._step_seconds.append(step_s)
+        # the largest rank's peak so far: allocated on a GPU (MiB), else resident
+        peaks = [r.get("gpu_peak", r["rss"] / 2**20) for r in per_rank]
+        self._peak_mb = max(self._peak_mb or 0.0, *peaks)
         tokens = cfg.effective_batch_size * seq_len
         replica = self.stream_rows * t.gradient_accumulation_steps * seq_len  # same on every rank
         record = {
