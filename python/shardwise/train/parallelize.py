@@ -476,7 +476,7 @@ def data_parallel(par: Parallel) -> None:
         par.owned = {
             k: (n, a, c, par.tp_runs(n, named[n])) for k, (n, a, c) in _fsdp_slots(wrapped).items()
         }
-        par.autocast = "no" if cfg.fsdp_mixed_precision else o.precision
+        par.autocast = "no" if casts_parameters("fsdp", o.fsdp, o.precision) else o.precision
     else:
         wrapped = model
         # deterministic: the step reduces each micro-batch itself, by the tree (no DDP buckets)
@@ -517,7 +517,7 @@ def _zero(par: Parallel) -> None:
     par.engine = ZeroEngine(par.gpt, config, group, par.axes.tp_group, o.zero_auto,
                             deterministic=o.deterministic)  # fmt: skip
     par.stages = {0: par.engine}
-    par.autocast = "no"  # the engine casts the model itself
+    par.autocast = "no"  # the engine casts the model itself (casts_parameters)
 
 
 def _pipeline_data_parallel(par: Parallel) -> None:
