@@ -48,7 +48,7 @@ ifdef CUDA_HOME
 export PYTORCH_NVCC ?= ccache $(CUDA_HOME)/bin/nvcc
 endif
 
-.PHONY: demo demo-cpp test test-all test-cpp test-python test-cpu-torch test-torch-oldest test-package test-package-slow build venv \
+.PHONY: demo demo-cpp test test-all test-prediction test-cpp test-python test-cpu-torch test-torch-oldest test-package test-package-slow build venv \
 	cpu-venv oldest-venv venvs times-reset later-builds build-deepspeed-ops build-cpu-torch build-torch-oldest build-sanitize-core \
 	test-conformance test-conformance-world8 test-conformance-ci test-conformance-hosts test-sanitize test-sanitize-core fuzz fuzz-build fuzz-ci soak \
 	system-deps bench bench-hosts bench-hosts-training bench-zeropp test-gpu gpu-diagnose gpu-wheels train-fsdp \
@@ -147,9 +147,13 @@ test-package: test-cpp test-cpu-torch build ## the installed C++ package, consum
 test-package-slow: test-cpp build ## tests/package's 8-process checks: both trainers place dp x pp x tp alike
 	$(PY) -m pytest -ra -p no:cacheprovider -m slow tests/package
 
-test-all: test test-package-slow ## every suite, the 8-process ones too (deterministic training at world 8)
+test-all: test test-package-slow test-prediction ## every suite, the 8-process ones too (deterministic training at world 8)
 	SHARDWISE_TEST_ALL=1 $(PY) -m pytest -ra -p no:cacheprovider \
 		tests/distributed/test_train_deterministic.py -k world_8
+
+test-prediction: build ## the planner's predicted step and peak RSS against two runs, the step asserted too (a quiet machine)
+	SHARDWISE_TEST_STEP_TIME=1 $(PY) -m pytest -ra -s -p no:cacheprovider \
+		tests/distributed/test_train_prediction.py
 
 test-python: build ## pytest: ops, exhaustive casts, distributed (multi-process)
 	$(TIMED) test-python -- $(PY) -m pytest -ra --durations=30 tests/python $(wildcard tests/distributed) || { rc=$$?; \

@@ -37,6 +37,11 @@ RUNS = {
     "demo (FSDP, bf16)": (2, "demo.yaml", []),
     "pipeline 1F1B": (2, "pipeline_1f1b.yaml", []),
     "pipeline 1F1B, small": (2, "pipeline_1f1b.yaml", ["model.preset=small"]),
+    "pipeline 1F1B, small, split by time": (
+        2,
+        "pipeline_1f1b.yaml",
+        ["model.preset=small", "distributed.pipeline.split=time"],
+    ),  # fmt: skip
     "fsdp x tp 2 x 2": (4, "fsdp_x_tp.yaml", []),
     "dp x pp 2 x 2": (4, "dp_x_pp.yaml", []),
 }

@@ -18,10 +18,18 @@ test-python begins; each later suite then waits for its own build instead of run
 The lane lives in $SHARDWISE_LATER_BUILDS (a folder: TARGET.log, TARGET.status, lane.pid), which
 `make test` sets; without it `take` always runs COMMAND, so every make target still builds what
 it tests when it is run alone.
+
+A test that measures time (the planner's predicted step against a run's) asks for a quiet machine
+with `quiet()`: it leaves a file pause-PID in the folder, and the lane stops every process of the
+build's session (SIGSTOP; its compilers too, which ninja puts in process groups of their own)
+until no pause file names a live process, then continues them (SIGCONT). A pause whose process
+died without removing its file ends at the lane's next poll, and one is never held longer than
+MAX_PAUSE_S, so a crashed test cannot stall `make test`.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -30,6 +38,7 @@ import time
 from pathlib import Path
 
 POLL_S = 0.5
+MAX_PAUSE_S = 900  # the longest a build is held for one pause (a stuck test cannot stall CI)
 
 
 def lane_folder() -> Path | None:
@@ -58,11 +67,94 @@ def lower_priority() -> None:
     os.nice(19)
 
 
+def pause_wanted(folder: Path) -> bool:
+    """Whether a live process asks for a quiet machine (a pause-PID file; a dead one's is
+    removed)."""
+    wanted = False
+    for request in folder.glob("pause-*"):
+        try:
+            pid = int(request.name.split("-", 1)[1])
+        except ValueError:
+            pid = -1
+        if pid > 0 and alive(pid):
+            wanted = True
+        else:
+            request.unlink(missing_ok=True)
+    return wanted
+
+
+def signal_session(session: int, signum: int) -> None:
+    """``signum`` to every process of ``session`` (its builds' compilers included)."""
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[-1].split()
+        except OSError:
+            continue  # the process ended meanwhile
+        if int(fields[3]) == session:  # fields after the name: state, ppid, pgrp, session
+            with contextlib.suppress(OSError):
+                os.kill(int(stat.parent.name), signum)
+
+
+class Pauser:
+    """Holds the lane's current build (a session) while a pause is wanted (module docstring).
+    A pause held MAX_PAUSE_S is released and not taken again until no pause is wanted."""
+
+    def __init__(self, folder: Path):
+        self.folder, self.since, self.expired = folder, None, False
+
+    def poll(self, session: int) -> None:
+        wanted = pause_wanted(self.folder)
+        self.expired = self.expired and wanted
+        if self.since is not None and time.monotonic() - self.since > MAX_PAUSE_S:
+            self.expired = True
+        if wanted and not self.expired and self.since is None:
+            signal_session(session, signal.SIGSTOP)
+            self.since = time.monotonic()
+            (self.folder / "paused").write_text(str(session))
+        elif self.since is not None and (self.expired or not wanted):
+            self.release(session)
+
+    def release(self, session: int) -> None:
+        if self.since is not None:
+            signal_session(session, signal.SIGCONT)
+            self.since = None
+            (self.folder / "paused").unlink(missing_ok=True)
+
+
+@contextlib.contextmanager
+def quiet(timeout_s: float = 10.0):
+    """While it is held, the lane of this `make test` (if any) builds nothing: a pause-PID file
+    for this process, kept until the block ends, and a wait (at most ``timeout_s``) until the
+    lane has stopped its build, or has none running."""
+    folder = lane_folder()
+    if folder is None or not folder.is_dir():
+        yield
+        return
+    request = folder / f"pause-{os.getpid()}"
+    request.write_text("")
+    try:
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and lane_running(folder):
+            if (folder / "paused").exists() or _all_built(folder):
+                break
+            time.sleep(POLL_S / 5)
+        yield
+    finally:
+        request.unlink(missing_ok=True)
+
+
+def _all_built(folder: Path) -> bool:
+    """Whether the lane has built every target it lists (nothing is left to pause)."""
+    targets = (folder / "lane.targets").read_text().split()
+    return all((folder / f"{t}.status").exists() for t in targets)
+
+
 def run_lane(folder: Path, targets: list[str], watched: int) -> int:
     """The lane's body (in the daemon): each target in turn; a status file for each, written once
     it ends (a target never reached gets none)."""
     make = os.environ.get("MAKE", "make")
     env = dict(os.environ, SUITE_TIMES_NOTE=" (beside earlier suites)")
+    pauser = Pauser(folder)
     for target in targets:
         with (folder / f"{target}.log").open("wb") as log:
             child = subprocess.Popen(
@@ -75,10 +167,13 @@ def run_lane(folder: Path, targets: list[str], watched: int) -> int:
             )
             while child.poll() is None:
                 if not alive(watched):  # make ended (failed, or was stopped): so does the lane
+                    pauser.release(child.pid)
                     os.killpg(child.pid, signal.SIGTERM)
                     child.wait()
                     return 1
+                pauser.poll(child.pid)  # the child leads a session of its own (lower_priority)
                 time.sleep(POLL_S)
+            pauser.release(child.pid)
         (folder / f"{target}.status").write_text(str(child.returncode))
     return 0
 

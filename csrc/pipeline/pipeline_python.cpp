@@ -107,16 +107,20 @@ void bind_pipeline(py::module& m) {
       "First block of each stage: contiguous runs minimizing the largest total cost.");
   m.def(
       "validate_pipeline_schedule",
-      [](const Schedule& s, double forward, double backward, bool buffered_sends) {
+      [](const Schedule& s, double forward, double backward, bool buffered_sends,
+         std::vector<double> stage_forward, std::vector<double> stage_backward) {
         CostModel costs;
         costs.forward = forward;
         costs.backward = backward;
         costs.backward_input = costs.backward_weight = backward / 2;
         costs.buffered_sends = buffered_sends;
+        costs.stage_forward = std::move(stage_forward);
+        costs.stage_backward = std::move(stage_backward);
         return report_dict(validate(s, costs));
       },
       py::arg("schedule"), py::arg("forward") = 1.0, py::arg("backward") = 2.0,
-      py::arg("buffered_sends") = true);
+      py::arg("buffered_sends") = true, py::arg("stage_forward") = std::vector<double>{},
+      py::arg("stage_backward") = std::vector<double>{});
   py::class_<Pipeline, std::shared_ptr<Pipeline>>(m, "Pipeline",
                                                   "A pipeline training step (pipeline/pipeline.h).")
       .def(py::init([](std::vector<int> stage_ids, std::vector<Fn> forwards,

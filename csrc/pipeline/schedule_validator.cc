@@ -80,15 +80,17 @@ class Simulator {
 };
 
 double Simulator::cost(const Action& a) const {
+  const bool staged = !costs_.stage_forward.empty();
+  const auto at = static_cast<size_t>(a.stage);
   switch (a.kind) {
     case ActionKind::kForward:
-      return costs_.forward;
+      return staged ? costs_.stage_forward[at] : costs_.forward;
     case ActionKind::kBackward:
-      return costs_.backward;
+      return staged ? costs_.stage_backward[at] : costs_.backward;
     case ActionKind::kBackwardInput:
-      return costs_.backward_input;
+      return staged ? costs_.stage_backward[at] / 2 : costs_.backward_input;
     case ActionKind::kBackwardWeight:
-      return costs_.backward_weight;
+      return staged ? costs_.stage_backward[at] / 2 : costs_.backward_weight;
     default:
       return 0.0;
   }
@@ -264,6 +266,15 @@ std::string check_counts(const Schedule& s) {
 ValidationReport Simulator::run() {
   if (std::string error = check_counts(s_); !error.empty()) {
     report_.error = error;
+    return report_;
+  }
+  const auto stages = static_cast<size_t>(s_.num_stages);
+  const bool staged = !costs_.stage_forward.empty() || !costs_.stage_backward.empty();
+  if (staged && (costs_.stage_forward.size() != stages || costs_.stage_backward.size() != stages)) {
+    report_.error = "the cost model's stage_forward and stage_backward need one cost per stage (" +
+                    std::to_string(stages) + "), got " +
+                    std::to_string(costs_.stage_forward.size()) + " and " +
+                    std::to_string(costs_.stage_backward.size());
     return report_;
   }
   const int p = s_.num_ranks;

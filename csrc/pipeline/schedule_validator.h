@@ -12,9 +12,11 @@
 // actions left, the schedule deadlocks and the report lists where every rank waits.
 //
 // Timing uses a cost model (compute only; communication free): each action starts when its rank
-// is free and its group's partners have posted. The report gives the makespan, the bubble
-// fraction 1 - busy / (ranks * makespan) and, per rank, the peak number of stashed
-// (forwarded, not yet backwarded) stage-microbatches.
+// is free and its group's partners have posted. Every stage costs the same unless the model
+// gives per-stage costs (stage_forward / stage_backward: stages differ, as a GPT's last stage
+// holds the vocabulary's head), and then the slowest stage sets the pace. The report gives the
+// makespan, the bubble fraction 1 - busy / (ranks * makespan) and, per rank, the peak number of
+// stashed (forwarded, not yet backwarded) stage-microbatches.
 #pragma once
 
 #include <string>
@@ -32,6 +34,10 @@ struct CostModel {
   double backward = 2.0;  // input + weight gradient
   double backward_input = 1.0;
   double backward_weight = 1.0;
+  // Per stage (empty: the scalars above for every stage). When given, each holds one entry per
+  // stage, and a stage's input and weight gradients each cost half its backward.
+  std::vector<double> stage_forward;
+  std::vector<double> stage_backward;
 };
 
 struct ValidationReport {

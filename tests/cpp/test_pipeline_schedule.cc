@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <stdexcept>
+#include <string>
 #include <tuple>
 
 #include "pipeline/schedule.h"
@@ -41,6 +42,40 @@ TEST(PipelineSchedule, GPipeAnd1F1BValidateWithTheTextbookBubbleAndStash) {
       }
     }
   }
+}
+
+// Per-stage costs: given as equal vectors they time the schedule as the scalars do; with the
+// last stage the slowest (a GPT's head and loss), 1F1B's last stage runs back to back once
+// filled, so the makespan is the fill and drain, sum_k (F_k + B_k), plus (m - 1) of the slowest
+// stage's F + B (the uniform formula would give (m + p - 1) of the average stage).
+TEST(PipelineValidator, PerStageCostsLetTheSlowestStageSetThePace) {
+  for (int p = 2; p <= 4; ++p) {
+    for (int m = p; m <= 3 * p; ++m) {
+      const Schedule s = make(ScheduleKind::k1F1B, p, m);
+      CostModel uniform, same, staged;
+      same.stage_forward.assign(p, 1.0);
+      same.stage_backward.assign(p, 2.0);
+      EXPECT_DOUBLE_EQ(validate(s, same).makespan, validate(s, uniform).makespan);
+      double fill = 0.0;
+      for (int k = 0; k < p; ++k) {
+        const double scale = k == p - 1 ? 2.5 : 1.0 + 0.1 * k;
+        staged.stage_forward.push_back(scale);
+        staged.stage_backward.push_back(2 * scale);
+        fill += 3 * scale;
+      }
+      const ValidationReport r = validate(s, staged);
+      ASSERT_TRUE(r.ok) << r.error;
+      EXPECT_NEAR(r.makespan, fill + (m - 1) * 3 * 2.5, 1e-9) << "p " << p << " m " << m;
+    }
+  }
+  CostModel short_by_one;
+  short_by_one.stage_forward = {1.0};
+  short_by_one.stage_backward = {2.0};
+  const ValidationReport bad = validate(make(ScheduleKind::k1F1B, 2, 4), short_by_one);
+  EXPECT_FALSE(bad.ok);
+  EXPECT_NE(bad.error.find("stage_forward and stage_backward need one cost per stage (2)"),
+            std::string::npos)
+      << bad.error;
 }
 
 // ZB-H1 with F = I = W = 1 on uniform stages: the bubble is (p - 1)(F + I - W) = p - 1 time

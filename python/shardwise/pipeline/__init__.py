@@ -25,9 +25,20 @@ def make_schedule(kind: str, num_ranks: int, num_microbatches: int, virtual_stag
     return _C.make_pipeline_schedule(kind, num_ranks, num_microbatches, virtual_stages)
 
 
-def validate(schedule, forward: float = 1.0, backward: float = 2.0, buffered_sends: bool = True):
-    """Simulates every rank: ok/error, makespan, bubble fraction, peak stashed microbatches."""
-    return _C.validate_pipeline_schedule(schedule, forward, backward, buffered_sends)
+def validate(
+    schedule,
+    forward: float = 1.0,
+    backward: float = 2.0,
+    buffered_sends: bool = True,
+    stage_forward: Sequence[float] = (),
+    stage_backward: Sequence[float] = (),
+):
+    """Simulates every rank: ok/error, makespan, bubble fraction, peak stashed microbatches.
+    Every stage costs ``forward`` and ``backward``, or, given one entry per stage,
+    ``stage_forward[k]`` and ``stage_backward[k]``."""
+    return _C.validate_pipeline_schedule(
+        schedule, forward, backward, buffered_sends, list(stage_forward), list(stage_backward)
+    )
 
 
 def _deferred_linear_forward(self: nn.Linear, x: torch.Tensor) -> torch.Tensor:

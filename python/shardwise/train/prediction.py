@@ -93,6 +93,27 @@ def _size_ratio(gpt, tp: int = 1) -> float:
     return gpt.num_parameters() / proxy.num_parameters()
 
 
+def _stages(result, gpt, micro_batch_size, bf16, checkpointing, tp, rates, pipeline) -> dict:
+    """``Work``'s per-stage costs for a pipeline cut by parameters without tensor parallelism
+    (``stage_costs.py``); nothing otherwise: a cut by measured time balances the stages, stages
+    cut by tp are priced as the uniform share of the traced rank, and a model the pipeline has
+    no blocks for (a family ``model_blocks`` does not cover) can only be planned uniform."""
+    stages = result.pipeline_stages * int(pipeline.get("virtual_stages", 1))
+    if result.pipeline_stages < 2 or tp > 1 or pipeline.get("split", "parameters") != "parameters":
+        return {}
+    from .stage_costs import pipeline_makespan, stage_seconds, stage_traces
+
+    try:
+        traces = stage_traces(gpt, stages, micro_batch_size, bf16, checkpointing)
+    except ValueError:  # a model the pipeline cannot cut into blocks: its row is priced uniform
+        return {}
+    scale = _size_ratio(gpt, tp)
+    seconds = tuple((f * scale, b * scale) for f, b in stage_seconds(traces, rates))
+    schedule = pipeline.get("schedule", "1f1b")
+    m = result.micro_batches
+    return {"pipeline_s": pipeline_makespan(seconds, result.pipeline_stages, m, schedule)}
+
+
 def _this_gpu() -> str:
     """This machine's GPU's table key when it has one that is listed, else h100."""
     import torch
@@ -119,11 +140,13 @@ def for_gpt(
     save_gathered: bool = False,
     deterministic: bool = False,
     low_params: bool = False,
+    pipeline: dict | None = None,
 ) -> Prediction:
     """The step times of ``result``'s rows for the bundled GPT ``gpt`` traced at
     ``micro_batch_size`` sequences (on one tp rank of ``tp``), and ``strategy``'s as
     ``predicted``. ``device``: ``cpu`` or a GPU (``calibration.device_key``); ``low_params``:
-    the engine computes with bf16 parameters and no autocast (``gpt_costs.gpt_traces``)."""
+    the engine computes with bf16 parameters and no autocast (``gpt_costs.gpt_traces``);
+    ``pipeline``: the config's pipeline section (schedule, virtual stages, split)."""
     per_host = result.ranks_per_host or result.world_size
     threads = cpu_threads_per_rank(per_host * tp, deterministic)
     device = device_key(device)
@@ -142,6 +165,7 @@ def for_gpt(
         result.micro_batches * micro_batch_size * gpt.seq_len,
         step_time.update_bytes(result.optimizer, result.mixed_precision),
         traced_tp=tp,
+        **_stages(result, gpt, micro_batch_size, bf16, checkpointing, tp, rates, pipeline or {}),
     )
     cluster = cluster or Cluster(device, result.hosts, per_host * tp, 1.0)
     links = step_time.Links(
@@ -191,4 +215,5 @@ def for_config(cfg, result, device: str | None = None, cluster: Cluster | None =
         save_gathered=d.sequence_parallel_save_gathered,
         deterministic=t.deterministic,
         low_params=low_precision_parameters(cfg),
+        pipeline=d.pipeline.model_dump() if d.pipeline else None,
     )

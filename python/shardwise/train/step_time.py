@@ -8,8 +8,11 @@ micro-batch (F its forward alone) and A = T + F under activation checkpointing, 
 - one operator costs ``max(flops / matmul rate, bytes / memory bandwidth) + op_seconds`` (a
   roofline, plus the fixed cost of dispatching it); T and F are the sums over the trace;
 - compute: ``m · A`` for the data-parallel rows; ``m · A / t`` for the tp x zero3 row of degree t
-  when the traced model is not already cut; a pipeline of p stages under 1F1B runs
-  ``(m + p - 1)`` stage slots of ``A / p`` (the fill and drain are its bubble);
+  when the traced model is not already cut; a pipeline of p stages runs its schedule over
+  each stage's own traced cost (``stage_costs.py``: the simulator's makespan, the slowest stage
+  setting the pace), or, where the stages were not traced (a cut by measured time, which
+  balances them; tensor parallelism inside the stages), ``(m + p - 1)`` stage slots of ``A / p``
+  (the fill and drain are its bubble);
 - optimizer: the parameters this rank updates (its optimizer state over the bytes each
   parameter holds there) times the bytes an update reads and writes (AdamW: parameter, gradient
   and two moments read, three written, 28 bytes in fp32; SGD with momentum 20; a low-precision
@@ -86,10 +89,15 @@ class Work:
     tokens_per_replica: int
     update_bytes: int
     traced_tp: int = 1
+    # a pipeline's compute per step when its stages were priced one by one: its schedule's
+    # makespan over them (``stage_costs.pipeline_makespan``); None: stages of equal cost
+    pipeline_s: float | None = None
 
 
 def _compute(strategy: str, work: Work, stages: int, tp: int) -> float:
     m, a = work.micro_batches, work.micro_batch_s
+    if strategy == "pipeline" and stages > 1 and work.pipeline_s is not None:
+        return work.pipeline_s
     if strategy == "pipeline" and stages > 1:
         return (m + stages - 1) * a / stages
     if strategy == "tp_zero3" and work.traced_tp == 1:
