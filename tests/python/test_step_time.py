@@ -89,6 +89,54 @@ def test_on_a_gpu_communication_hides_behind_what_each_engine_overlaps():
     assert zero3.exposed_comm_s == pytest.approx(10 - 4)
 
 
+def test_the_cpu_update_is_priced_at_its_measured_rate_and_per_tensor():
+    """Where the update's rate is measured (the CPU), 1e9 parameters at 1e8 per second take 10 s
+    in AdamW's 28 bytes (SGD's 20: 20/28 of it), plus 1e-3 s per tensor: all 100 of DDP's, a
+    quarter of them on one of 4 pipeline stages, one flat partition under the ZeRO engine. A
+    GPU's stays the bandwidth's. Catches the update priced by the bandwidth on a CPU, where
+    the fused kernel runs about 3x slower than that, or its tensors left uncounted (28 small
+    tensors cost the tiny GPT's step about 0.5 ms)."""
+    cpu = replace(RATES, update_params_per_s=1e8, update_tensor_seconds=1e-3)
+    assert cpu.update_seconds(1e9, 100, 28) == pytest.approx(10 + 0.1)
+    assert cpu.update_seconds(1e9, 0, 20) == pytest.approx(10 * 20 / 28)
+    assert RATES.update_seconds(1e9, 100, 28) == pytest.approx(1e9 * 28 / 1e11)
+    links, args = step_time.Links(1e30), dict(optimizer_bytes_per_param=12, ranks=4)
+    work = replace(_work(), parameter_tensors=100)
+    ddp = step_time.predict_row(_row("ddp", 0), work, cpu, links, **args)
+    assert ddp.optimizer_s == pytest.approx(10 + 0.1)
+    pipe = step_time.predict_row(_row("pipeline", 0), work, cpu, links, stages=4, **args)
+    assert pipe.optimizer_s == pytest.approx(10 + 0.025)
+    flat = replace(work, flat_update=True)
+    zero = step_time.predict_row(_row("zero2", 0), flat, cpu, links, **args)
+    assert zero.optimizer_s == pytest.approx(10 + 0.001)
+
+
+def test_the_traced_model_s_parameter_tensors_reach_the_prediction():
+    """The tiny GPT's tensors, counted on a meta-device model (its tied head once), are what
+    the prediction's optimizer pays for, and a ZeRO config's engine steps one flat partition.
+    Catches a count from another model, or ZeRO charged per module tensor."""
+    from shardwise.train import gpt_costs, prediction
+    from shardwise.train.config import load_config
+    from shardwise.train.config_plan import plan_for_config
+
+    count = sum(1 for _ in GPT(PRESETS["tiny"]).parameters())
+    assert gpt_costs.parameter_tensors(PRESETS["tiny"]) == count
+    seen = []
+    real = step_time.predict_plan
+    for name, flat in (("ddp.yaml", False), ("zero2.yaml", True)):
+        cfg = load_config(str(CONFIGS / name), ["training.device=cpu"])
+
+        def spy(plan, work, *a, **k):
+            seen.append((work.parameter_tensors, work.flat_update))
+            return real(plan, work, *a, **k)
+
+        with pytest.MonkeyPatch.context() as m:
+            m.setattr(step_time, "predict_plan", spy)
+            m.setattr(prediction, "rates_for", lambda device, threads=1: RATES)
+            prediction.for_config(cfg, plan_for_config(cfg, 2**34))
+        assert seen[-1] == (count, flat)
+
+
 def test_a_pipeline_pays_its_bubble_and_a_tp_row_trains_fewer_tokens():
     """1F1B over p stages runs (m + p - 1) slots of 1/p of the micro-batch; its p ranks hold one
     replica, so it trains 1/p of the tokens per step, as a tp row of degree t trains 1/t."""
@@ -111,7 +159,7 @@ def test_the_cpu_calibration_is_cached_and_a_bad_cache_is_measured_again(tmp_pat
 
     cpu = replace(
         RATES, name="cpu", resident_base_bytes=2**29, resident_warmup_bytes=2**27,
-        allocator_retention=1.2,
+        allocator_retention=1.2, update_params_per_s=1e8, update_tensor_seconds=1e-5,
     )  # fmt: skip
 
     def measure(threads):
@@ -136,6 +184,11 @@ def test_the_cpu_calibration_is_cached_and_a_bad_cache_is_measured_again(tmp_pat
     path.write_text(json.dumps(cached))
     calibration.cpu_rates(3)
     assert measured == [3, 3, 3, 3]
+    cached = json.loads(path.read_text())
+    del cached[key]["update_params_per_s"]  # an entry from before the update was measured
+    path.write_text(json.dumps(cached))
+    calibration.cpu_rates(3)
+    assert measured == [3, 3, 3, 3, 3]
 
 
 def test_a_calibration_of_another_version_is_measured_again(tmp_path, monkeypatch):

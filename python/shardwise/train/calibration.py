@@ -1,6 +1,7 @@
 """What a device sustains, for the step-time model (``step_time.py``): matmul and attention
-rates per dtype width and size, a memory bandwidth, a fixed cost per operator, and whether
-communication overlaps compute.
+rates per dtype width and size, a memory bandwidth, a fixed cost per operator, what the
+optimizer's update costs (per parameter and per tensor), and whether communication overlaps
+compute.
 
 Two sources, and every figure says which it rests on (``DeviceRates.source``):
 
@@ -13,8 +14,12 @@ Two sources, and every figure says which it rests on (``DeviceRates.source``):
   layouts; attention forward and backward apart at 64-256 positions and head sizes 16-128
   (``ATTENTION_SHAPES``: the rate follows positions x head size, the CPU's backward runs at a
   fraction of its forward's, bf16's at a third of it on short sequences); the cost per
-  operator and the other operators' bandwidth from two small real training steps; and what a
-  rank's resident set holds beyond its tensors (``resident.py``). A cached entry is validated
+  operator and the other operators' bandwidth from two small real training steps; the update
+  as a step runs it (the global norm's clip, then the fused AdamW, ``_update_rates``): its
+  parameters per second over 8 tensors of 1M parameters (beyond the caches, as a model's
+  state is; a CPU's fused kernel need not run at the memory bandwidth) and its cost per tensor
+  over 128 small ones; and what a rank's resident set holds beyond its tensors
+  (``resident.py``). A cached entry is validated
   (every field a positive number of the expected kind) and measured afresh when not; delete the
   file to measure again.
 - **GPUs, from data sheets and one measurement:** the dense bf16 peaks of ``device.BF16_PEAKS``
@@ -23,8 +28,9 @@ Two sources, and every figure says which it rests on (``DeviceRates.source``):
   989 TFLOP/s (0.81 of peak), and GPT small's compute-only step (0.009 s for 330 operators at
   negligible roofline time) gives 27 us per operator of eager PyTorch. fp32 matmuls use TF32
   tensor cores at half the bf16 rate; fused attention is taken at 0.6 of the matmul rate
-  (assumed, as FlashAttention-2 reports on these GPUs). Only the H200's figures are measured
-  here; the others assume the same fractions.
+  (assumed, as FlashAttention-2 reports on these GPUs); the optimizer's update is taken as
+  bound by the memory bandwidth (a fused kernel's bytes; not measured). Only the H200's figures
+  are measured here; the others assume the same fractions.
 
 On a GPU the collectives run beside the kernels (NCCL's own channels), so communication can hide
 behind compute; on the CPU the shardwise backend's collectives copy with the same cores that
@@ -60,6 +66,8 @@ GPU_MEMORY_BANDWIDTH = (
     ("A100", 2.039e12),
     ("L40S", 0.864e12),
 )
+# bytes an AdamW update reads and writes per fp32 parameter (the one ``_update_rates`` times)
+ADAMW_UPDATE_BYTES = 28
 GPUS = {"h200": "H200", "h100": "H100", "a100": "A100", "l40s": "L40S"}
 
 
@@ -83,6 +91,22 @@ class DeviceRates:
     resident_base_bytes: int = 0
     resident_warmup_bytes: int = 0
     allocator_retention: float = 1.0
+    # the optimizer's update as a step runs it (clip, then the fused AdamW in fp32 states):
+    # parameters per second (0: bound by the memory bandwidth, ``update_seconds``) and the
+    # fixed cost of each tensor it steps
+    update_params_per_s: float = 0.0
+    update_tensor_seconds: float = 0.0
+
+    def update_seconds(self, params: float, tensors: int, update_bytes: int) -> float:
+        """Seconds of an optimizer update of ``params`` parameters in ``tensors`` tensors, each
+        parameter's update reading and writing ``update_bytes`` (``step_time.update_bytes``):
+        at the measured rate, scaled by those bytes over AdamW's 28 (an optimizer that moves
+        fewer bytes does less arithmetic too: assumed), plus each tensor's fixed cost; where
+        the rate is not measured (a GPU), the bytes over the memory bandwidth."""
+        if self.update_params_per_s <= 0:
+            return params * update_bytes / self.memory_bytes_per_s
+        per_param = update_bytes / ADAMW_UPDATE_BYTES / self.update_params_per_s
+        return params * per_param + tensors * self.update_tensor_seconds
 
     def peak_memory_bytes(self, live_bytes: int) -> int:
         """A rank's peak memory when ``live_bytes`` of tensors are live at once: on the CPU its
@@ -171,7 +195,7 @@ MATMUL_SIZES = (32, 64, 128, 256, 512, 1024)
 # (positions, head size): an attention's curve is keyed by their product (op_trace._size)
 ATTENTION_SHAPES = ((64, 16), (64, 32), (128, 32), (256, 32), (256, 64), (256, 128))
 # what a cache entry was measured under; an entry of another version is measured again
-CALIBRATION_VERSION = 8
+CALIBRATION_VERSION = 9
 
 
 def _matmul_flops(dtype: torch.dtype, size: int) -> float:
@@ -231,6 +255,34 @@ def _calibration_step(cfg, micro_batch: int, repeats: int = 5):
     return seconds, trace
 
 
+def _update_time(shapes, repeats: int) -> float:
+    """Seconds of the update a step runs over fp32 parameters of ``shapes`` with gradients:
+    ``clip_grad_norm_over_mesh`` (the global norm, then the scale) and the fused AdamW."""
+    from .. import _C
+    from ..optim import FusedAdamW
+
+    params = [torch.nn.Parameter(torch.randn(shape)) for shape in shapes]
+    for p in params:
+        p.grad = torch.randn(p.shape)
+    optimizer = FusedAdamW(params, lr=1e-3, weight_decay=0.1)
+    grads = [p.grad for p in params]
+
+    def update():
+        _C.clip_grad_norm_over_mesh([], grads, [], 1.0, None, None, None)
+        optimizer.step()
+
+    return _best(update, repeats)
+
+
+def _update_rates(elements: int = 1 << 20, tensors: int = 128) -> tuple[float, float]:
+    """(parameters per second of the update over 8 tensors of ``elements``: their state larger
+    than the caches, as a model's is; seconds per tensor: ``tensors`` tensors of 256
+    parameters, less their parameters at that rate)."""
+    rate = 8 * elements / _update_time([(elements,)] * 8, repeats=5)
+    small = _update_time([(16, 16)] * tensors, repeats=10)
+    return rate, max(1e-7, (small - tensors * 256 / rate) / tensors)
+
+
 def _memory_rate(rates: DeviceRates, seconds: float, trace) -> float:
     """The other operators' bandwidth (casts, softmax, norms, GELU, adds: their bytes over their
     time) that makes ``trace`` take the measured ``seconds`` after its matmuls, attention and
@@ -270,10 +322,11 @@ def measure_cpu(threads: int) -> DeviceRates:
         memory = _memory_rate(rates, *_calibration_step(mid, 2, repeats=10))
         when = time.strftime("%Y-%m-%d")
         source = f"measured on this CPU ({threads} threads, {when})"
+        update_rate, update_tensor = _update_rates()
         held = resident.measure_fresh(threads)
         return DeviceRates(
             "cpu", matmul, attention, backward, memory, op, False, source,
-            held.base_bytes, held.warmup_bytes, held.retention,
+            held.base_bytes, held.warmup_bytes, held.retention, update_rate, update_tensor,
         )  # fmt: skip
     finally:
         torch.set_num_threads(before)
@@ -310,7 +363,11 @@ def _from_cache(entry) -> DeviceRates | None:
         memory, op = float(entry["memory_bytes_per_s"]), float(entry["op_seconds"])
         base, warmup = int(entry["resident_base_bytes"]), int(entry["resident_warmup_bytes"])
         retention = float(entry["allocator_retention"])
+        update = float(entry["update_params_per_s"])
+        update_tensor = float(entry["update_tensor_seconds"])
         if memory <= 0 or op <= 0 or base <= 0 or warmup < 0 or not 1.0 <= retention < 4.0:
+            return None
+        if update <= 0 or update_tensor <= 0:
             return None
         return DeviceRates(
             "cpu",
@@ -324,6 +381,8 @@ def _from_cache(entry) -> DeviceRates | None:
             base,
             warmup,
             retention,
+            update,
+            update_tensor,
         )
     except (KeyError, TypeError, ValueError, AttributeError):
         return None

@@ -73,6 +73,17 @@ def _rank_model(gpt_config, tp: int, sequence_parallel: bool, save_gathered: boo
 
 
 @functools.lru_cache(maxsize=16)
+def parameter_tensors(gpt_config) -> int:
+    """The parameter tensors of the model (a tied embedding once; a tp rank holds a piece of
+    each), counted on a meta-device model: an optimizer pays a fixed cost per tensor."""
+    import torch
+
+    with torch.device("meta"):
+        model = _rank_model(gpt_config, 1, False, False)
+    return sum(1 for p in model.parameters() if p.requires_grad)
+
+
+@functools.lru_cache(maxsize=16)
 def gpt_traces(
     gpt_config,
     micro_batch_size: int,

@@ -18,7 +18,7 @@ from . import step_time
 from .calibration import device_key, rates_for
 from .cluster import Cluster
 from .device import cpu_threads_per_rank
-from .gpt_costs import gpt_traces
+from .gpt_costs import gpt_traces, parameter_tensors
 
 
 @dataclass(frozen=True)
@@ -141,12 +141,14 @@ def for_gpt(
     deterministic: bool = False,
     low_params: bool = False,
     pipeline: dict | None = None,
+    flat_update: bool = False,
 ) -> Prediction:
     """The step times of ``result``'s rows for the bundled GPT ``gpt`` traced at
     ``micro_batch_size`` sequences (on one tp rank of ``tp``), and ``strategy``'s as
     ``predicted``. ``device``: ``cpu`` or a GPU (``calibration.device_key``); ``low_params``:
     the engine computes with bf16 parameters and no autocast (``gpt_costs.gpt_traces``);
-    ``pipeline``: the config's pipeline section (schedule, virtual stages, split)."""
+    ``pipeline``: the config's pipeline section (schedule, virtual stages, split);
+    ``flat_update``: the engine steps one flat partition (ZeRO), not the module's tensors."""
     per_host = result.ranks_per_host or result.world_size
     threads = cpu_threads_per_rank(per_host * tp, deterministic)
     device = device_key(device)
@@ -165,6 +167,8 @@ def for_gpt(
         result.micro_batches * micro_batch_size * gpt.seq_len,
         step_time.update_bytes(result.optimizer, result.mixed_precision),
         traced_tp=tp,
+        parameter_tensors=parameter_tensors(gpt),
+        flat_update=flat_update,
         **_stages(result, gpt, micro_batch_size, bf16, checkpointing, tp, rates, pipeline or {}),
     )
     cluster = cluster or Cluster(device, result.hosts, per_host * tp, 1.0)
@@ -216,4 +220,5 @@ def for_config(cfg, result, device: str | None = None, cluster: Cluster | None =
         deterministic=t.deterministic,
         low_params=low_precision_parameters(cfg),
         pipeline=d.pipeline.model_dump() if d.pipeline else None,
+        flat_update=d.strategy == "zero",
     )

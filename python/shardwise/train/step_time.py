@@ -14,9 +14,12 @@ micro-batch (F its forward alone) and A = T + F under activation checkpointing, 
   balances them; tensor parallelism inside the stages), ``(m + p - 1)`` stage slots of ``A / p``
   (the fill and drain are its bubble);
 - optimizer: the parameters this rank updates (its optimizer state over the bytes each
-  parameter holds there) times the bytes an update reads and writes (AdamW: parameter, gradient
-  and two moments read, three written, 28 bytes in fp32; SGD with momentum 20; a low-precision
-  copy written adds 2), over the memory bandwidth;
+  parameter holds there), each moving the bytes an update reads and writes (AdamW: parameter,
+  gradient and two moments read, three written, 28 bytes in fp32; SGD with momentum 20; a
+  low-precision copy written adds 2), priced by ``DeviceRates.update_seconds``: on the CPU at
+  the measured rate of the step's own clip and fused AdamW, plus a fixed cost per tensor it
+  steps (the module's parameter tensors, a pipeline stage's share of them, or ZeRO's one flat
+  partition), on a GPU over the memory bandwidth;
 - communication: the row's ring bytes per rank (``Row.communication``) over the bus bandwidth
   within a host, plus, across hosts, its bytes per host link (``Row.inter_host``) over the
   link's; the hierarchical collectives run those phases one after the other;
@@ -92,6 +95,19 @@ class Work:
     # a pipeline's compute per step when its stages were priced one by one: its schedule's
     # makespan over them (``stage_costs.pipeline_makespan``); None: stages of equal cost
     pipeline_s: float | None = None
+    # the model's parameter tensors (the optimizer's fixed cost is per tensor), and whether the
+    # engine steps one flat partition of them instead (the ZeRO engine)
+    parameter_tensors: int = 0
+    flat_update: bool = False
+
+    def update_tensors(self, strategy: str, stages: int) -> int:
+        """The tensors one rank's optimizer steps: one flat partition, a pipeline stage's share
+        of the parameter tensors, or all of them."""
+        if self.flat_update:
+            return 1
+        if strategy == "pipeline" and stages > 1:
+            return -(-self.parameter_tensors // stages)
+        return self.parameter_tensors
 
 
 def _compute(strategy: str, work: Work, stages: int, tp: int) -> float:
@@ -133,7 +149,8 @@ def predict_row(
     compute = _compute(row.strategy, work, stages, tp) * contention
     state = row.optimizer_state or row.host  # offload keeps the optimizer state on the host
     updated = state / optimizer_bytes_per_param if optimizer_bytes_per_param else 0.0
-    optimizer = updated * work.update_bytes / rates.memory_bytes_per_s * contention
+    tensors = work.update_tensors(row.strategy, stages) if updated else 0
+    optimizer = rates.update_seconds(updated, tensors, work.update_bytes) * contention
     comm = row.communication / links.intra_host
     if row.inter_host and links.inter_host:
         comm += row.inter_host / links.inter_host
