@@ -42,11 +42,11 @@ from __future__ import annotations
 import os
 from dataclasses import asdict, dataclass
 
-from .calibration import DeviceRates
+from .calibration import ADAMW_UPDATE_BYTES, DeviceRates
 from .op_trace import Trace
 
 # bytes an optimizer update reads and writes per parameter (fp32 states; module docstring)
-UPDATE_BYTES = {"adamw": 28, "adam": 28, "sgd": 20}
+UPDATE_BYTES = {"adamw": ADAMW_UPDATE_BYTES, "adam": ADAMW_UPDATE_BYTES, "sgd": 20}
 _HIDE_BEHIND = {"ddp": 2 / 3, "zero1": 2 / 3, "zero2": 2 / 3, "fsdp_shard_grad_op": 2 / 3}
 
 
