@@ -61,8 +61,11 @@ def main() -> int:
         "GB/s per host link). Every figure is a prediction ([planning.md](planning.md)): memory\n"
         "from the ZeRO formulas and the model itself traced on fake tensors (its activation\n"
         "peak, in the config's bf16 parameters for every row); step time from data-sheet rates\n"
-        "scaled by what one H200 measured (no H100 has run here). MFU: 6 x parameters x tokens/s\n"
-        "over the bf16 data-sheet peak.\n"
+        "scaled by what one H200 measured (no H100 has run here), and each collective's latency\n"
+        "from NCCL's ring model (its ring steps grow with the ranks: the DDP rows at 512 GPUs\n"
+        "wait on their buckets' all-reduces; NCCL would pick a tree for some of them, so these\n"
+        "rows are an upper bound). MFU: 6 x parameters x tokens/s over the bf16 data-sheet\n"
+        "peak.\n"
     )
     print("| " + " | ".join(head) + " |")
     print("|---|" + "---:|" * (len(head) - 1))

@@ -160,6 +160,7 @@ def test_the_cpu_calibration_is_cached_and_a_bad_cache_is_measured_again(tmp_pat
     cpu = replace(
         RATES, name="cpu", resident_base_bytes=2**29, resident_warmup_bytes=2**27,
         allocator_retention=1.2, update_params_per_s=1e8, update_tensor_seconds=1e-5,
+        collective_step_seconds=5e-6, message_seconds=8e-5,
     )  # fmt: skip
 
     def measure(threads):
@@ -189,6 +190,11 @@ def test_the_cpu_calibration_is_cached_and_a_bad_cache_is_measured_again(tmp_pat
     path.write_text(json.dumps(cached))
     calibration.cpu_rates(3)
     assert measured == [3, 3, 3, 3, 3]
+    cached = json.loads(path.read_text())
+    cached[key]["message_seconds"] = 0.0  # a latency not measured
+    path.write_text(json.dumps(cached))
+    calibration.cpu_rates(3)
+    assert measured == [3, 3, 3, 3, 3, 3]
 
 
 def test_a_calibration_of_another_version_is_measured_again(tmp_path, monkeypatch):

@@ -18,10 +18,11 @@ Two sources, and every figure says which it rests on (``DeviceRates.source``):
   as a step runs it (the global norm's clip, then the fused AdamW, ``_update_rates``): its
   parameters per second over 8 tensors of 1M parameters (beyond the caches, as a model's
   state is; a CPU's fused kernel need not run at the memory bandwidth) and its cost per tensor
-  over 128 small ones; and what a rank's resident set holds beyond its tensors
-  (``resident.py``). A cached entry is validated
-  (every field a positive number of the expected kind) and measured afresh when not; delete the
-  file to measure again.
+  over 128 small ones; what a rank's resident set holds beyond its tensors
+  (``resident.py``); and the latency of a collective's ring step and of a point-to-point
+  message between two processes (``collective_latency.measure_cpu_step``). A cached entry is
+  validated (every field a positive number of the expected kind) and measured afresh when not;
+  delete the file to measure again.
 - **GPUs, from data sheets and one measurement:** the dense bf16 peaks of ``device.BF16_PEAKS``
   and the vendors' memory bandwidths, each scaled by what the committed H200 runs measured
   (``benchmarks/results/2026-11-26-fsdp-gpu-h200.md``): an 8192^3 bf16 matmul ran at 805 of
@@ -50,6 +51,7 @@ from pathlib import Path
 import torch
 
 from . import resident
+from .collective_latency import measure_cpu_step
 from .device import bf16_peak
 
 # H200's measured fractions (module docstring)
@@ -96,6 +98,10 @@ class DeviceRates:
     # fixed cost of each tensor it steps
     update_params_per_s: float = 0.0
     update_tensor_seconds: float = 0.0
+    # a CPU's collective latency (``collective_latency.measure_cpu_step``): a ring step and a
+    # point-to-point message between two ranks; 0 on a GPU (NCCL's table instead)
+    collective_step_seconds: float = 0.0
+    message_seconds: float = 0.0
 
     def update_seconds(self, params: float, tensors: int, update_bytes: int) -> float:
         """Seconds of an optimizer update of ``params`` parameters in ``tensors`` tensors, each
@@ -195,7 +201,7 @@ MATMUL_SIZES = (32, 64, 128, 256, 512, 1024)
 # (positions, head size): an attention's curve is keyed by their product (op_trace._size)
 ATTENTION_SHAPES = ((64, 16), (64, 32), (128, 32), (256, 32), (256, 64), (256, 128))
 # what a cache entry was measured under; an entry of another version is measured again
-CALIBRATION_VERSION = 9
+CALIBRATION_VERSION = 10
 
 
 def _matmul_flops(dtype: torch.dtype, size: int) -> float:
@@ -324,9 +330,11 @@ def measure_cpu(threads: int) -> DeviceRates:
         source = f"measured on this CPU ({threads} threads, {when})"
         update_rate, update_tensor = _update_rates()
         held = resident.measure_fresh(threads)
+        step, message = measure_cpu_step()
         return DeviceRates(
             "cpu", matmul, attention, backward, memory, op, False, source,
             held.base_bytes, held.warmup_bytes, held.retention, update_rate, update_tensor,
+            step, message,
         )  # fmt: skip
     finally:
         torch.set_num_threads(before)
@@ -365,9 +373,10 @@ def _from_cache(entry) -> DeviceRates | None:
         retention = float(entry["allocator_retention"])
         update = float(entry["update_params_per_s"])
         update_tensor = float(entry["update_tensor_seconds"])
+        step, message = float(entry["collective_step_seconds"]), float(entry["message_seconds"])
         if memory <= 0 or op <= 0 or base <= 0 or warmup < 0 or not 1.0 <= retention < 4.0:
             return None
-        if update <= 0 or update_tensor <= 0:
+        if update <= 0 or update_tensor <= 0 or step <= 0 or message <= 0:
             return None
         return DeviceRates(
             "cpu",
@@ -383,6 +392,8 @@ def _from_cache(entry) -> DeviceRates | None:
             retention,
             update,
             update_tensor,
+            step,
+            message,
         )
     except (KeyError, TypeError, ValueError, AttributeError):
         return None

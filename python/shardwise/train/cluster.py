@@ -7,6 +7,8 @@ host, memory per GPU and the bandwidth of its links, validated before anything i
     gpu_mem_gib: 80
     intra_host_gb_s: 360    # optional: bus bandwidth of a collective within a host, per rank
     inter_host_gb_s: 400    # optional: each host's link to the others (all its NICs), GB/s
+    intra_host_latency_us: 3.4   # optional: a collective's ring step within a host, µs
+    inter_host_latency_us: 9.6   # optional: a ring step across hosts, µs
 
 The defaults are the interconnects such GPUs ship with (nccl-tests' all-reduce bus bandwidth of
 8 NVLink GPUs: about 360 GB/s for NVLink 4 on H100 / H200, 230 for NVLink 3 on A100; PCIe 4
@@ -14,7 +16,8 @@ x16 for L40S, about 20) and a host link of eight 400 Gbit/s NICs (400 GB/s; A100
 200 Gbit/s, L40S: two). On the CPU, within a host the shardwise backend copies each message
 twice through shared memory (half the measured memory bandwidth), and a host link defaults to
 1 Gbit/s; these are assumptions about typical parts, not measurements of a particular cluster,
-and a cluster file should give its own.
+and a cluster file should give its own. The latencies default to NCCL's own model of its ring
+(``collective_latency.py``; on the CPU, this machine's measured step and 50 µs across hosts).
 """
 
 from __future__ import annotations
@@ -34,7 +37,11 @@ DEFAULT_LINKS = {
     "l40s": (20.0, 100.0),
     "cpu": (None, 0.125),  # within: half the measured memory bandwidth
 }
-KEYS = ("device", "hosts", "gpus_per_host", "gpu_mem_gib", "intra_host_gb_s", "inter_host_gb_s")
+KEYS = (
+    "device", "hosts", "gpus_per_host", "gpu_mem_gib", "intra_host_gb_s", "inter_host_gb_s",
+    "intra_host_latency_us", "inter_host_latency_us",
+)  # fmt: skip
+OPTIONAL = KEYS[4:]
 
 
 @dataclass(frozen=True)
@@ -45,6 +52,8 @@ class Cluster:
     gpu_mem_gib: float
     intra_host_gb_s: float | None = None  # None: the device's default
     inter_host_gb_s: float | None = None
+    intra_host_latency_us: float | None = None  # None: the device's (collective_latency.py)
+    inter_host_latency_us: float | None = None
 
     @property
     def gpus(self) -> int:
@@ -90,11 +99,7 @@ def load_cluster(path: str) -> Cluster:
     device = str(data["device"]).lower()
     if device not in DEVICES:
         raise ValueError(f"{path}: device {data['device']!r} is not one of {', '.join(DEVICES)}")
-    optional = {
-        k: _positive(path, k, data[k], float)
-        for k in ("intra_host_gb_s", "inter_host_gb_s")
-        if data.get(k) is not None
-    }
+    optional = {k: _positive(path, k, data[k], float) for k in OPTIONAL if data.get(k) is not None}
     return Cluster(
         device,
         _positive(path, "hosts", data["hosts"], int),

@@ -325,3 +325,50 @@ def activation_bytes(
     else:
         blocks = gpt_config.layers * layer
     return int(blocks + head)
+
+
+def _greedy_buckets(sizes: list[int], cap: int) -> int:
+    """Buckets of consecutive sizes, each closed before the next size would pass ``cap`` (the
+    ZeRO engine's rule: C++ ``zero::ZeroOptimizer``'s bucket assignment)."""
+    buckets, current = 0, 0
+    for size in sizes:
+        if current and current + size > cap:
+            buckets, current = buckets + 1, 0
+        current += size
+    return buckets + int(current > 0)
+
+
+@functools.lru_cache(maxsize=16)
+def engine_counts(
+    gpt_config,
+    full,
+    forward,
+    reduce_bucket_numel: int = 500_000_000,
+    allgather_bucket_numel: int = 500_000_000,
+):
+    """``step_collectives.EngineCounts`` of the model: its wrapped units (the blocks and the
+    root), torch DDP's gradient buckets (torch's own assignment over the fp32 gradients, in
+    the reverse order of the parameters, at DDP's default caps), the ZeRO engine's buckets, and
+    the collectives of the traced micro-batch ``full`` and forward ``forward`` (a tp rank's)."""
+    from collections import Counter
+
+    import torch
+    import torch.distributed as dist
+
+    from .step_collectives import EngineCounts
+
+    with torch.device("meta"):
+        model = _rank_model(gpt_config, 1, False, False)
+    params = [p for p in model.parameters() if p.requires_grad]
+    fp32 = [torch.empty(p.shape, dtype=torch.float32, device="meta") for p in reversed(params)]
+    caps = [dist._DEFAULT_FIRST_BUCKET_BYTES, 25 * 2**20]  # torch DDP's defaults
+    ddp, _ = dist._compute_bucket_assignment_by_size(fp32, caps)
+    sizes = [p.numel() for p in params]
+    return EngineCounts(
+        units=gpt_config.layers + 1,
+        ddp_buckets=len(ddp),
+        zero_reduce_buckets=_greedy_buckets(sizes, reduce_bucket_numel),
+        zero_gather_buckets=_greedy_buckets(sizes, allgather_bucket_numel),
+        model=dict(Counter(full.collectives)),
+        recomputed=dict(Counter(forward.collectives)),
+    )

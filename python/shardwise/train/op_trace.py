@@ -8,7 +8,10 @@ the run executes: its FLOPs (torch's own formulas, ``torch.utils.flop_counter.fl
 ``transpose``, ``expand``, ...) move no memory and are left out, as torch's RuntimeEstimator
 leaves them out. torch has no formula for the CPU flash attention; it gets the CUDA one's.
 ``step_time.py`` turns the record into seconds on a device (a roofline per operator, plus a
-fixed cost per operator).
+fixed cost per operator). The collectives the model itself calls (a tensor-parallel rank's
+all-reduces, gathers and reduce-scatters: the c10d and functional operators of
+``comm_count.COLLECTIVES``) are recorded apart, by kind and group size, and priced as
+communication (``collective_latency.py``), not as compute.
 
 torch's ``RuntimeEstimator`` does the same roofline, but reads the rates of the GPU it runs on
 (it refuses to run without one), so it cannot price a cluster that is not here; this trace
@@ -24,6 +27,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 from torch.utils._pytree import tree_flatten
 from torch.utils.flop_counter import flop_registry, sdpa_backward_flop_count, sdpa_flop_count
+
+from ..comm_count import COLLECTIVES
 
 
 @dataclass(frozen=True)
@@ -53,6 +58,8 @@ class Trace:
     """The operators of one traced region, in execution order."""
 
     ops: tuple[OpCost, ...]
+    # the collectives the traced region calls: (kind, ranks in its group), in order
+    collectives: tuple[tuple[str, int], ...] = ()
 
     @property
     def flops(self) -> int:
@@ -131,18 +138,37 @@ def _tensor_bytes(values) -> int:
     return sum(t.numel() * t.element_size() for t in values if isinstance(t, torch.Tensor))
 
 
+def _group_size(args) -> int:
+    """The ranks of the process group among a collective's arguments: a c10d operator's
+    group, or a functional collective's group name."""
+    from torch.distributed import ProcessGroup
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    for a in args:
+        if isinstance(a, torch.ScriptObject) and a._type().name() == "ProcessGroup":
+            return ProcessGroup.unbox(a).size()
+    names = [a for a in args if isinstance(a, str)]
+    if names:
+        return _resolve_process_group(names[-1]).size()
+    raise ValueError("a collective without its process group")
+
+
 class _Recorder(TorchDispatchMode):
     def __init__(self):
         super().__init__()
         self.ops: list[OpCost] = []
+        self.collectives: list[tuple[str, int]] = []
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
+        name = str(func._overloadpacket)
+        if name in COLLECTIVES:
+            self.collectives.append((COLLECTIVES[name], _group_size(args)))
+            return out
         outputs, _ = tree_flatten(out)
         if _moves_nothing(func, outputs):
             return out
-        name = str(func._overloadpacket)
         formula = _FLOPS.get(name)
         flops = int(formula(*args, **kwargs, out_val=out)) if formula is not None else 0
         inputs, _ = tree_flatten((args, kwargs))
@@ -163,7 +189,7 @@ def trace(run: Callable[[], None]) -> Trace:
     recorder = _Recorder()
     with recorder:
         run()
-    return Trace(tuple(recorder.ops))
+    return Trace(tuple(recorder.ops), tuple(recorder.collectives))
 
 
 def build_with_parameters(build_model, dtype: torch.dtype | None):

@@ -12,13 +12,14 @@ use: ``step_s``, ``tokens_per_s``, ``compute_s``, ``comm_s`` and, per rank,
 from __future__ import annotations
 
 import statistics
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from . import step_time
 from .calibration import device_key, rates_for
 from .cluster import Cluster
+from .collective_latency import latency_for
 from .device import cpu_threads_per_rank
-from .gpt_costs import gpt_traces, parameter_tensors
+from .gpt_costs import engine_counts, gpt_traces, parameter_tensors
 
 
 @dataclass(frozen=True)
@@ -114,6 +115,13 @@ def _stages(result, gpt, micro_batch_size, bf16, checkpointing, tp, rates, pipel
     return {"pipeline_s": pipeline_makespan(seconds, result.pipeline_stages, m, schedule)}
 
 
+def _schedule_runs(result, pipeline: dict) -> int:
+    """How many times a step runs the pipeline's schedule: once per accumulated batch of the
+    config's micro-batches (``num_microbatches``, by default the stages)."""
+    per_run = pipeline.get("num_microbatches") or result.pipeline_stages
+    return max(1, result.micro_batches // per_run)
+
+
 def _this_gpu() -> str:
     """This machine's GPU's table key when it has one that is listed, else h100."""
     import torch
@@ -142,13 +150,16 @@ def for_gpt(
     low_params: bool = False,
     pipeline: dict | None = None,
     flat_update: bool = False,
+    zero_buckets: tuple[int, int] | None = None,
 ) -> Prediction:
     """The step times of ``result``'s rows for the bundled GPT ``gpt`` traced at
     ``micro_batch_size`` sequences (on one tp rank of ``tp``), and ``strategy``'s as
     ``predicted``. ``device``: ``cpu`` or a GPU (``calibration.device_key``); ``low_params``:
     the engine computes with bf16 parameters and no autocast (``gpt_costs.gpt_traces``);
     ``pipeline``: the config's pipeline section (schedule, virtual stages, split);
-    ``flat_update``: the engine steps one flat partition (ZeRO), not the module's tensors."""
+    ``flat_update``: the engine steps one flat partition (ZeRO), not the module's tensors;
+    ``zero_buckets``: the ZeRO engine's (reduce, all-gather) bucket sizes in elements (default:
+    DeepSpeed's)."""
     per_host = result.ranks_per_host or result.world_size
     threads = cpu_threads_per_rank(per_host * tp, deterministic)
     device = device_key(device)
@@ -169,11 +180,26 @@ def for_gpt(
         traced_tp=tp,
         parameter_tensors=parameter_tensors(gpt),
         flat_update=flat_update,
+        engine=replace(
+            engine_counts(gpt, full, forward, *(zero_buckets or ())),
+            pipeline_runs=_schedule_runs(result, pipeline or {}),
+            zero_engine=flat_update,  # the ZeRO engine: its flat partition, reduced each time
+        ),
+        checkpointing=checkpointing,
         **_stages(result, gpt, micro_batch_size, bf16, checkpointing, tp, rates, pipeline or {}),
     )
     cluster = cluster or Cluster(device, result.hosts, per_host * tp, 1.0)
+    latency = latency_for(
+        device,
+        rates.collective_step_seconds,
+        rates.message_seconds or None,
+        cluster.intra_host_latency_us,
+        cluster.inter_host_latency_us,
+    )
     links = step_time.Links(
-        cluster.intra_host_bytes_per_s(rates.memory_bytes_per_s), cluster.inter_host_bytes_per_s()
+        cluster.intra_host_bytes_per_s(rates.memory_bytes_per_s),
+        cluster.inter_host_bytes_per_s(),
+        latency,
     )
     contention = 1.0
     if device == "cpu":
@@ -221,4 +247,12 @@ def for_config(cfg, result, device: str | None = None, cluster: Cluster | None =
         low_params=low_precision_parameters(cfg),
         pipeline=d.pipeline.model_dump() if d.pipeline else None,
         flat_update=d.strategy == "zero",
+        zero_buckets=_zero_buckets(cfg) if d.strategy == "zero" else None,
     )
+
+
+def _zero_buckets(cfg) -> tuple[int, int]:
+    """The ZeRO engine's (reduce, all-gather) bucket sizes in elements, as it reads them (the
+    validated config's ``native`` options)."""
+    native = cfg.zero_config()["native"]
+    return native["reduce_bucket_numel"], native["allgather_bucket_numel"]

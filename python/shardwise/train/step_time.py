@@ -22,28 +22,33 @@ micro-batch (F its forward alone) and A = T + F under activation checkpointing, 
   partition), on a GPU over the memory bandwidth;
 - communication: the row's ring bytes per rank (``Row.communication``) over the bus bandwidth
   within a host, plus, across hosts, its bytes per host link (``Row.inter_host``) over the
-  link's; the hierarchical collectives run those phases one after the other;
+  link's; the hierarchical collectives run those phases one after the other; plus each
+  collective's latency beyond its bytes: the collectives the row's rank runs per step, as its
+  engine, its model and the trainer call them (``step_collectives.py``), each at NCCL's ring
+  latency over its group (``collective_latency.py``: NCCL's table on a GPU, this CPU's
+  measured ring step and message);
 - overlap: on a GPU the engines hide communication behind compute, DDP and ZeRO-1/2 behind
   the backward (taken as 2/3 of the compute), ZeRO-3 / FSDP full_shard and hybrid_shard behind
   forward and backward (the prefetched gathers); only the rest is exposed. On the CPU the
   collectives copy with the cores that compute, so all of it is added;
-- ranks that outnumber a host's cores (CPU) take turns: compute and communication stretch by
-  ``ranks x threads / cores``.
+- ranks that outnumber a host's cores (CPU) take turns: compute and communication's bytes
+  stretch by ``ranks x threads / cores`` (the latency does not: it is a wait, not work).
 
 ``step_s = compute_s + optimizer_s + exposed communication``, and tokens/s is the tokens the
 row's replicas train per step over it: every row runs the same micro-batches per replica, so a
 tp or pipeline row, whose t or p ranks hold one replica, trains 1/t or 1/p of DDP's tokens.
-Not modelled: the latency of each collective (dominant only for tiny messages), stragglers, and
-the data loader.
+Not modelled: stragglers and the data loader.
 """
 
 from __future__ import annotations
 
 import os
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from .calibration import ADAMW_UPDATE_BYTES, DeviceRates
+from .collective_latency import Latency
 from .op_trace import Trace
+from .step_collectives import EngineCounts, latency_seconds, per_kind, step_collectives
 
 # bytes an optimizer update reads and writes per parameter (fp32 states; module docstring)
 UPDATE_BYTES = {"adamw": ADAMW_UPDATE_BYTES, "adam": ADAMW_UPDATE_BYTES, "sgd": 20}
@@ -53,10 +58,12 @@ _HIDE_BEHIND = {"ddp": 2 / 3, "zero1": 2 / 3, "zero2": 2 / 3, "fsdp_shard_grad_o
 @dataclass(frozen=True)
 class Links:
     """The bandwidths a rank's collectives see: within its host (bus bandwidth, bytes/s) and
-    over its host's link to the others (bytes/s; None: one host)."""
+    over its host's link to the others (bytes/s; None: one host); and the latency of each
+    collective beyond its bytes (``collective_latency.Latency``; None: not priced)."""
 
     intra_host: float
     inter_host: float | None = None
+    latency: Latency | None = None
 
 
 @dataclass(frozen=True)
@@ -70,6 +77,9 @@ class StepTime:
     comm_s: float  # all of the row's communication; exposed_comm_s is what the step waits for
     exposed_comm_s: float
     optimizer_s: float
+    latency_s: float = 0.0  # the part of comm_s its collectives wait beyond their bytes
+    # calls per step by kind, as the backend's counters name them (step_collectives.per_kind)
+    collectives: dict = field(default_factory=dict)
 
     def to_dict(self) -> dict:
         return asdict(self)
@@ -99,6 +109,10 @@ class Work:
     # engine steps one flat partition of them instead (the ZeRO engine)
     parameter_tensors: int = 0
     flat_update: bool = False
+    # what sets the step's collectives (``step_collectives.EngineCounts``; None: their
+    # latency is not priced) and whether checkpointing runs each forward again
+    engine: EngineCounts | None = None
+    checkpointing: bool = False
 
     def update_tensors(self, strategy: str, stages: int) -> int:
         """The tensors one rank's optimizer steps: one flat partition, a pipeline stage's share
@@ -140,6 +154,7 @@ def predict_row(
     stages: int = 1,
     tp: int = 1,
     contention: float = 1.0,
+    hosts: int = 1,
 ) -> StepTime | None:
     """The step time of one ``planner.Row`` over ``ranks`` data ranks; None when its
     communication is not known. Every row runs the same micro-batches per replica (the
@@ -154,14 +169,30 @@ def predict_row(
     comm = row.communication / links.intra_host
     if row.inter_host and links.inter_host:
         comm += row.inter_host / links.inter_host
-    comm *= contention
+    latency, calls = _latency(row.strategy, work, links, ranks, stages, tp, hosts)
+    comm = comm * contention + latency
     exposed = comm
     if rates.overlaps_communication:
         hidden = _HIDE_BEHIND.get(row.strategy, 1.0 if row.strategy != "pipeline" else 0.0)
         exposed = max(0.0, comm - hidden * compute)
     step = compute + optimizer + exposed
     tokens = _replicas(row.strategy, ranks, stages, tp) * work.tokens_per_replica
-    return StepTime(row.strategy, step, tokens / step, compute, comm, exposed, optimizer)
+    return StepTime(
+        row.strategy, step, tokens / step, compute, comm, exposed, optimizer, latency, calls
+    )
+
+
+def _latency(strategy, work: Work, links: Links, ranks, stages, tp, hosts) -> tuple[float, dict]:
+    """Seconds the row's collectives wait beyond their bytes (``step_collectives.py``), and
+    its calls per kind."""
+    if work.engine is None:
+        return 0.0, {}
+    calls = step_collectives(
+        strategy, work.engine, ranks=ranks, micro_batches=work.micro_batches, stages=stages,
+        tp=tp, hosts=hosts, checkpointing=work.checkpointing,
+    )  # fmt: skip
+    seconds = latency_seconds(calls, links.latency) if links.latency is not None else 0.0
+    return seconds, per_kind(calls)
 
 
 def cpu_contention(ranks_per_host: int, threads: int, cores: int | None = None) -> float:
@@ -195,6 +226,7 @@ def predict_plan(
             stages=plan.pipeline_stages,
             tp=plan.tp_degree,
             contention=contention,
+            hosts=plan.hosts,
         )
         for row in plan.rows
     }
