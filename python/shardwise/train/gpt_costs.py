@@ -364,6 +364,7 @@ def engine_counts(
     caps = [dist._DEFAULT_FIRST_BUCKET_BYTES, 25 * 2**20]  # torch DDP's defaults
     ddp, _ = dist._compute_bucket_assignment_by_size(fp32, caps)
     sizes = [p.numel() for p in params]
+    shared = sum(1 for _ in model.named_parameters(remove_duplicate=False)) > len(params)
     return EngineCounts(
         units=gpt_config.layers + 1,
         ddp_buckets=len(ddp),
@@ -371,4 +372,5 @@ def engine_counts(
         zero_gather_buckets=_greedy_buckets(sizes, allgather_bucket_numel),
         model=dict(Counter(full.collectives)),
         recomputed=dict(Counter(forward.collectives)),
+        tied_embedding=shared,  # a tied head: the pipeline sends its gradient between stages
     )

@@ -37,7 +37,11 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, field
 
-SHARDED_DATA = ("zero3", "zero3_offload", "fsdp_shard_grad_op", "fsdp_hybrid_shard", "tp_zero3")
+# rows whose gradient norm is summed over the data axis's shards
+SHARDED_DATA = (
+    "zero1", "zero2", "zero3", "zero3_offload", "fsdp_shard_grad_op", "fsdp_hybrid_shard",
+    "tp_zero3",
+)  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -59,7 +63,7 @@ class EngineCounts:
     # one traced micro-batch's own collectives: (kind, ranks) -> count; and its forward's
     model: dict = field(default_factory=dict)
     recomputed: dict = field(default_factory=dict)
-    tied_embedding: bool = True  # a pipeline's first and last stage share the embedding
+    tied_embedding: bool = True  # the model shares a parameter (the head tied to the embedding)
     pipeline_runs: int = 1  # the pipeline's schedule runs per step (gradient accumulation)
     # the ZeRO engine reduces into its partition in every micro-batch (stage 3 too); torch
     # FSDP and DDP only in the last one (no_sync)
@@ -134,7 +138,7 @@ def step_collectives(
     trainer = Counter()
     if n > 1:
         trainer["all_reduce", n] += 1  # the loss's mean
-        if strategy in SHARDED_DATA or strategy in ("zero1", "zero2"):
+        if strategy in SHARDED_DATA:
             trainer["all_reduce", data_n] += 1  # the norm over the shards
     add(trainer, hosts)
     return out
