@@ -222,6 +222,27 @@ def test_cli_plans_a_training_config(capsys):
     assert main(["training.max_steps=3"]) == 2  # overrides without --config
 
 
+def test_cli_nproc_plans_the_ranks_torchrun_starts_on_this_host(capsys):
+    """--nproc N is torchrun --nproc_per_node N's world: N ranks sharing this host's memory (a
+    plan of 4 ranks once took the config's world of 1 and each rank's memory as the host's);
+    it names a host's ranks, so it is refused beside --gpus or without --config."""
+    from pathlib import Path
+
+    config = str(Path(__file__).resolve().parents[2] / "examples" / "configs" / "ddp.yaml")
+    argv = ["--config", config, "--device", "h100", "--json"]
+    assert main(argv) == 0
+    alone = json.loads(capsys.readouterr().out)
+    assert main([*argv, "--nproc", "4"]) == 0
+    four = json.loads(capsys.readouterr().out)
+    assert alone["world_size"] == 1
+    assert four["world_size"] == 4 and four["ranks_per_host"] == 4
+    assert four["device_memory_bytes"] == pytest.approx(alone["device_memory_bytes"] / 4, abs=4)
+    assert main([*argv, "--nproc", "4", "--gpus", "4"]) == 2
+    assert "--nproc" in capsys.readouterr().err
+    assert main(["--params", "1e9", "--nproc", "2"]) == 2
+    assert "--nproc needs --config" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("preset,micro", [("tiny", 8), ("small", 2)])
 def test_the_activation_peak_holds_what_is_saved_and_the_logits_gradient(preset, micro):
     """The planner's activations are the peak of a traced forward + backward, not what autograd

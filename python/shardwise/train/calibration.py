@@ -9,11 +9,14 @@ Two sources, and every figure says which it rests on (``DeviceRates.source``):
   planned run uses (the trainer gives each of a host's R ranks ``cores // R`` threads), then
   cached in ``$XDG_CACHE_HOME/shardwise/calibration.json`` (default ``~/.cache``) under the CPU's
   model name, the thread count, the torch version and ``CALIBRATION_VERSION`` (``measure_cpu``
-  says what it runs, about 15 s, in a fresh interpreter): matmuls of 1024 tokens at widths
-  32-1024 (``MATMUL_SIZES``; small widths run far below the peak) in a training step's three
-  layouts; attention forward and backward apart at 64-256 positions and head sizes 16-128
-  (``ATTENTION_SHAPES``: the rate follows positions x head size, the CPU's backward runs at a
-  fraction of its forward's, bf16's at a third of it on short sequences); the cost per
+  says what it runs, 20-75 s on a 2-core VM, in fresh interpreters: as many at once as the
+  host's cores hold ranks of those threads, so every core is busy as in a run; each time the
+  median of its repeats, as a run reports its median step; ``_measure_fresh``): matmuls of
+  1024 tokens at widths 32-1024 (``MATMUL_SIZES``; small widths run far below the peak) in a
+  training step's three layouts; attention forward and backward apart at 64-256 positions
+  and head sizes 16-128 (``ATTENTION_SHAPES``: the rate follows positions x head size, the
+  CPU's backward runs at a fraction of its forward's, bf16's at a third of it on short
+  sequences); the cost per
   operator and the other operators' bandwidth from two small real training steps; the update
   as a step runs it (the global norm's clip, then the fused AdamW, ``_update_rates``): its
   parameters per second over 8 tensors of 1M parameters (beyond the caches, as a model's
@@ -44,6 +47,7 @@ import json
 import math
 import os
 import platform
+import statistics
 import time
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
@@ -187,21 +191,25 @@ def gpu_rates(name: str) -> DeviceRates:
     )
 
 
-def _best(run, repeats: int = 5) -> float:
+def _typical(run, repeats: int = 5) -> float:
+    """Seconds of ``run``: the median of ``repeats`` after one warm-up. The median, not the
+    best: a run's step is reported as its median (``step_s``), and on a shared host the best of
+    many times runs 30-40% under it (a tiny GPT's forward + backward: 9.6 ms best, 13.7 ms
+    median, one process on this 2-core VM)."""
     run()
-    best = float("inf")
+    times = []
     for _ in range(repeats):
         start = time.perf_counter()
         run()
-        best = min(best, time.perf_counter() - start)
-    return best
+        times.append(time.perf_counter() - start)
+    return statistics.median(times)
 
 
 MATMUL_SIZES = (32, 64, 128, 256, 512, 1024)
 # (positions, head size): an attention's curve is keyed by their product (op_trace._size)
 ATTENTION_SHAPES = ((64, 16), (64, 32), (128, 32), (256, 32), (256, 64), (256, 128))
 # what a cache entry was measured under; an entry of another version is measured again
-CALIBRATION_VERSION = 10
+CALIBRATION_VERSION = 11
 
 
 def _matmul_flops(dtype: torch.dtype, size: int) -> float:
@@ -213,12 +221,12 @@ def _matmul_flops(dtype: torch.dtype, size: int) -> float:
     m, n = 1024, 3 * size if size < 1024 else 1024
     x, w, g = (torch.randn(*shape).to(dtype) for shape in ((m, size), (n, size), (m, n)))
     layouts = (lambda: x @ w.t(), lambda: g @ w, lambda: g.t() @ x)
-    return 3 * 2.0 * m * size * n / sum(_best(layout) for layout in layouts)
+    return 3 * 2.0 * m * size * n / sum(_typical(layout) for layout in layouts)
 
 
 def _memory_bandwidth(elements: int = 16 << 20) -> float:
     a, b, c = torch.ones(elements), torch.ones(elements), torch.empty(elements)
-    return 3 * 4 * elements / _best(lambda: torch.add(a, b, out=c))
+    return 3 * 4 * elements / _typical(lambda: torch.add(a, b, out=c))
 
 
 def _attention_flops(dtype: torch.dtype, positions: int, head: int) -> tuple[float, float]:
@@ -239,7 +247,7 @@ def _attention_flops(dtype: torch.dtype, positions: int, head: int) -> tuple[flo
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, is_causal=True)
         out.backward(grad)
 
-    ahead, whole = _best(forward), _best(both)
+    ahead, whole = _typical(forward), _typical(both)
     backward = max(whole - ahead, 1e-3 * whole)
     return (
         sdpa_flop_count(shape, shape, shape) / ahead,
@@ -248,7 +256,7 @@ def _attention_flops(dtype: torch.dtype, positions: int, head: int) -> tuple[flo
 
 
 def _calibration_step(cfg, micro_batch: int, repeats: int = 5):
-    """(seconds of one real forward + backward of a GPT of ``cfg`` in fp32, the best of
+    """(seconds of one real forward + backward of a GPT of ``cfg`` in fp32, the median of
     ``repeats``; its trace)."""
     from ..models.gpt import GPT
     from . import op_trace
@@ -256,7 +264,7 @@ def _calibration_step(cfg, micro_batch: int, repeats: int = 5):
     torch.manual_seed(0)
     model = GPT(cfg)
     tokens = torch.zeros(micro_batch, cfg.seq_len, dtype=torch.long)
-    seconds = _best(lambda: model.loss(tokens, tokens).backward(), repeats=repeats)
+    seconds = _typical(lambda: model.loss(tokens, tokens).backward(), repeats=repeats)
     trace = op_trace.trace_training_step(lambda: GPT(cfg), tokens.shape, bf16=False)
     return seconds, trace
 
@@ -277,7 +285,7 @@ def _update_time(shapes, repeats: int) -> float:
         _C.clip_grad_norm_over_mesh([], grads, [], 1.0, None, None, None)
         optimizer.step()
 
-    return _best(update, repeats)
+    return _typical(update, repeats)
 
 
 def _update_rates(elements: int = 1 << 20, tensors: int = 128) -> tuple[float, float]:
@@ -298,13 +306,14 @@ def _memory_rate(rates: DeviceRates, seconds: float, trace) -> float:
     return trace.bytes_of("memory") / left if left > 0 else rates.memory_bytes_per_s
 
 
-def measure_cpu(threads: int) -> DeviceRates:
+def measure_cpu(threads: int, host_figures: bool = True) -> DeviceRates:
     """This CPU's rates with ``threads`` threads (restored after). The matmul and attention
     rates come from those kernels alone; the cost per operator from a 2-layer, 64-wide GPT on 8
     tokens (its time is almost all dispatch: its roofline is subtracted); the memory
     bandwidth of the other operators (casts, softmax, norms, GELU, adds: their bytes over their
     time) from a 2-layer, 256-wide GPT on 512 tokens, after its matmuls, attention and
-    dispatch are subtracted."""
+    dispatch are subtracted. ``host_figures``: also the resident set and the collective
+    latency, which need no peers beside them (``_measure_fresh``); else those are 0."""
     from ..models.gpt import GPTConfig
 
     before = torch.get_num_threads()
@@ -321,7 +330,7 @@ def measure_cpu(threads: int) -> DeviceRates:
         bandwidth = _memory_bandwidth()
         rates = DeviceRates("cpu", matmul, attention, backward, bandwidth, 0.0, False, "")
         tiny = GPTConfig(vocab_size=64, seq_len=8, dim=64, layers=2, heads=2)
-        seconds, trace = _calibration_step(tiny, 1, repeats=25)  # ms each: the best of many
+        seconds, trace = _calibration_step(tiny, 1, repeats=25)  # ms each: the median of many
         op = max(1e-7, (seconds - trace.roofline_seconds(rates)) / len(trace))
         rates = replace(rates, op_seconds=op)
         mid = GPTConfig(vocab_size=4096, seq_len=256, dim=256, layers=2, heads=4)
@@ -329,8 +338,8 @@ def measure_cpu(threads: int) -> DeviceRates:
         when = time.strftime("%Y-%m-%d")
         source = f"measured on this CPU ({threads} threads, {when})"
         update_rate, update_tensor = _update_rates()
-        held = resident.measure_fresh(threads)
-        step, message = measure_cpu_step()
+        held = resident.measure_fresh(threads) if host_figures else resident.Resident(0, 0, 1.0)
+        step, message = measure_cpu_step() if host_figures else (0.0, 0.0)
         return DeviceRates(
             "cpu", matmul, attention, backward, memory, op, False, source,
             held.base_bytes, held.warmup_bytes, held.retention, update_rate, update_tensor,
@@ -345,7 +354,9 @@ def _cache_file() -> Path:
     return Path(base) / "shardwise" / "calibration.json"
 
 
-def _cpu_key(threads: int) -> str:
+def _cpu_key(threads: int, figure: str = "") -> str:
+    """A cache entry's key: this CPU, the figure (default: the rates at ``threads``), torch and
+    the calibration's version."""
     model = platform.processor() or platform.machine()
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -354,7 +365,8 @@ def _cpu_key(threads: int) -> str:
                 break
     except OSError:
         pass
-    return f"{model} | {threads} threads | torch {torch.__version__} | v{CALIBRATION_VERSION}"
+    figure = figure or f"{threads} threads"
+    return f"{model} | {figure} | torch {torch.__version__} | v{CALIBRATION_VERSION}"
 
 
 def _rates_table(entry, key: str) -> dict[int, dict[int, float]]:
@@ -365,8 +377,9 @@ def _rates_table(entry, key: str) -> dict[int, dict[int, float]]:
     return table
 
 
-def _from_cache(entry) -> DeviceRates | None:
-    """The rates a cache entry holds, or None where any field is missing or out of range."""
+def _from_cache(entry, host_figures: bool = True) -> DeviceRates | None:
+    """The rates a cache entry holds, or None where any field is missing or out of range (a
+    peer's, without ``host_figures``, holds no resident set or latency: ``measure_cpu``)."""
     try:
         memory, op = float(entry["memory_bytes_per_s"]), float(entry["op_seconds"])
         base, warmup = int(entry["resident_base_bytes"]), int(entry["resident_warmup_bytes"])
@@ -374,9 +387,10 @@ def _from_cache(entry) -> DeviceRates | None:
         update = float(entry["update_params_per_s"])
         update_tensor = float(entry["update_tensor_seconds"])
         step, message = float(entry["collective_step_seconds"]), float(entry["message_seconds"])
-        if memory <= 0 or op <= 0 or base <= 0 or warmup < 0 or not 1.0 <= retention < 4.0:
+        if memory <= 0 or op <= 0 or update <= 0 or update_tensor <= 0:
             return None
-        if update <= 0 or update_tensor <= 0 or step <= 0 or message <= 0:
+        held = base > 0 and warmup >= 0 and 1.0 <= retention < 4.0 and step > 0 and message > 0
+        if host_figures and not held:
             return None
         return DeviceRates(
             "cpu",
@@ -399,19 +413,20 @@ def _from_cache(entry) -> DeviceRates | None:
         return None
 
 
-def cpu_rates(threads: int) -> DeviceRates:
-    """This CPU's rates for ranks of ``threads`` threads: cached, else measured and cached."""
-    path, key = _cache_file(), _cpu_key(threads)
+def _cached(key: str, parse, measure):
+    """The cache file's entry ``key`` as ``parse`` reads it (None: missing or invalid), else
+    ``measure()``, stored under ``key`` (a ``DeviceRates`` as its fields)."""
+    path = _cache_file()
     try:
         cached = json.loads(path.read_text())
     except (OSError, ValueError):
         cached = {}
     cached = cached if isinstance(cached, dict) else {}
-    rates = _from_cache(cached.get(key))
-    if rates is not None:
-        return rates
-    rates = _measure_fresh(threads)
-    cached[key] = asdict(rates)
+    found = parse(cached.get(key))
+    if found is not None:
+        return found
+    found = measure()
+    cached[key] = asdict(found) if isinstance(found, DeviceRates) else found
     try:
         from ..atomic_file import atomic_write
 
@@ -419,25 +434,84 @@ def cpu_rates(threads: int) -> DeviceRates:
         atomic_write(path, lambda f: f.write(json.dumps(cached, indent=1).encode()))
     except OSError:
         pass  # an unwritable cache only costs the next plan a new measurement
-    return rates
+    return found
+
+
+def cpu_rates(threads: int) -> DeviceRates:
+    """This CPU's rates for ranks of ``threads`` threads: cached, else measured and cached."""
+    return _cached(_cpu_key(threads), _from_cache, lambda: _measure_fresh(threads))
+
+
+def _penalty(entry) -> float | None:
+    try:
+        return float(entry) if 1.0 <= float(entry) < 10.0 else None
+    except (TypeError, ValueError):
+        return None
+
+
+def oversubscription_penalty() -> float:
+    """How much slower than its turns a rank computes once a host's ranks outnumber its cores
+    (``oversubscription.py``): cached beside the rates, else measured (about 20 s) and cached;
+    only a plan of more ranks than cores asks (``prediction.for_gpt``)."""
+    from . import oversubscription
+
+    return _cached(_cpu_key(1, "oversubscription"), _penalty, oversubscription.measure)
+
+
+def calibration_peers(threads: int, cores: int | None = None) -> int:
+    """How many calibrations run at once: as many ranks of ``threads`` threads as the host's
+    cores hold, as a run fills them (``device.cpu_threads_per_rank``). Beyond the cores ranks
+    take turns, which ``step_time.cpu_contention`` prices apart."""
+    return max(1, (cores or os.cpu_count() or 1) // threads)
 
 
 def _measure_fresh(threads: int) -> DeviceRates:
-    """``measure_cpu`` in a new interpreter: the models it trains must not stay in the resident
-    set of the process that asked (a training rank reports its peak RSS)."""
-    import subprocess
+    """``measure_cpu`` in new interpreters: the models it trains must not stay in the resident
+    set of the process that asked (a training rank reports its peak RSS). ``calibration_peers``
+    of them measure at once, released together once all are imported, so each figure is taken
+    with every core busy, as a run's ranks keep them (two 1-thread ranks on this 2-core VM ran a
+    DDP tiny forward 1.3-2x slower than one 2-thread rank); the figures are their mean, and the
+    first alone measures the resident set and the collective latency afterwards."""
     import sys
 
-    done = subprocess.run(
-        [sys.executable, "-m", "shardwise.train.calibration", str(threads)],
-        capture_output=True, text=True, timeout=600, check=False,
-    )  # fmt: skip
-    rates = None
-    if done.returncode == 0 and done.stdout.strip():
-        rates = _from_cache(json.loads(done.stdout.strip().splitlines()[-1]))
-    if rates is None:
-        raise RuntimeError(f"calibrating this CPU failed:\n{done.stderr[-2000:]}")
-    return rates
+    from .together import run_together
+
+    command = [sys.executable, "-m", "shardwise.train.calibration", str(threads)]
+    roles = ["host"] + ["peer"] * (calibration_peers(threads) - 1)
+    done = run_together([[*command, role] for role in roles], timeout=600)
+    found = [
+        _from_cache(json.loads(d.stdout.strip().splitlines()[-1]), host_figures=i == 0)
+        if d.ok and d.stdout.strip() else None
+        for i, d in enumerate(done)
+    ]  # fmt: skip
+    if any(rates is None for rates in found):
+        failed = next(i for i, rates in enumerate(found) if rates is None)
+        raise RuntimeError(f"calibrating this CPU failed (peer {failed}):\n{done[failed].stderr}")
+    return _mean(found)
+
+
+def _mean(peers: list[DeviceRates]) -> DeviceRates:
+    """The peers' figures averaged; the resident set and the latency are the first's."""
+
+    def curves(field):
+        tables = [getattr(r, field) for r in peers]
+        return {k: {s: statistics.fmean(t[k][s] for t in tables) for s in c} for k, c in
+                tables[0].items()}  # fmt: skip
+
+    def mean(field):
+        return statistics.fmean(getattr(r, field) for r in peers)
+
+    return replace(
+        peers[0],
+        matmul_flops=curves("matmul_flops"),
+        attention_flops=curves("attention_flops"),
+        attention_backward_flops=curves("attention_backward_flops"),
+        memory_bytes_per_s=mean("memory_bytes_per_s"),
+        op_seconds=mean("op_seconds"),
+        update_params_per_s=mean("update_params_per_s"),
+        update_tensor_seconds=mean("update_tensor_seconds"),
+        source=f"{peers[0].source[:-1]}, {len(peers)} at once)",
+    )
 
 
 def rates_for(device: str, threads: int = 1) -> DeviceRates:
@@ -448,4 +522,8 @@ def rates_for(device: str, threads: int = 1) -> DeviceRates:
 if __name__ == "__main__":
     import sys
 
-    print(json.dumps(asdict(measure_cpu(int(sys.argv[1])))))
+    from .together import wait_for_go
+
+    wait_for_go()  # imported: wait for the other peers (``_measure_fresh``)
+    rates = measure_cpu(int(sys.argv[1]), host_figures=sys.argv[2:] != ["peer"])
+    print(json.dumps(asdict(rates)))

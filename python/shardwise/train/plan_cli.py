@@ -54,6 +54,11 @@ def _parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--gpus", type=_number(int, 1, "the number of GPUs, >= 1"))
     p.add_argument(
+        "--nproc",
+        type=_number(int, 1, "a number of processes, >= 1"),
+        help="with --config: the ranks on this host, as torchrun --nproc_per_node N starts them",
+    )
+    p.add_argument(
         "--gpus-per-host",
         type=_number(int, 1, "the GPUs of one host, dividing --gpus"),
         help="hosts = --gpus / this: each row's bytes per host link, and FSDP hybrid_shard "
@@ -104,7 +109,11 @@ def _plan_from_config(args, parser, cluster: Cluster | None):
             "--gpus-per-host is for --gpus without --config; with --config set "
             "distributed.num_processes_per_node (or distributed.num_nodes), or give --cluster"
         )
+    if args.nproc is not None and (args.gpus is not None or cluster is not None):
+        parser.error("--nproc is this host's ranks; give it without --gpus and --cluster")
     env = {"WORLD_SIZE": str(args.gpus)} if args.gpus else {}
+    if args.nproc is not None:  # as torchrun --standalone --nproc_per_node N sets them
+        env = {"WORLD_SIZE": str(args.nproc), "LOCAL_WORLD_SIZE": str(args.nproc)}
     devices = args.gpus or None  # a machine with that many GPUs (a cuda config validates here)
     if cluster is not None:
         env["LOCAL_WORLD_SIZE"] = str(cluster.gpus_per_host)
@@ -145,6 +154,8 @@ def _plan_from_args(args, parser):
         return _plan_from_config(args, parser, cluster)
     if args.overrides:
         parser.error(f"overrides {args.overrides} need --config FILE")
+    if args.nproc is not None:
+        parser.error("--nproc needs --config FILE; without one give --gpus and --gpu-mem")
     if args.gpus is None or args.gpu_mem is None:
         parser.error(
             "--gpus and --gpu-mem are required without --config; e.g. --gpus 8 --gpu-mem 80"

@@ -15,7 +15,7 @@ import statistics
 from dataclasses import dataclass, replace
 
 from . import step_time
-from .calibration import device_key, rates_for
+from .calibration import device_key, oversubscription_penalty, rates_for
 from .cluster import Cluster
 from .collective_latency import latency_for
 from .device import cpu_threads_per_rank
@@ -204,6 +204,9 @@ def for_gpt(
     contention = 1.0
     if device == "cpu":
         contention = step_time.cpu_contention(per_host * tp, threads)
+        if contention > 1:  # ranks take turns: priced at what taking them measures
+            penalty = oversubscription_penalty()
+            contention = step_time.cpu_contention(per_host * tp, threads, penalty=penalty)
     times = step_time.predict_plan(result, work, rates, links, contention)
     ranking = step_time.rank_rows(times, {r.strategy: r.fits for r in result.rows})
     chosen = times.get(strategy)

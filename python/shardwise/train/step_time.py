@@ -195,10 +195,15 @@ def _latency(strategy, work: Work, links: Links, ranks, stages, tp, hosts) -> tu
     return seconds, per_kind(calls)
 
 
-def cpu_contention(ranks_per_host: int, threads: int, cores: int | None = None) -> float:
-    """How much longer everything takes when a host's ranks' threads outnumber its cores."""
+def cpu_contention(
+    ranks_per_host: int, threads: int, cores: int | None = None, penalty: float = 1.0
+) -> float:
+    """How much longer everything takes when a host's ranks' threads outnumber its cores: their
+    turns, times the measured ``penalty`` of taking them (``oversubscription.contention``)."""
+    from .oversubscription import contention
+
     cores = cores or os.cpu_count() or 1
-    return max(1.0, ranks_per_host * threads / cores)
+    return contention(ranks_per_host * threads / cores, penalty)
 
 
 def rank_rows(times: dict[str, StepTime | None], fits: dict[str, bool]) -> list[str]:
