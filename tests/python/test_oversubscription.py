@@ -32,11 +32,22 @@ def test_turns_beyond_the_cores_pay_the_penalty_blended_in_up_to_two():
     assert step_time.cpu_contention(2, 1, cores=2, penalty=1.25) == 1.0
 
 
-def test_the_probe_runs_its_pairs_and_measures_a_penalty_of_at_least_one():
-    """The real probe, shortened: one worker alone, then a pair all-reducing on the shardwise
-    backend (a pair that ran unequal collectives would fail it, as a mismatched collective)."""
-    penalty = oversubscription.measure(cores=1, seconds=0.3)
-    assert 1.0 <= penalty < 10.0
+def test_the_probe_s_pair_runs_the_same_collectives_to_the_end():
+    """The real probe's workers, shortened: a pair all-reducing on the shardwise backend
+    finishes and reports its iteration (a pair that decided apart when to stop once ran
+    unequal collectives and failed, as a mismatched collective)."""
+    assert oversubscription._median_iteration(2, seconds=0.3) > 0
+
+
+def test_the_penalty_is_the_oversubscribed_iteration_over_its_two_turns(monkeypatch):
+    """``2 * cores`` workers against ``cores``: their ratio over 2, never below 1 (a host
+    whose turns cost nothing extra is priced at its turns alone)."""
+    medians = {}
+    monkeypatch.setattr(oversubscription, "_median_iteration", lambda w, s: medians[w])
+    medians.update({2: 0.01, 4: 0.03})
+    assert oversubscription.measure(cores=2, seconds=0.1) == pytest.approx(1.5)
+    medians.update({2: 0.01, 4: 0.015})
+    assert oversubscription.measure(cores=2, seconds=0.1) == 1.0
 
 
 def test_the_penalty_is_cached_and_an_invalid_one_measured_again(tmp_path, monkeypatch):

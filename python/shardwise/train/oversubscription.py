@@ -7,9 +7,10 @@ when a computing rank's slice ends. On this 2-core VM four 1-thread ranks of fsd
 stepped 1.6x slower than 2 turns of the calibrated compute.
 
 So the planner measures the penalty instead of assuming it. ``measure`` starts ``cores`` 1-thread
-workers, released together, each timing the same loop for ``seconds``: a tiny GPT's forward and
-backward, then an all-reduce of each gradient with its pair (workers 2k and 2k+1, on the
-shardwise backend), as a rank of a tensor- or data-parallel pair waits on its peer. Then
+workers, released together, each timing the same loop for ``seconds``: a tiny GPT's forward,
+with an all-reduce of each linear layer's output, and its backward, then an all-reduce of each
+gradient, all with its pair (workers 2k and 2k+1, on the shardwise backend), as a rank of a
+tensor- or data-parallel pair waits on its peer. Then
 ``2 * cores`` of them. ``penalty`` is the ratio of their median iterations over the 2 turns,
 at least 1, and ``step_time.cpu_contention`` multiplies a row's turns by it. Between 1 and 2
 turns it is blended in linearly; beyond 2 turns it is held (measured at 2 only: assumed).
