@@ -307,6 +307,8 @@ bench-planner: build ## the planner's memory and step-time predictions beside me
 	$(PY) benchmarks/bench_step_time.py --launches 3 \
 		--output benchmarks/results/$$(date +%Y-%m-%d)-step-time-cpu.md
 	$(PY) benchmarks/bench_planner_h200.py --output benchmarks/results/$$(date +%Y-%m-%d)-planner-h200.md
+	$(PY) benchmarks/bench_step_time_hosts.py --launches 2 \
+		--output benchmarks/results/$$(date +%Y-%m-%d)-step-time-hosts-2x1-cpu.md
 
 bench-zeropp: build ## ZeRO-3 with and without DeepSpeed's ZeRO++ keys across 2 emulated hosts x 2 ranks
 	$(PY) benchmarks/bench_zeropp.py --hosts 2 --ranks-per-host 2 --rate 1gbit \

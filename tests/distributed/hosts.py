@@ -102,18 +102,41 @@ def two_hosts():
         yield hosts
 
 
-def in_host(host: Host, index: int, argv: list[str]) -> list[str]:
-    """`argv` run inside `host`'s namespace under the host name "host<index>"."""
+def in_host(host: Host, index: int, argv: list[str], cores: int | None = None) -> list[str]:
+    """`argv` run inside `host`'s namespace under the host name "host<index>"; with `cores`,
+    on this host's own cores only (host i: cores i * cores ... (i + 1) * cores - 1, taskset),
+    as a real host computes on its own CPU."""
     shell = f'hostname host{index} && exec "$0" "$@"'
-    return ["ip", "netns", "exec", host.namespace, "unshare", "--uts", "sh", "-c", shell, *argv]
+    pinned = []
+    if cores is not None:
+        first = index * cores
+        if first + cores > (os.cpu_count() or 1):
+            raise ValueError(
+                f"cores {cores}: host {index} needs cores {first}..{first + cores - 1}"
+                f", this machine has {os.cpu_count()}; give fewer hosts or cores"
+            )
+        pinned = ["taskset", "-c", f"{first}-{first + cores - 1}"]
+    namespace = ["ip", "netns", "exec", host.namespace, "unshare", "--uts"]
+    return [*namespace, *pinned, "sh", "-c", shell, *argv]
 
 
 def start_ranks(
-    hosts: list[Host], per_host: int, argv: list[str], port: str, env_extra: dict | None = None
+    hosts: list[Host],
+    per_host: int,
+    argv: list[str],
+    port: str,
+    env_extra: dict | None = None,
+    cores: int | None = None,
 ) -> list[subprocess.Popen]:
     """len(hosts) * per_host ranks of `argv`, rank r on host r // per_host, each with torchrun's
     variables (the store on host 0 at `port`) and its host's interface named to gloo and
-    shardwise; stdout and stderr piped."""  # fmt: skip
+    shardwise; with `cores`, each host's ranks on that many cores of their own (`in_host`);
+    stdout and stderr piped."""  # fmt: skip
+    if cores is not None and len(hosts) * cores > (os.cpu_count() or 1):  # before any starts
+        raise ValueError(
+            f"cores {cores}: {len(hosts)} hosts need {len(hosts) * cores} cores, "
+            f"this machine has {os.cpu_count()}; give fewer hosts or cores"
+        )
     world, procs = len(hosts) * per_host, []
     for rank in range(world):
         host = hosts[rank // per_host]
@@ -122,7 +145,7 @@ def start_ranks(
                    LOCAL_WORLD_SIZE=str(per_host), OMP_NUM_THREADS="1",
                    GLOO_SOCKET_IFNAME=host.interface, SHARDWISE_SOCKET_IFNAME=host.interface,
                    **(env_extra or {}))  # fmt: skip
-        procs.append(subprocess.Popen(in_host(host, rank // per_host, argv), env=env,
+        procs.append(subprocess.Popen(in_host(host, rank // per_host, argv, cores), env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))  # fmt: skip
     return procs

@@ -152,3 +152,31 @@ def test_zero_hpz_keeps_backward_gathers_inside_each_host(tmp_path):
         name: sum(sum(r["sent"]) for r in rs) for name, rs in (("plain", plain), ("hpz", hpz))
     }
     assert 0 < per_step["hpz"] < 0.75 * per_step["plain"], per_step
+
+
+def test_pinned_hosts_compute_on_their_own_cores_and_size_their_threads_by_them():
+    """Catches an emulated host's ranks seeing the machine's cores instead of their own (the
+    training benchmark across hosts then runs 2-thread ranks on 1-core hosts, taking turns
+    that no host of the cluster file has): each pinned host's process runs on its own core,
+    and a rank sizes its threads by the cores it may run on, not by ``os.cpu_count``."""
+    import os
+
+    if (os.cpu_count() or 1) < 2:
+        pytest.skip("needs a core per host")
+    reason = can_make_namespaces()
+    if reason:
+        pytest.skip(f"cannot make network namespaces here: {reason}")
+    probe = (
+        "import json, os; from shardwise.train.device import cpu_threads_per_rank; "
+        "print(json.dumps([sorted(os.sched_getaffinity(0)), cpu_threads_per_rank(1)]))"
+    )
+    with emulated_hosts(2) as hosts:
+        procs = start_ranks(hosts, 1, [sys.executable, "-c", probe], str(free_port()), cores=1)
+        seen = []
+        for proc in procs:
+            out, err = proc.communicate(timeout=120)
+            assert proc.returncode == 0, err[-2000:]
+            seen.append(json.loads(out.strip().splitlines()[-1]))
+    assert seen == [[[0], 1], [[1], 1]]
+    with pytest.raises(ValueError, match="give fewer hosts or cores"):
+        start_ranks(hosts, 1, ["true"], "1", cores=os.cpu_count())

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 import torch
 from shardwise.models.gpt import GPT, PRESETS
-from shardwise.train import calibration, metrics, op_trace, planner, step_time
+from shardwise.train import calibration, metrics, op_trace, planner, prediction, step_time
 from shardwise.train.cluster import load_cluster
 from shardwise.train.plan_cli import main
 
@@ -278,6 +278,14 @@ def _write(tmp_path, text):
         ("device: h100\nhosts: 0\ngpus_per_host: 8\ngpu_mem_gib: 80\n", "hosts must be"),
         ("device: h100\nhosts: 2\ngpus_per_host: 8\ngpu_mem_gib: 80\nnics: 8\n", "nics"),
         ("- a\n", "mapping"),
+        (
+            "device: h100\nhosts: 2\ngpus_per_host: 8\ngpu_mem_gib: 80\ncores_per_host: 64\n",
+            "cores_per_host sizes a CPU host",
+        ),
+        (
+            "device: cpu\nhosts: 2\ngpus_per_host: 1\ngpu_mem_gib: 8\ncores_per_host: 1.5\n",
+            "cores_per_host must be a whole number",
+        ),
     ],
 )
 def test_a_bad_cluster_file_is_refused_naming_the_key(tmp_path, text, names):
@@ -303,6 +311,27 @@ def test_plan_with_a_cluster_file_predicts_the_config_s_step(tmp_path, capsys):
     assert ranked == sorted(ranked, reverse=True) and len(ranked) >= 3
     assert main(["--config", str(CONFIGS / "fsdp.yaml"), "--cluster", cluster, "--gpus", "8"]) == 2
     assert "drop --gpus" in capsys.readouterr().err
+
+
+def test_a_cpu_cluster_s_cores_per_host_set_its_ranks_threads_and_turns(
+    tmp_path, monkeypatch, capsys
+):
+    """Catches a CPU cluster planned on this machine's cores instead of its own: hosts of one
+    core give each rank one thread (the rates asked at 1 thread), and two ranks on a host of
+    one core take turns, their step priced at the measured penalty of taking them."""
+    asked = []
+    real = prediction.rates_for
+    monkeypatch.setattr(prediction, "rates_for", lambda d, t: asked.append(t) or real(d, t))
+    monkeypatch.setattr(prediction, "oversubscription_penalty", lambda: 1.25)
+    argv = ["--config", str(CONFIGS / "ddp.yaml"), "--json"]
+    one = "device: cpu\nhosts: 2\ngpus_per_host: 1\ngpu_mem_gib: 8\ncores_per_host: 1\n"
+    assert main([*argv, "--cluster", _write(tmp_path, one)]) == 0
+    alone = json.loads(capsys.readouterr().out)["predicted"]
+    two = one.replace("gpus_per_host: 1", "gpus_per_host: 2")
+    assert main([*argv, "--cluster", _write(tmp_path, two)]) == 0
+    shared = json.loads(capsys.readouterr().out)["predicted"]
+    assert asked == [1, 1]
+    assert shared["compute_s"] == pytest.approx(alone["compute_s"] * 2 * 1.25, rel=1e-6)
 
 
 def test_plan_table_on_the_cpu_shows_each_row_s_step(capsys):

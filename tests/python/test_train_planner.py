@@ -361,8 +361,11 @@ def test_config_plan_counts_tp_activations_and_traffic():
 def test_config_plan_moves_the_dtypes_the_run_communicates_in():
     """The planner's traffic follows what runs under training.mixed_precision=bf16: DDP reduces
     its fp32 gradients (autocast) or, with ddp_comm_hook=bf16, bf16 ones; FSDP gathers bf16
-    parameters and reduces fp32 gradients, or fp32 both with fsdp_mixed_precision=false. Catches
-    a plan that counts bf16 traffic for collectives that run in fp32."""
+    parameters and reduces fp32 gradients, or fp32 both with fsdp_mixed_precision=false; ZeRO
+    gathers bf16 parameters and reduces bf16 gradients at stage 2, fp32 ones at stage 3. Over
+    gloo those are the bytes; the shardwise backend's CPU collectives carry every 16-bit
+    reduction in float32. Catches a plan that counts bf16 traffic for collectives that run in
+    fp32, on the link or in the engine."""
     from conftest import load_train_config as load
 
     def comm(row, *overrides):
@@ -370,15 +373,21 @@ def test_config_plan_moves_the_dtypes_the_run_communicates_in():
         return config_plan.plan_for_config(cfg, 2**40).row(row).communication
 
     phi = load().gpt_config().num_parameters()
+    gloo = "distributed.backend=gloo"
     ddp = ("distributed.strategy=ddp", "training.gradient_accumulation_steps=1")
     r = (2 - 1) / 2  # world 2: a rank sends (n-1)/n of what it reduces or gathers
     assert comm("ddp", *ddp) == math.ceil(2 * r * 4 * phi)
-    assert comm("ddp", *ddp, "distributed.ddp_comm_hook=bf16") == math.ceil(2 * r * 2 * phi)
+    assert comm("ddp", *ddp, "distributed.ddp_comm_hook=bf16", gloo) == math.ceil(2 * r * 2 * phi)
+    assert comm("ddp", *ddp, "distributed.ddp_comm_hook=bf16") == math.ceil(2 * r * 4 * phi)
     fsdp = ("distributed.strategy=fsdp", "training.gradient_accumulation_steps=1")
     assert comm("zero3", *fsdp) == math.ceil(r * (2 * 2 * phi + 4 * phi))
     off = "distributed.fsdp.fsdp_mixed_precision=false"
     assert comm("zero3", *fsdp, off) == math.ceil(r * (2 * 4 * phi + 4 * phi))
-    assert comm("zero3", "distributed.strategy=zero") == math.ceil(r * (2 * 2 * phi + 2 * phi))
+    zero = "distributed.strategy=zero"
+    for backend in ((), (gloo,)):
+        assert comm("zero3", zero, *backend) == math.ceil(r * (2 * 2 * phi + 4 * phi))
+    assert comm("zero2", zero, gloo) == math.ceil(r * (2 * phi + 2 * phi))
+    assert comm("zero2", zero) == math.ceil(r * (2 * phi + 4 * phi))
 
 
 def test_processes_per_node_decide_each_ranks_share_of_the_host(capsys):

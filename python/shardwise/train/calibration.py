@@ -462,7 +462,9 @@ def calibration_peers(threads: int, cores: int | None = None) -> int:
     """How many calibrations run at once: as many ranks of ``threads`` threads as the host's
     cores hold, as a run fills them (``device.cpu_threads_per_rank``). Beyond the cores ranks
     take turns, which ``step_time.cpu_contention`` prices apart."""
-    return max(1, (cores or os.cpu_count() or 1) // threads)
+    from .device import host_cores
+
+    return max(1, (cores or host_cores()) // threads)
 
 
 def _measure_fresh(threads: int) -> DeviceRates:

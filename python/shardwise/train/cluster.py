@@ -9,6 +9,7 @@ host, memory per GPU and the bandwidth of its links, validated before anything i
     inter_host_gb_s: 400    # optional: each host's link to the others (all its NICs), GB/s
     intra_host_latency_us: 3.4   # optional: a collective's ring step within a host, µs
     inter_host_latency_us: 9.6   # optional: a ring step across hosts, µs
+    cores_per_host: 64      # optional, device cpu only: the cores a host's ranks share
 
 The defaults are the interconnects such GPUs ship with (nccl-tests' all-reduce bus bandwidth of
 8 NVLink GPUs: about 360 GB/s for NVLink 4 on H100 / H200, 230 for NVLink 3 on A100; PCIe 4
@@ -18,6 +19,10 @@ twice through shared memory (half the measured memory bandwidth), and a host lin
 1 Gbit/s; these are assumptions about typical parts, not measurements of a particular cluster,
 and a cluster file should give its own. The latencies default to NCCL's own model of its ring
 (``collective_latency.py``; on the CPU, this machine's measured step and 50 µs across hosts).
+A CPU cluster's ``inter_host_gb_s`` is the link's line rate, of which TCP carries
+``TCP_PAYLOAD`` (an all-reduce over emulated hosts shaped to 1 Gbit/s ran at 95.5% of it).
+A CPU host's cores default to this process's (``device.host_cores``); the rates are this
+machine's, measured at the threads each rank gets (``cores_per_host`` over its ranks).
 """
 
 from __future__ import annotations
@@ -39,9 +44,12 @@ DEFAULT_LINKS = {
 }
 KEYS = (
     "device", "hosts", "gpus_per_host", "gpu_mem_gib", "intra_host_gb_s", "inter_host_gb_s",
-    "intra_host_latency_us", "inter_host_latency_us",
+    "intra_host_latency_us", "inter_host_latency_us", "cores_per_host",
 )  # fmt: skip
 OPTIONAL = KEYS[4:]
+# TCP's payload in each frame a 1500-byte MTU carries: 1448 bytes (IPv4 and TCP headers with
+# timestamps) of 1514 (with Ethernet's header), what a shaper or a switch port counts
+TCP_PAYLOAD = 1448 / 1514
 
 
 @dataclass(frozen=True)
@@ -54,6 +62,7 @@ class Cluster:
     inter_host_gb_s: float | None = None
     intra_host_latency_us: float | None = None  # None: the device's (collective_latency.py)
     inter_host_latency_us: float | None = None
+    cores_per_host: int | None = None  # CPU: the cores a host's ranks share; None: this host's
 
     @property
     def gpus(self) -> int:
@@ -64,9 +73,12 @@ class Cluster:
         return given * 1e9 if given else memory_bytes_per_s / 2
 
     def inter_host_bytes_per_s(self) -> float | None:
+        """The payload a host's link carries per second: on the CPU (the shardwise backend's
+        TCP over Ethernet) the line rate times ``TCP_PAYLOAD``; a GPU's figure as given."""
         if self.hosts == 1:
             return None
-        return (self.inter_host_gb_s or DEFAULT_LINKS[self.device][1]) * 1e9
+        rate = (self.inter_host_gb_s or DEFAULT_LINKS[self.device][1]) * 1e9
+        return rate * TCP_PAYLOAD if self.device == "cpu" else rate
 
 
 def _positive(path: str, key: str, value, kind):
@@ -99,7 +111,13 @@ def load_cluster(path: str) -> Cluster:
     device = str(data["device"]).lower()
     if device not in DEVICES:
         raise ValueError(f"{path}: device {data['device']!r} is not one of {', '.join(DEVICES)}")
-    optional = {k: _positive(path, k, data[k], float) for k in OPTIONAL if data.get(k) is not None}
+    optional = {
+        k: _positive(path, k, data[k], int if k == "cores_per_host" else float)
+        for k in OPTIONAL
+        if data.get(k) is not None
+    }
+    if "cores_per_host" in optional and device != "cpu":
+        raise ValueError(f"{path}: cores_per_host sizes a CPU host's ranks; drop it for {device}")
     return Cluster(
         device,
         _positive(path, "hosts", data["hosts"], int),

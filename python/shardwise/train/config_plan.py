@@ -79,16 +79,28 @@ def plan_for_config(cfg, memory: int, optimizer: str = "adamw", overhead: float 
     )
 
 
+# the rows whose collectives reduce gradients over the data axis
+REDUCING_ROWS = (
+    "ddp", "zero1", "zero2", "zero3", "zero3_offload", "tp_zero3", "fsdp_shard_grad_op",
+    "fsdp_hybrid_shard", "pipeline",
+)  # fmt: skip
+
+
 def communicated_bytes_for_config(cfg) -> dict[str, tuple[int, int]]:
-    """What the data-parallel rows of a shardwise-train config move per element, where it is
-    not the states' dtype (``plan``'s communicated_bytes). Under bf16 / fp16, DDP and the
-    pipeline's replicas hold fp32 parameters under autocast, so they reduce fp32 gradients (DDP in
-    ``distributed.ddp_comm_hook``'s dtype when one is set); FSDP gathers in its param_dtype and
-    reduces in fsdp_reduce_dtype, as the config's FSDP keys resolve them (the
-    fsdp_shard_grad_op and fsdp_hybrid_shard rows, and the zero3 and tp_zero3 rows when the
-    strategy is fsdp); ZeRO
-    moves its bf16 / fp16 parameters and gradients (the rows' default). In fp32 all move fp32."""
+    """What the data-parallel rows of a shardwise-train config move per element (gathered,
+    reduced), where it is not the states' dtype (``plan``'s communicated_bytes). Under bf16 /
+    fp16, DDP and the pipeline's replicas hold fp32 parameters under autocast, so they reduce
+    fp32 gradients (DDP in ``distributed.ddp_comm_hook``'s dtype when one is set); FSDP gathers
+    in its param_dtype and reduces in fsdp_reduce_dtype, as the config's FSDP keys resolve them
+    (the fsdp_shard_grad_op and fsdp_hybrid_shard rows, and the zero3 and tp_zero3 rows when the
+    strategy is fsdp); ZeRO gathers its 16-bit parameters and reduces 16-bit gradients at stages
+    1 and 2 (float32 in deterministic mode, as ``ZeroOptimizer`` reduces), float32 ones at
+    stage 3 (its FSDP units' reduce dtype, ``zero.engine``). The shardwise backend's own (host)
+    collectives add 16-bit floats in float32 and carry them so (``collectives::allreduce``
+    widens them first), so on the CPU every reduction moves at least 4 bytes per element; NCCL
+    and gloo move the dtype they are given. In fp32 all move fp32."""
     from ..fsdp.config import FSDPConfig, dtype_of
+    from .device import backend_parts
     from .parallelize import fsdp_keys
 
     if cfg.mixed_precision == "no":
@@ -102,10 +114,16 @@ def communicated_bytes_for_config(cfg) -> dict[str, tuple[int, int]]:
             dtype_of(k, keys.get(k, getattr(FSDPConfig, k))).itemsize
             for k in ("fsdp_param_dtype", "fsdp_reduce_dtype")
         )
-    out = {"ddp": (4, 2 if hooked else 4), "pipeline": (4, 4), "fsdp_shard_grad_op": fsdp}
+    zero_reduce = 4 if cfg.training.deterministic else 2
+    out = {name: (2, zero_reduce) for name in REDUCING_ROWS}
+    out.update(zero3=(2, 4), zero3_offload=(2, 4), tp_zero3=(2, 4))
+    out.update(ddp=(4, 2 if hooked else 4), pipeline=(4, 4), fsdp_shard_grad_op=fsdp)
     out["fsdp_hybrid_shard"] = fsdp
     if d.strategy == "fsdp":
-        out.update(zero3=fsdp, tp_zero3=fsdp)
+        out.update(zero3=fsdp, tp_zero3=fsdp, zero3_offload=fsdp)
+    parts = backend_parts(d.backend)
+    if cfg.training.device == "cpu" and parts.get("cpu", parts.get("*")) == "shardwise":
+        out = {name: (gathered, max(reduced, 4)) for name, (gathered, reduced) in out.items()}
     return out
 
 

@@ -142,8 +142,19 @@ def device_memory_bytes(local_world: int, device: str = "cpu") -> int:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") // max(1, local_world)
 
 
-def cpu_threads_per_rank(local_ranks: int, deterministic: bool = False) -> int:
-    """The threads a CPU rank computes with: this host's cores shared by its ``local_ranks``
-    ranks (at least one each); one in deterministic mode (a BLAS may split a reduction over its
-    threads)."""
-    return 1 if deterministic else max(1, (os.cpu_count() or 1) // local_ranks)
+def host_cores() -> int:
+    """The cores this process may run on: its affinity mask (``taskset``, a container's cpuset),
+    which ``os.cpu_count`` ignores; the machine's count where the mask cannot be read."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def cpu_threads_per_rank(
+    local_ranks: int, deterministic: bool = False, cores: int | None = None
+) -> int:
+    """The threads a CPU rank computes with: its host's ``cores`` (default: this process's,
+    ``host_cores``) shared by its ``local_ranks`` ranks (at least one each); one in
+    deterministic mode (a BLAS may split a reduction over its threads)."""
+    return 1 if deterministic else max(1, (cores or host_cores()) // local_ranks)

@@ -18,7 +18,6 @@ turns it is blended in linearly; beyond 2 turns it is held (measured at 2 only: 
 
 import datetime
 import json
-import os
 import statistics
 import sys
 import tempfile
@@ -103,7 +102,9 @@ def _median_iteration(workers: int, seconds: float) -> float:
 def measure(cores: int | None = None, seconds: float = SECONDS) -> float:
     """The penalty (module docstring): ``2 * cores`` workers' median iteration over ``cores``
     workers', over 2, at least 1."""
-    cores = cores or os.cpu_count() or 1
+    from .device import host_cores
+
+    cores = cores or host_cores()
     full = _median_iteration(cores, seconds)
     over = _median_iteration(2 * cores, seconds)
     return max(1.0, over / full / 2)

@@ -161,8 +161,10 @@ def for_gpt(
     ``zero_buckets``: the ZeRO engine's (reduce, all-gather) bucket sizes in elements (default:
     DeepSpeed's)."""
     per_host = result.ranks_per_host or result.world_size
-    threads = cpu_threads_per_rank(per_host * tp, deterministic)
     device = device_key(device)
+    cluster = cluster or Cluster(device, result.hosts, per_host * tp, 1.0)
+    cores = cluster.cores_per_host  # None: this host's
+    threads = cpu_threads_per_rank(per_host * tp, deterministic, cores)
     rates = rates_for(device, threads)
     bf16 = result.mixed_precision != "fp32"
     full, forward = gpt_traces(
@@ -188,7 +190,6 @@ def for_gpt(
         checkpointing=checkpointing,
         **_stages(result, gpt, micro_batch_size, bf16, checkpointing, tp, rates, pipeline or {}),
     )
-    cluster = cluster or Cluster(device, result.hosts, per_host * tp, 1.0)
     latency = latency_for(
         device,
         rates.collective_step_seconds,
@@ -203,10 +204,10 @@ def for_gpt(
     )
     contention = 1.0
     if device == "cpu":
-        contention = step_time.cpu_contention(per_host * tp, threads)
+        contention = step_time.cpu_contention(per_host * tp, threads, cores)
         if contention > 1:  # ranks take turns: priced at what taking them measures
             penalty = oversubscription_penalty()
-            contention = step_time.cpu_contention(per_host * tp, threads, penalty=penalty)
+            contention = step_time.cpu_contention(per_host * tp, threads, cores, penalty)
     times = step_time.predict_plan(result, work, rates, links, contention)
     ranking = step_time.rank_rows(times, {r.strategy: r.fits for r in result.rows})
     chosen = times.get(strategy)

@@ -42,7 +42,6 @@ Not modelled: stragglers and the data loader.
 
 from __future__ import annotations
 
-import os
 from dataclasses import asdict, dataclass, field
 
 from .calibration import ADAMW_UPDATE_BYTES, DeviceRates
@@ -200,9 +199,10 @@ def cpu_contention(
 ) -> float:
     """How much longer everything takes when a host's ranks' threads outnumber its cores: their
     turns, times the measured ``penalty`` of taking them (``oversubscription.contention``)."""
+    from .device import host_cores
     from .oversubscription import contention
 
-    cores = cores or os.cpu_count() or 1
+    cores = cores or host_cores()
     return contention(ranks_per_host * threads / cores, penalty)
 
 
