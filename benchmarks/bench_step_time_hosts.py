@@ -46,7 +46,9 @@ UNSHAPED = "none"  # the links left at the veth's own speed: the step with (almo
 def cluster_file(folder: str, hosts: int, rate: str) -> str:
     """The cluster file of `hosts` emulated hosts of one core each, linked at `rate`."""
     path = Path(folder) / f"cluster-{rate}.yaml"
-    memory = os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES") / 2**30 / hosts
+    from shardwise.train.device import device_memory_bytes
+
+    memory = device_memory_bytes(hosts, "cpu") / 2**30  # this machine's memory, shared
     path.write_text(
         f"device: cpu\nhosts: {hosts}\ngpus_per_host: 1\ngpu_mem_gib: {memory:.1f}\n"
         f"cores_per_host: 1\ninter_host_gb_s: {rate_bits(rate) / 8e9}\n"

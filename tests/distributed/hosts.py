@@ -132,12 +132,8 @@ def start_ranks(
     variables (the store on host 0 at `port`) and its host's interface named to gloo and
     shardwise; with `cores`, each host's ranks on that many cores of their own (`in_host`);
     stdout and stderr piped."""  # fmt: skip
-    if cores is not None and len(hosts) * cores > (os.cpu_count() or 1):  # before any starts
-        raise ValueError(
-            f"cores {cores}: {len(hosts)} hosts need {len(hosts) * cores} cores, "
-            f"this machine has {os.cpu_count()}; give fewer hosts or cores"
-        )
     world, procs = len(hosts) * per_host, []
+    commands = [in_host(host, i, argv, cores) for i, host in enumerate(hosts)]  # before any starts
     for rank in range(world):
         host = hosts[rank // per_host]
         env = dict(os.environ, MASTER_ADDR=hosts[0].address, MASTER_PORT=port, RANK=str(rank),
@@ -145,7 +141,7 @@ def start_ranks(
                    LOCAL_WORLD_SIZE=str(per_host), OMP_NUM_THREADS="1",
                    GLOO_SOCKET_IFNAME=host.interface, SHARDWISE_SOCKET_IFNAME=host.interface,
                    **(env_extra or {}))  # fmt: skip
-        procs.append(subprocess.Popen(in_host(host, rank // per_host, argv, cores), env=env,
+        procs.append(subprocess.Popen(commands[rank // per_host], env=env,
                                       stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                       text=True))  # fmt: skip
     return procs
